@@ -1,0 +1,86 @@
+"""A run recipe (``configs/<run>.yaml``): every stage's config composed into one validated ``RunRecipe``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+
+from pipeline.config import (
+    DataConfig,
+    DedupeConfig,
+    FrozenConfig,
+    describe_validation_error,
+    load_yaml_mapping,
+)
+from pipeline.errors import ConfigError
+from tokenization.config import PackConfig, TokenizerConfig
+from trainer.config import ModelConfig, TrainConfig
+
+DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+
+
+class RunRecipe(FrozenConfig):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Run name; the default run dir is ``runs/<name>``."""
+    run_dir: str | None = None
+    """Where the run writes (default ``runs/<name>``, relative to the working directory)."""
+    data: DataConfig
+    dedupe: DedupeConfig = DedupeConfig()
+    tokenizer: TokenizerConfig
+    pack: PackConfig = PackConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    dask_address: str | None = None
+    """Run the data stages on this Dask scheduler (``tcp://host:port``) instead of local threads."""
+
+
+def load_recipe(path: str | Path) -> tuple[RunRecipe, Path]:
+    """Load and validate a recipe; returns it (paths as written) and its absolute folder.
+
+    Relative manifest and tokenizer paths are taken from the recipe's folder (see
+    :func:`manifest_paths`); ``run.yaml`` keeps them as written, so a run dir holds no absolute paths.
+    """
+    path = Path(path)
+    data = load_yaml_mapping(path, "recipe")
+    try:
+        recipe = RunRecipe.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err, path)) from None
+    base = path.resolve().parent
+    for manifest in manifest_paths(recipe, base):
+        if not manifest.is_file():
+            raise ConfigError(f"{path}: data.manifests: {manifest} does not exist; fix the path "
+                              "(relative to the recipe's folder).")
+    tokenizer_path = tokenizer_file(recipe, base)
+    if tokenizer_path is not None and not tokenizer_path.is_file():
+        raise ConfigError(f"{path}: tokenizer.path: {tokenizer_path} does not exist; fix the path.")
+    return recipe, base
+
+
+def manifest_paths(recipe: RunRecipe, base: Path) -> list[Path]:
+    """Absolute manifest paths (relative ones are taken from the recipe's folder ``base``)."""
+    return [(base / manifest).resolve() for manifest in recipe.data.manifests]
+
+
+def tokenizer_file(recipe: RunRecipe, base: Path) -> Path | None:
+    """Absolute path of a given ``tokenizer.json``, or None when the recipe trains one."""
+    return None if recipe.tokenizer.path is None else (base / recipe.tokenizer.path).resolve()
+
+
+def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
+    """The run dir: the CLI/flow argument, else the recipe's ``run_dir``, else ``runs/<name>``."""
+    chosen = run_dir or recipe.run_dir or f"runs/{recipe.name}"
+    return Path(chosen).resolve()
+
+
+def recipe_to_yaml(recipe: RunRecipe) -> str:
+    """The resolved recipe (all defaults filled in) as YAML, for ``run.yaml``."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def is_safe_name(name: str) -> bool:
+    """True for names usable as a folder (sources, runs)."""
+    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) is not None

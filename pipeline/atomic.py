@@ -1,0 +1,108 @@
+"""Atomic file helpers: every artifact is written to a temporary name in its folder, then renamed."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TEMP_PREFIX = ".tmp-"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``.
+
+    Readers never see a half-written file: on an exception the temporary file is removed and
+    ``path`` keeps its previous content (or stays absent).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success rename it to ``path`` (which must not exist)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent))
+    try:
+        yield tmp
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as pretty, key-sorted JSON (deterministic bytes) atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file written by :func:`write_json_atomic`."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks (bounded memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def remove_stale_temps(folder: str | os.PathLike[str]) -> int:
+    """Delete temporary files/folders a killed writer left in ``folder``; return how many were removed."""
+    root = Path(folder)
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for leftover in root.rglob(TEMP_PREFIX + "*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _fsync_dir(folder: Path) -> None:
+    # A rename is durable only once its directory entry is flushed.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

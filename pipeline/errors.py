@@ -1,0 +1,35 @@
+"""Exceptions every tokenmill package raises: each message says what was wrong, the value and the fix."""
+
+from __future__ import annotations
+
+
+class TokenmillError(Exception):
+    """A problem the user can act on; the CLI prints its message as one line, without a traceback."""
+
+
+class ConfigError(TokenmillError):
+    """A recipe (``configs/*.yaml``) or setting is invalid."""
+
+
+class ManifestError(TokenmillError):
+    """A corpus manifest (``data_manifests/*.yaml``) is invalid or names paths that cannot be used."""
+
+
+class SourceReadError(TokenmillError):
+    """An input file cannot be read at all (not a single record could be recovered from it)."""
+
+
+class ShardFormatError(TokenmillError):
+    """A shard or the shard index does not match the documented format."""
+
+
+class CheckpointError(TokenmillError):
+    """A checkpoint is missing, corrupt or does not belong to this run."""
+
+
+class RunLockedError(TokenmillError):
+    """Another process holds the run directory."""
+
+
+class StageMismatchError(TokenmillError):
+    """A stage's recorded fingerprint differs from the current inputs and settings."""

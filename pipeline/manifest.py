@@ -1,0 +1,106 @@
+"""Corpus manifests (``data_manifests/*.yaml``): which files make up a corpus and how to read them."""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from pipeline.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from pipeline.errors import ManifestError
+
+SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+# Placeholders a manifest path may start with, expanded on the machine that runs the stage.
+PATH_PLACEHOLDERS = {"${PYTHON_STDLIB}": lambda: sysconfig.get_paths()["stdlib"]}
+
+
+class FilterConfig(FrozenConfig):
+    min_chars: int = Field(default=1, ge=1)
+    """Documents shorter than this (after normalisation) are rejected as ``too_short``."""
+    max_chars: int = Field(default=2_000_000, ge=1)
+    """Documents longer than this are rejected as ``too_long``."""
+    max_control_char_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+    """Share of control/NUL characters above which a document is rejected as ``binary``."""
+
+
+class SourceConfig(FrozenConfig):
+    name: str = Field(pattern=NAME_PATTERN)
+    """Source name: a shard folder (``source=<name>``) and the ``source`` column."""
+    path: str
+    """File or folder, relative to the manifest's folder; may start with ``${PYTHON_STDLIB}``."""
+    format: SourceFormat
+    """How to read the files: jsonl (plain/.gz/.zst), parquet, text (one document per file), hf_disk."""
+    glob: str = "**/*"
+    """Files under ``path`` to read (when ``path`` is a folder)."""
+    exclude: list[str] = []
+    """Glob patterns (relative to ``path``) of files to skip."""
+    text_field: str = "text"
+    """Field/column holding the document text (jsonl, parquet, hf_disk)."""
+    id_field: str | None = None
+    """Field/column holding the record's own id, kept as ``source_id``."""
+    license: str | None = None
+    """Licence of the source, recorded for the data team."""
+    weight: float = Field(default=1.0, gt=0.0)
+    """Mixture weight of this source in training batches."""
+    on_error: Literal["fail", "skip"] = "fail"
+    """A file that cannot be read at all: stop with an error (fail) or record one reject and go on (skip)."""
+
+
+class CorpusManifest(FrozenConfig):
+    name: str = Field(pattern=NAME_PATTERN)
+    """Corpus name."""
+    sources: list[SourceConfig] = Field(min_length=1)
+    """The corpus's sources; names must be unique across all manifests of a recipe."""
+    filters: FilterConfig = FilterConfig()
+    """Quality filters applied to every source of this manifest."""
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_source_names(cls, sources: list[SourceConfig]) -> list[SourceConfig]:
+        names = [source.name for source in sources]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"source names must be unique, repeated: {duplicated}")
+        return sources
+
+
+def load_manifest(path: str | Path) -> CorpusManifest:
+    """Load and validate a manifest; raise :class:`ManifestError` naming the file and key."""
+    try:
+        data = load_yaml_mapping(path, "manifest")
+        return CorpusManifest.model_validate(data)
+    except ValidationError as err:
+        raise ManifestError(describe_validation_error(err, path)) from None
+    except ManifestError:
+        raise
+    except Exception as err:  # ConfigError from the YAML loader
+        raise ManifestError(str(err)) from None
+
+
+def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path:
+    """Absolute path of a source: placeholders expanded, relative paths taken from the manifest's folder."""
+    raw = source.path
+    for placeholder, expand in PATH_PLACEHOLDERS.items():
+        if raw.startswith(placeholder):
+            raw = expand() + raw[len(placeholder) :]
+    if re.match(r"^[a-z][a-z0-9+.-]*://", raw) or (raw.count("/") == 1 and not Path(raw).exists()
+                                                    and source.format == "hf_disk"):
+        raise ManifestError(
+            f"{manifest_path}: sources[{source.name}].path {source.path!r} looks like a remote or hub "
+            "name; tokenmill reads local files only (save the dataset with save_to_disk and point at it)."
+        )
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(manifest_path).resolve().parent / path
+    path = path.resolve()
+    if not path.exists():
+        raise ManifestError(
+            f"{manifest_path}: sources[{source.name}].path {source.path!r} does not exist "
+            f"(resolved to {path}); fix the path, relative to the manifest's folder."
+        )
+    return path

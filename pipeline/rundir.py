@@ -1,0 +1,139 @@
+"""The run directory: where every stage writes, the lock that keeps a second process out, stage markers."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.atomic import read_json, write_json_atomic
+from pipeline.errors import RunLockedError
+
+CODE_VERSION = "0.1.0"
+"""Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The documented layout of ``runs/<name>/`` (see ARCHITECTURE.md, "The run directory")."""
+
+    root: Path
+
+    @property
+    def recipe(self) -> Path:
+        return self.root / "run.yaml"
+
+    @property
+    def docs(self) -> Path:
+        return self.root / "docs"
+
+    @property
+    def rejects(self) -> Path:
+        return self.root / "rejects"
+
+    @property
+    def dedupe(self) -> Path:
+        return self.root / "dedupe"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer" / "tokenizer.json"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def shard_index(self) -> Path:
+        return self.root / "shards" / "index.parquet"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def stages(self) -> Path:
+        """Stage completion markers: ``<stage>.json`` holding the fingerprint the outputs were made from."""
+        return self.root / "stages"
+
+
+def fingerprint(*parts: Any) -> str:
+    """Deterministic sha256 over JSON-serialisable parts (settings, input digests, code version)."""
+    payload = json.dumps([CODE_VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def stage_done(paths: RunPaths, stage: str, stage_fingerprint: str) -> bool:
+    """True when ``stage`` completed with exactly this fingerprint (its outputs can be reused)."""
+    marker = paths.stages / f"{stage}.json"
+    if not marker.is_file():
+        return False
+    return read_json(marker).get("fingerprint") == stage_fingerprint
+
+
+def mark_stage_done(paths: RunPaths, stage: str, stage_fingerprint: str, summary: dict[str, Any]) -> None:
+    """Record that ``stage`` finished; written last, after every output of the stage is in place."""
+    write_json_atomic(paths.stages / f"{stage}.json", {"fingerprint": stage_fingerprint, "summary": summary})
+
+
+def stage_summary(paths: RunPaths, stage: str) -> dict[str, Any] | None:
+    """The summary a finished stage recorded, or None when it has not finished."""
+    marker = paths.stages / f"{stage}.json"
+    return read_json(marker)["summary"] if marker.is_file() else None
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock``; the holder's pid and host are written inside.
+
+    The kernel drops the lock when its holder dies (even by ``kill -9``), so a stale lock file from a
+    killed process is simply taken over.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 512).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise RunLockedError(
+                f"{self.path.parent}: run directory is in use by {holder}; wait for it to finish "
+                "or use another --run-dir."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

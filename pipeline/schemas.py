@@ -1,0 +1,96 @@
+"""The public data contracts of a run directory, as explicit pyarrow schemas (see README "Data contracts")."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+"""Bumped when a contract changes incompatibly; readers refuse files of another version."""
+
+DOCUMENTS_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),  # stable across re-runs: hash of (source, uri)
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_id", pa.string()),  # the record's own id when the source has an id_field
+        pa.field("uri", pa.string(), nullable=False),  # file:line, file#row=N or file (relative)
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("num_chars", pa.int64(), nullable=False),
+        pa.field("content_hash", pa.string(), nullable=False),  # exact-dedupe key (hex xxh3-128)
+        pa.field("split", pa.string(), nullable=False),  # train | val
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "documents"},
+)
+
+REJECTS_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_id", pa.string()),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),  # one of REJECT_REASONS
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("raw", pa.large_binary()),  # original bytes, so a fixed record can be re-ingested
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "rejects"},
+)
+
+DUPLICATES_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_id", pa.string()),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("duplicate_of", pa.int64(), nullable=False),  # the survivor's doc_id
+        pa.field("kind", pa.string(), nullable=False),  # exact | near
+        pa.field("similarity", pa.float64(), nullable=False),  # 1.0 for exact copies
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "duplicates"},
+)
+
+SHARD_INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),  # relative to the run dir
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("num_rows", pa.int64(), nullable=False),
+        pa.field("num_tokens", pa.int64(), nullable=False),  # real tokens, padding excluded
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("tokenizer_sha256", pa.string(), nullable=False),
+        pa.field("seq_len", pa.int32(), nullable=False),
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "shard_index"},
+)
+
+REJECT_REASONS: dict[str, str] = {
+    "unreadable_file": "the whole file could not be read (corrupt compression, not the declared format)",
+    "invalid_json": "the line is not valid JSON",
+    "not_an_object": "the JSON value is not an object",
+    "invalid_utf8": "the bytes are not valid UTF-8",
+    "missing_text": "the text field is absent or null",
+    "non_string_text": "the text field is not a string",
+    "empty": "the text is empty after normalisation",
+    "too_short": "fewer characters than filters.min_chars",
+    "too_long": "more characters than filters.max_chars",
+    "binary": "too many NUL/control characters (binary or garbage data)",
+}
+"""Every ``rejects.reason`` value with its meaning; later stages may add reasons, never rename them."""
+
+
+def shard_schema(token_type: pa.DataType, seq_len: int, metadata: dict[str, str]) -> pa.Schema:
+    """Schema of one packed token shard (Arrow IPC file, uncompressed).
+
+    ``input_ids``: fixed_size_list<token_type>[seq_len]; ``doc_ids``: the documents with tokens in the row;
+    ``doc_starts``: where each of those documents' tokens begin in the row (0 for a document continued
+    from the previous row); ``first_doc_offset``: how many tokens of the row's first document came
+    before this row; ``num_tokens``: real tokens in the row (the rest is padding).
+    """
+    return pa.schema(
+        [
+            pa.field("input_ids", pa.list_(pa.field("item", token_type, nullable=False), seq_len),
+                     nullable=False),
+            pa.field("doc_ids", pa.list_(pa.int64()), nullable=False),
+            pa.field("doc_starts", pa.list_(pa.int32()), nullable=False),
+            pa.field("first_doc_offset", pa.int32(), nullable=False),
+            pa.field("num_tokens", pa.int32(), nullable=False),
+        ],
+        metadata=metadata,
+    )

@@ -1,0 +1,98 @@
+"""Settings of the model and the training loop (the ``model`` and ``train`` sections of a recipe)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config import FrozenConfig
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class ModelDims(FrozenConfig):
+    hidden_size: int = Field(gt=0)
+    """Width of the residual stream."""
+    num_layers: int = Field(gt=0)
+    """Decoder blocks."""
+    num_heads: int = Field(gt=0)
+    """Query heads."""
+    num_kv_heads: int = Field(gt=0)
+    """Key/value heads (grouped-query attention); must divide num_heads."""
+    intermediate_size: int = Field(gt=0)
+    """SwiGLU hidden width."""
+    rope_theta: float = Field(default=10000.0, gt=0)
+    """Rotary embedding base."""
+    rms_norm_eps: float = Field(default=1e-5, gt=0)
+    """RMSNorm epsilon."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding with the output projection."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelDims:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be divisible by num_kv_heads {self.num_kv_heads}")
+        return self
+
+
+MODEL_PRESETS: dict[str, ModelDims] = {
+    "tiny": ModelDims(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
+    "125m": ModelDims(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, intermediate_size=2048),
+    "350m": ModelDims(hidden_size=1024, num_layers=24, num_heads=16, num_kv_heads=8, intermediate_size=2816),
+    "1b": ModelDims(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=5632),
+}
+
+
+class ModelConfig(FrozenConfig):
+    preset: Literal["tiny", "125m", "350m", "1b"] | None = "tiny"
+    """A named size; ignored when ``dims`` is given."""
+    dims: ModelDims | None = None
+    """Explicit dimensions (override the preset)."""
+
+    def resolved_dims(self) -> ModelDims:
+        """The dimensions to build: ``dims`` if given, else the preset's."""
+        if self.dims is not None:
+            return self.dims
+        if self.preset is None:
+            raise ValueError("model: set preset or dims")
+        return MODEL_PRESETS[self.preset]
+
+
+class TrainConfig(FrozenConfig):
+    max_steps: int = Field(default=200, ge=1)
+    """Optimizer steps to train in total."""
+    steps_per_refresh: int | None = Field(default=None, ge=1)
+    """On an incremental refresh, train this many more steps (capped by max_steps); None = to max_steps."""
+    micro_batch_size: int = Field(default=16, ge=1)
+    """Rows per forward/backward pass per process."""
+    grad_accum_steps: int = Field(default=1, ge=1)
+    """Micro-batches accumulated per optimizer step."""
+    lr: float = Field(default=3e-3, gt=0)
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = Field(default=20, ge=0)
+    """Linear warmup steps."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay (not applied to norms)."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    precision: Precision = "fp32"
+    """fp32 | bf16 (autocast) | fp16 (dynamic loss scaling; GPU only)."""
+    checkpoint_every: int = Field(default=50, ge=1)
+    """Save a checkpoint every this many steps (and at the end)."""
+    keep_last: int = Field(default=2, ge=1)
+    """Checkpoints kept; older ones are deleted."""
+    eval_every: int = Field(default=50, ge=1)
+    """Validation every this many steps (and at step 0 and the end)."""
+    eval_batches: int = Field(default=8, ge=1)
+    """Micro-batches of the fixed validation subset per evaluation."""
+    num_processes: int = Field(default=1, ge=1)
+    """Processes ``accelerate launch`` starts (GPUs, or CPU processes over gloo)."""
+    seed: int = 0
+    """Seeds model init and data order."""
+    log_every: int = Field(default=10, ge=1)
+    """Write a train_metrics row every this many steps."""
