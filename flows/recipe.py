@@ -77,10 +77,41 @@ def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
 
 
 def recipe_to_yaml(recipe: RunRecipe) -> str:
-    """The resolved recipe (all defaults filled in) as YAML, for ``run.yaml``."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    """The resolved recipe (all defaults filled in) as YAML, for ``run.yaml``.
+
+    ``run_dir`` is left out: the run dir is wherever ``run.yaml`` lies (it may be copied elsewhere).
+    """
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude={"run_dir"}), sort_keys=False)
 
 
 def is_safe_name(name: str) -> bool:
     """True for names usable as a folder (sources, runs)."""
     return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) is not None
+
+
+# Sections whose change makes the existing data stages' outputs meaningless to mix with new ones.
+DATA_SECTIONS = ("data", "dedupe", "tokenizer", "pack")
+
+
+def record_recipe(recipe: RunRecipe, run_dir: Path, *, fresh: bool = False) -> None:
+    """Write ``run.yaml`` (resolved recipe + code version); refuse a changed data recipe on an existing run.
+
+    ``train`` and ``model`` may change between runs of the same dir only before training started; the
+    trainer itself checks its checkpoints. ``fresh=True`` is the user's explicit "start over".
+    """
+    from pipeline.atomic import write_text_atomic
+    from pipeline.rundir import CODE_VERSION
+
+    path = run_dir / "run.yaml"
+    current = recipe.model_dump(mode="json", exclude={"run_dir"})
+    if path.is_file() and not fresh:
+        previous = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        changed = [f"{section}.{key}" for section in DATA_SECTIONS
+                   for key in sorted(set(current.get(section, {})) | set(previous.get(section, {}) or {}))
+                   if current.get(section, {}).get(key) != (previous.get(section) or {}).get(key)]
+        if changed:
+            raise ConfigError(
+                f"{path}: the recipe changed since this run dir was prepared ({', '.join(changed)}); "
+                "use another --run-dir, or delete the run dir to start fresh."
+            )
+    write_text_atomic(path, recipe_to_yaml(recipe) + f"code_version: {CODE_VERSION}\n")

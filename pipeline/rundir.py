@@ -9,7 +9,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.atomic import read_json, write_json_atomic
 from pipeline.errors import RunLockedError
@@ -106,11 +106,16 @@ class RunLock:
     killed process is simply taken over.
     """
 
+    _held: ClassVar[dict[Path, int]] = {}  # lock path -> nesting depth in this process (flows nest)
+
     def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / ".lock"
+        self.path = (Path(run_dir) / ".lock").resolve()
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        if self.path in RunLock._held:
+            RunLock._held[self.path] += 1
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -125,8 +130,14 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
         self._fd = fd
+        RunLock._held[self.path] = 1
 
     def release(self) -> None:
+        depth = RunLock._held.get(self.path, 0)
+        if depth > 1:
+            RunLock._held[self.path] = depth - 1
+            return
+        RunLock._held.pop(self.path, None)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -73,7 +73,7 @@ def write_shard(run_dir: Path, relpath: str, rows: ShardRows, *, split: str, sou
     flat = pa.array(np.ascontiguousarray(rows.input_ids, dtype=dtype).reshape(-1))
     batch = pa.record_batch(
         [
-            pa.FixedSizeListArray.from_arrays(flat, seq_len, type=schema.field("input_ids").type),
+            pa.FixedSizeListArray.from_arrays(flat, type=schema.field("input_ids").type),
             pa.array(rows.doc_ids, type=pa.list_(pa.int64())),
             pa.array(rows.doc_starts, type=pa.list_(pa.int32())),
             pa.array(rows.first_doc_offset, type=pa.int32()),

@@ -96,3 +96,5 @@ class TrainConfig(FrozenConfig):
     """Seeds model init and data order."""
     log_every: int = Field(default=10, ge=1)
     """Write a train_metrics row every this many steps."""
+    deadline_minutes: float | None = Field(default=None, gt=0)
+    """Stop a training launch that runs longer than this (the flow's retry then resumes it); None = no limit."""

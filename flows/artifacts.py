@@ -1,0 +1,45 @@
+"""What a run shows in the Prefect UI: the data funnel, shard stats, the eval table and a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from pipeline.queries import data_funnel, eval_history, rejects_by_reason
+
+
+def publish_funnel(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Data funnel and rejects tables as Prefect artifacts."""
+    create_table_artifact(table=data_funnel(run_dir), key="data-funnel",
+                          description=f"Records read, rejected, deduplicated and kept per source in {run_dir}")
+    reasons = rejects_by_reason(run_dir)
+    if reasons:
+        create_table_artifact(table=reasons, key="rejects-by-reason", description="Rejected records by reason")
+    create_markdown_artifact(
+        key="shard-stats",
+        markdown=f"**{summary['num_shards']} shards**, {summary['num_tokens']:,} tokens in `{run_dir}/shards`.",
+        description="Arrow token shards of the run",
+    )
+
+
+def publish_training(run_dir: Path) -> dict[str, Any]:
+    """Eval table + summary artifact; returns first/last validation loss and the exported model path."""
+    evals = eval_history(run_dir)
+    if evals:
+        create_table_artifact(table=evals, key="eval-metrics", description="Validation loss and perplexity")
+    summary = {
+        "first_val_loss": evals[0]["val_loss"] if evals else None,
+        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+        "final_step": evals[-1]["step"] if evals else None,
+        "model_dir": str(run_dir / "model"),
+    }
+    create_markdown_artifact(
+        key="run-summary",
+        markdown=(f"# tokenmill run `{run_dir.name}`\n\nvalidation loss {summary['first_val_loss']} (step 0) → "
+                  f"{summary['final_val_loss']} (step {summary['final_step']}); model exported to "
+                  f"`{summary['model_dir']}`."),
+        description="Run summary",
+    )
+    return summary

@@ -1,0 +1,177 @@
+"""The ``tokenmill`` command line: run, prepare, train, query and verify a run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.settings import configure_environment
+from pipeline.errors import TokenmillError
+
+app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run.", no_args_is_help=True)
+app.add_typer(shards_app, name="shards")
+
+STATE = {"debug": False}
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: runs/<name>).")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output format: table, csv or json.")]
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False) -> None:
+    STATE["debug"] = debug
+
+
+@app.command()
+def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
+    """Run the whole flow (prepare data, train, evaluate, export) through Prefect.
+
+    Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
+    """
+    recipe_path = _checked_recipe(recipe)
+    from flows.pipeline import data_to_model
+
+    _print_summary(data_to_model(str(recipe_path), _optional(run_dir)))
+
+
+@app.command()
+def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
+    """Data stages only: ingest, filter, dedupe, tokenizer, Arrow shards.
+
+    Example: tokenmill prepare configs/tiny.yaml
+    """
+    recipe_path = _checked_recipe(recipe)
+    from flows.pipeline import prepare_data
+
+    _print_summary(prepare_data(str(recipe_path), _optional(run_dir)))
+
+
+@app.command()
+def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
+    """Train, evaluate and export on the shards already in the run dir (resumes from the newest checkpoint).
+
+    Example: tokenmill train configs/tiny.yaml
+    """
+    recipe_path = _checked_recipe(recipe)
+    from flows.pipeline import train_model
+
+    _print_summary(train_model(str(recipe_path), _optional(run_dir)))
+
+
+@app.command()
+def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+          sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],
+          output_format: FormatOpt = OutputFormat.table) -> None:
+    """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics.
+
+    Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
+    """
+    from pipeline.query import run_query
+
+    table = run_query(run_dir, sql)
+    _emit(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
+
+
+@shards_app.command("verify")
+def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+    """Check every shard against the index (sha256, schema, metadata, token ids < vocab); exit 1 on any fault.
+
+    Example: tokenmill shards verify runs/tiny
+    """
+    from pipeline.shards import read_shard_index, verify_shards
+
+    faults = verify_shards(run_dir)
+    for fault in faults:
+        typer.echo(f"FAULT {fault}")
+    if faults:
+        typer.echo(f"{len(faults)} fault(s) in {run_dir}/shards; re-run `tokenmill prepare` on a fresh run dir.")
+        raise typer.Exit(1)
+    typer.echo(f"ok: {len(read_shard_index(run_dir))} shards match the index")
+
+
+def _checked_recipe(recipe: Path | None) -> Path:
+    """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line."""
+    from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths
+    from pipeline.manifest import load_manifest, resolve_source_path
+
+    path = recipe or DEFAULT_RECIPE
+    loaded, base = load_recipe(path)
+    for manifest_path in manifest_paths(loaded, base):
+        for source in load_manifest(manifest_path).sources:
+            resolve_source_path(source, manifest_path)
+    return path
+
+
+def _optional(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+def _emit(columns: list[str], rows: list[list[Any]], output_format: OutputFormat) -> None:
+    rows = [[_plain(value) for value in row] for row in rows]
+    if output_format is OutputFormat.json:
+        typer.echo(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], indent=2, default=str))
+    elif output_format is OutputFormat.csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        typer.echo(buffer.getvalue(), nl=False)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*(str(value) for value in row))
+        Console().print(table)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line on stderr and exit status 2."""
+    configure_environment()
+    try:
+        app(standalone_mode=False)
+    except TokenmillError as err:
+        if STATE["debug"]:
+            raise
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as err:  # click usage errors come through here with standalone_mode=False
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise

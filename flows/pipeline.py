@@ -1,0 +1,107 @@
+"""The data-to-model flow: the stages in order, one line each (see ARCHITECTURE.md for the data path)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, unmapped
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.artifacts import publish_funnel, publish_training
+from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
+from flows.tasks import (
+    dedupe_task,
+    ingest_part_task,
+    pack_task,
+    plan_ingest_task,
+    shard_index_task,
+    tokenizer_task,
+    train_task,
+)
+from pipeline.manifest import load_manifest
+from pipeline.rundir import RunLock
+from pipeline.shards import read_shard_index
+
+SPLITS = ("train", "val")
+
+
+@flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
+def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
+    """Corpus files -> documents -> dedupe -> tokenizer -> Arrow shards + index (each step skip-if-done)."""
+    loaded, base = load_recipe(recipe)
+    root = resolve_run_dir(loaded, run_dir)
+    with RunLock(root):
+        record_recipe(loaded, root)
+        manifests = [str(path) for path in manifest_paths(loaded, base)]
+        parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
+        ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root)).result()
+        deduped = dedupe_task(str(root), loaded.dedupe)
+        tokenizer = tokenizer_task(str(root), loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
+        splits, sources = _split_source_pairs(manifests)
+        pack_task.map(unmapped(str(root)), splits, sources, unmapped(loaded.pack)).result()
+        shards = shard_index_task(str(root))
+    summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
+               "tokenizer": tokenizer, "num_shards": len(shards),
+               "num_tokens": sum(info.num_tokens for info in shards)}
+    publish_funnel(root, summary)
+    return summary
+
+
+@flow(name="train-model")
+def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
+    """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export) in a child process group.
+
+    ``refresh=True`` (new data arrived) trains ``train.steps_per_refresh`` more steps from the newest
+    checkpoint, capped at ``train.max_steps``; otherwise training runs to ``max_steps``.
+    """
+    loaded, _ = load_recipe(recipe)
+    root = resolve_run_dir(loaded, run_dir)
+    with RunLock(root):
+        read_shard_index(root)  # fails with "run `tokenmill prepare` first" when there are no shards
+        record_recipe(loaded, root)
+        until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
+        deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
+        train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
+    return publish_training(root)
+
+
+@flow(name="data-to-model")
+def data_to_model(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
+    """The whole path: prepare the data, then train and evaluate; a re-run skips what is done."""
+    before = _num_indexed_shards(recipe, run_dir)
+    prepared = prepare_data(recipe, run_dir)
+    refresh = before > 0 and prepared["num_shards"] > before
+    trained = train_model(recipe, run_dir, refresh=refresh)
+    return {"prepare": prepared, "train": trained}
+
+
+def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
+    names = [source.name for manifest in manifests for source in load_manifest(manifest).sources]
+    pairs = [(split, name) for split in SPLITS for name in names]
+    return [split for split, _ in pairs], [name for _, name in pairs]
+
+
+def _until_step(root: Path, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
+    current = _latest_checkpoint_step(root)
+    if refresh and steps_per_refresh is not None and current is not None:
+        return min(max_steps, current + steps_per_refresh)
+    return max_steps
+
+
+def _latest_checkpoint_step(root: Path) -> int | None:
+    """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
+    steps = [int(path.name.split("-", 1)[1]) for path in (root / "checkpoints").glob("step-*")
+             if (path / "manifest.json").is_file() and path.name.split("-", 1)[1].isdigit()]
+    return max(steps, default=None)
+
+
+def _num_indexed_shards(recipe: str, run_dir: str | None) -> int:
+    loaded, _ = load_recipe(recipe)
+    index = resolve_run_dir(loaded, run_dir) / "shards" / "index.parquet"
+    return len(read_shard_index(index.parent.parent)) if index.is_file() else 0
+
+
+def _optional_str(path: Path | None) -> str | None:
+    return None if path is None else str(path)

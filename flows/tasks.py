@@ -1,0 +1,57 @@
+"""Prefect tasks: each wraps one stage call (retries only on I/O-bound work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from flows.subprocess_log import run_streaming
+from pipeline.config import DedupeConfig
+from pipeline.ingest import IngestPart, ingest_part, plan_ingest
+from pipeline.rundir import RunPaths
+from pipeline.shards import ShardInfo
+from pipeline.stages import dedupe_stage
+from tokenization.config import PackConfig, TokenizerConfig
+from tokenization.stage import pack_split_source, write_index
+from tokenization.train_tokenizer import prepare_tokenizer
+from trainer.launch import launch_command
+
+
+@task(name="plan-ingest")
+def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -> list[dict[str, Any]]:
+    parts = plan_ingest([Path(m) for m in manifests], RunPaths(Path(run_dir)), part_size_bytes)
+    return [part.to_dict() for part in parts]
+
+
+@task(name="ingest-part", retries=2, retry_delay_seconds=1, task_run_name="ingest-part-{part[part_id]}")
+def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) -> dict[str, Any]:
+    return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)))
+
+
+@task(name="dedupe")
+def dedupe_task(run_dir: str, config: DedupeConfig) -> dict[str, Any]:
+    return dedupe_stage(RunPaths(Path(run_dir)), config)
+
+
+@task(name="tokenizer")
+def tokenizer_task(run_dir: str, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
+    return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None)
+
+
+@task(name="pack", retries=2, retry_delay_seconds=1, task_run_name="pack-{split}-{source}")
+def pack_task(run_dir: str, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
+    return pack_split_source(RunPaths(Path(run_dir)), split, source, config)
+
+
+@task(name="shard-index")
+def shard_index_task(run_dir: str) -> list[ShardInfo]:
+    return write_index(RunPaths(Path(run_dir)))
+
+
+@task(name="train", retries=1, retry_delay_seconds=2)
+def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
+    """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
+    argv = launch_command(Path(run_dir), num_processes, until_step)
+    run_streaming(argv, get_run_logger(), deadline_s=deadline_s)

@@ -1,0 +1,68 @@
+"""The whole flow on a slice of the standard library, through a real Prefect server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.query import run_query
+from pipeline.shards import verify_shards
+from tests.flows.conftest import write_small_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> tuple[Path, dict, dict]:
+    from flows.pipeline import data_to_model
+
+    root = tmp_path_factory.mktemp("flow")
+    recipe = write_small_recipe(root)
+    first = data_to_model(str(recipe))
+    second = data_to_model(str(recipe))
+    return root / "run", first, second
+
+
+def test_every_stage_leaves_its_artifacts(finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, first, _ = finished_run
+    for relpath in ("run.yaml", "tokenizer/tokenizer.json", "shards/index.parquet",
+                    "metrics/train.jsonl", "metrics/eval.jsonl",
+                    "model/config.json", "model/model.safetensors", "model/tokenizer.json"):
+        assert (run_dir / relpath).is_file(), relpath
+    assert list(run_dir.glob("docs/part-*.parquet")) and list(run_dir.glob("checkpoints/step-*"))
+    assert verify_shards(run_dir) == []
+    assert first["prepare"]["num_tokens"] > 10_000
+
+
+def test_validation_loss_falls(finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, first, _ = finished_run
+    evals = [json.loads(line) for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 30
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    assert first["train"]["final_val_loss"] == pytest.approx(evals[-1]["val_loss"], abs=1e-3)
+
+
+def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, first, second = finished_run
+    assert second["prepare"]["parts_ingested"] == 0
+    assert second["prepare"]["dedupe"]["skipped"] is True
+    assert second["prepare"]["num_shards"] == first["prepare"]["num_shards"]
+    eval_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
+    assert len(eval_steps) == len(set(eval_steps)), "a finished training run must not train again"
+
+
+def test_every_record_is_accounted_for(finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, _, _ = finished_run
+    corpus_files = len(list((run_dir.parent / "corpus").rglob("*.py")))
+    counts = run_query(run_dir, "SELECT (SELECT count(*) FROM documents) AS d, (SELECT count(*) FROM duplicates) "
+                                "AS u, (SELECT count(*) FROM rejects) AS r").to_pylist()[0]
+    assert counts["d"] + counts["u"] + counts["r"] == corpus_files
+
+
+def test_no_absolute_paths_in_run_dir(finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, _, _ = finished_run
+    uris = run_query(run_dir, "SELECT uri FROM documents UNION ALL SELECT path FROM shards").column(0).to_pylist()
+    assert uris and not any(uri.startswith("/") for uri in uris)
+    assert str(run_dir.parent) not in (run_dir / "run.yaml").read_text()

@@ -1,0 +1,94 @@
+"""pipeline.query: every view over a hand-built run dir; statements that could write are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.query import VIEWS, QueryError, connect, run_query
+from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
+from pipeline.shards import ShardRows, write_shard, write_shard_index
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    (run / "docs").mkdir(parents=True)
+    docs = pa.table({"doc_id": [1, 2, 3], "source": ["a", "a", "b"], "source_id": [None, None, "x"],
+                     "uri": ["f.py", "g.py", "h.jsonl:1"], "text": ["one", "one", "three"],
+                     "num_chars": [3, 3, 5], "content_hash": ["h1", "h1", "h3"], "split": ["train"] * 3},
+                    schema=DOCUMENTS_SCHEMA)
+    pq.write_table(docs, run / "docs/part-00000.parquet")
+    (run / "docs/part-00000.json").write_text("{}")
+    (run / "rejects").mkdir()
+    pq.write_table(pa.table({"source": ["b"], "source_id": [None], "uri": ["h.jsonl:2"], "reason": ["invalid_json"],
+                             "detail": ["Expecting value"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
+                   run / "rejects/part-00000.parquet")
+    (run / "dedupe").mkdir()
+    pq.write_table(pa.table({"doc_id": [2], "source": ["a"], "source_id": [None], "uri": ["g.py"],
+                             "duplicate_of": [1], "kind": ["exact"], "similarity": [1.0]}, schema=DUPLICATES_SCHEMA),
+                   run / "dedupe/duplicates.parquet")
+    rows = ShardRows(np.arange(16, dtype=np.uint16).reshape(2, 8), [[1], [1, 3]], [[0], [0, 3]], [0, 8], [8, 8])
+    info = write_shard(run, "shards/split=train/source=a/part-00000.arrow", rows, split="train", source="a",
+                       tokenizer_sha256="t" * 64, vocab_size=100)
+    write_shard_index(run, [info])
+    (run / "metrics").mkdir()
+    (run / "metrics/train.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 5.0 - s, "lr": 0.1,
+                                                                   "tokens_seen": 64 * s, "tokens_per_s": 9.0})
+                                                       for s in (1, 2)) + "\n")
+    return run
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        digest.update(str(path.relative_to(root)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_views_answer_real_questions(run_dir: Path) -> None:
+    con = connect(run_dir)
+    assert con.sql("SELECT doc_id FROM documents ORDER BY doc_id").fetchall() == [(1,), (3,)]
+    assert con.sql("SELECT reason, raw FROM rejects").fetchall() == [("invalid_json", b"{oops")]
+    assert con.sql("SELECT duplicate_of FROM duplicates").fetchall() == [(1,)]
+    assert con.sql("SELECT num_rows, num_tokens FROM shards").fetchall() == [(2, 16)]
+    assert con.sql("SELECT doc_ids, split, source, input_ids[2] FROM sequences ORDER BY first_doc_offset"
+                   ).fetchall() == [([1], "train", "a", 1), ([1, 3], "train", "a", 9)]
+    assert con.sql("SELECT max(step), min(loss) FROM train_metrics").fetchall() == [(2, 3.0)]
+    assert con.sql("SELECT count(*) FROM eval_metrics").fetchall() == [(0,)]
+    assert {row[0] for row in con.sql("SHOW TABLES").fetchall()} >= set(VIEWS)
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT * FROM documents) TO 'stolen.csv'",
+    "CREATE TABLE t AS SELECT 1",
+    "ATTACH 'other.duckdb' AS other",
+    "INSTALL httpfs",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT 1; SELECT 2",
+])
+def test_statements_that_could_write_or_escape_are_refused(run_dir: Path, sql: str) -> None:
+    before = tree_digest(run_dir)
+    with pytest.raises(QueryError) as refused:
+        run_query(run_dir, sql)
+    assert str(refused.value).split()[0] in {"queries", "query", "expected"}
+    assert tree_digest(run_dir) == before
+
+
+def test_notebook_connection_cannot_touch_files(run_dir: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    con = connect(run_dir)
+    with pytest.raises(duckdb.PermissionException):
+        con.sql(f"COPY (SELECT 1) TO '{tmp_path / 'out.csv'}'")
+    with pytest.raises(duckdb.Error):
+        con.sql("SET enable_external_access = true")
+    assert not (tmp_path / "out.csv").exists()
