@@ -157,7 +157,7 @@ def main() -> None:
     """Console-script entry point: user errors become one line on stderr and exit status 2."""
     configure_environment()
     try:
-        app(standalone_mode=False)
+        exit_code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
     except TokenmillError as err:
         if STATE["debug"]:
             raise
@@ -175,3 +175,4 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    sys.exit(exit_code if isinstance(exit_code, int) else 0)

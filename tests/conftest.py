@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sysconfig
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+
+from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
+from pipeline.shards import ShardRows, write_shard, write_shard_index
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -31,3 +38,31 @@ def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email"
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, destination)
     return target
+
+
+def build_query_run(run: Path) -> Path:
+    """A hand-built run dir with one row or more in every view but eval_metrics (hermetic query tests)."""
+    (run / "docs").mkdir(parents=True)
+    docs = pa.table({"doc_id": [1, 2, 3], "source": ["a", "a", "b"], "source_id": [None, None, "x"],
+                     "uri": ["f.py", "g.py", "h.jsonl:1"], "text": ["one", "one", "three"],
+                     "num_chars": [3, 3, 5], "content_hash": ["h1", "h1", "h3"], "split": ["train"] * 3},
+                    schema=DOCUMENTS_SCHEMA)
+    pq.write_table(docs, run / "docs/part-00000.parquet")
+    (run / "docs/part-00000.json").write_text("{}")
+    (run / "rejects").mkdir()
+    pq.write_table(pa.table({"source": ["b"], "source_id": [None], "uri": ["h.jsonl:2"], "reason": ["invalid_json"],
+                             "detail": ["Expecting value"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
+                   run / "rejects/part-00000.parquet")
+    (run / "dedupe").mkdir()
+    pq.write_table(pa.table({"doc_id": [2], "source": ["a"], "source_id": [None], "uri": ["g.py"],
+                             "duplicate_of": [1], "kind": ["exact"], "similarity": [1.0]}, schema=DUPLICATES_SCHEMA),
+                   run / "dedupe/duplicates.parquet")
+    rows = ShardRows(np.arange(16, dtype=np.uint16).reshape(2, 8), [[1], [1, 3]], [[0], [0, 3]], [0, 8], [8, 8])
+    info = write_shard(run, "shards/split=train/source=a/part-00000.arrow", rows, split="train", source="a",
+                       tokenizer_sha256="t" * 64, vocab_size=100)
+    write_shard_index(run, [info])
+    (run / "metrics").mkdir()
+    (run / "metrics/train.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 5.0 - s, "lr": 0.1,
+                                                                   "tokens_seen": 64 * s, "tokens_per_s": 9.0})
+                                                       for s in (1, 2)) + "\n")
+    return run

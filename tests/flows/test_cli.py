@@ -1,0 +1,87 @@
+"""The tokenmill console script as a user runs it: help, output formats, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import build_query_run
+
+TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
+COMMANDS = [[], ["run"], ["prepare"], ["train"], ["query"], ["shards"], ["shards", "verify"]]
+
+
+def tokenmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TOKENMILL, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
+def test_every_command_has_help(command: list[str]) -> None:
+    result = tokenmill(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage:" in result.stdout
+    if command and command != ["shards"]:
+        assert "Example:" in result.stdout
+
+
+def test_query_formats(tmp_path: Path) -> None:
+    run = build_query_run(tmp_path / "run")
+    sql = "SELECT doc_id, source FROM documents ORDER BY doc_id"
+    as_csv = tokenmill("query", str(run), sql, "--format", "csv")
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [["doc_id", "source"], ["1", "a"], ["3", "b"]]
+    as_json = tokenmill("query", str(run), sql, "--format", "json")
+    assert json.loads(as_json.stdout) == [{"doc_id": 1, "source": "a"}, {"doc_id": 3, "source": "b"}]
+    as_table = tokenmill("query", str(run), sql)
+    assert "doc_id" in as_table.stdout and "source" in as_table.stdout
+
+
+def test_write_attempt_is_one_line_error(tmp_path: Path) -> None:
+    run = build_query_run(tmp_path / "run")
+    result = tokenmill("query", str(run), "COPY documents TO 'x.csv'")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "read-only" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_shards_verify_passes_then_catches_a_flipped_byte(tmp_path: Path) -> None:
+    run = build_query_run(tmp_path / "run")
+    assert tokenmill("shards", "verify", str(run)).returncode == 0
+    shard = next(run.glob("shards/**/*.arrow"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = tokenmill("shards", "verify", str(run))
+    assert result.returncode == 1 and "sha256" in result.stdout
+
+
+@pytest.mark.parametrize(("recipe_text", "expected"), [
+    ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {max_stepz: 3}\n",
+     "train.max_stepz: unknown key"),
+    ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {lr: -1}\n", "train.lr"),
+    ("name: x\ndata: {manifests: [missing.yaml]}\ntokenizer: {vocab_size: 512}\n", "missing.yaml does not exist"),
+    ("name: x\ndata: {manifests: [m.yaml]\n", "invalid YAML"),
+    ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512, path: t.json}\n", "exactly one of"),
+])
+def test_recipe_errors_name_the_key_in_one_line(tmp_path: Path, recipe_text: str, expected: str) -> None:
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "recipe.yaml").write_text(recipe_text)
+    result = tokenmill("prepare", str(tmp_path / "recipe.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert str(tmp_path / "recipe.yaml") in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_manifest_path_error_names_the_source(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: nowhere, format: text}]\n")
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\n")
+    result = tokenmill("prepare", str(tmp_path / "recipe.yaml"))
+    assert result.returncode == 2
+    assert "sources[s].path 'nowhere' does not exist" in result.stderr
