@@ -24,7 +24,7 @@ def publish_funnel(run_dir: Path, summary: dict[str, Any]) -> None:
     )
 
 
-def publish_training(run_dir: Path) -> dict[str, Any]:
+def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
     """Eval table + summary artifact; returns first/last validation loss and the exported model path."""
     evals = eval_history(run_dir)
     if evals:
@@ -34,12 +34,13 @@ def publish_training(run_dir: Path) -> dict[str, Any]:
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
         "final_step": evals[-1]["step"] if evals else None,
         "model_dir": str(run_dir / "model"),
+        "report": report_path,
     }
     create_markdown_artifact(
         key="run-summary",
         markdown=(f"# tokenmill run `{run_dir.name}`\n\nvalidation loss {summary['first_val_loss']} (step 0) → "
                   f"{summary['final_val_loss']} (step {summary['final_step']}); model exported to "
-                  f"`{summary['model_dir']}`."),
+                  f"`{summary['model_dir']}`.\n\nReport: [{report_path}](file://{report_path})"),
         description="Run summary",
     )
     return summary

@@ -89,6 +89,31 @@ def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     _emit(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
 
 
+@app.command()
+def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every deployment.")] = None,
+          run_dir: RunDirOpt = None,
+          limit: Annotated[int, typer.Option(help="Flow runs at a time.")] = 1) -> None:
+    """Serve prefect.yaml's deployments (nightly-refresh on its cron schedule, one-shot) until Ctrl-C.
+
+    Needs a Prefect server: `prefect server start` and PREFECT_API_URL=http://127.0.0.1:4200/api.
+    Example: tokenmill serve --recipe configs/tiny.yaml
+    """
+    from flows.serve import serve_deployments
+
+    serve_deployments(recipe, _optional(run_dir), limit)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+    """Write the run report (report/index.html: loss curves, data funnel, source mix, histograms, tables).
+
+    Example: tokenmill report runs/tiny
+    """
+    from flows.report import write_report
+
+    typer.echo(f"wrote {write_report(run_dir)}")
+
+
 @shards_app.command("verify")
 def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Check every shard against the index (sha256, schema, metadata, token ids < vocab); exit 1 on any fault.

@@ -16,6 +16,7 @@ from flows.tasks import (
     ingest_part_task,
     pack_task,
     plan_ingest_task,
+    report_task,
     shard_index_task,
     tokenizer_task,
     train_task,
@@ -64,7 +65,8 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
         until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
         train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
-    return publish_training(root)
+        report = report_task(str(root))
+    return publish_training(root, report)
 
 
 @flow(name="data-to-model")

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from flows.report import write_report
 from flows.subprocess_log import run_streaming
 from pipeline.config import DedupeConfig
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
@@ -55,3 +56,8 @@ def train_task(run_dir: str, num_processes: int, until_step: int | None, deadlin
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
     argv = launch_command(Path(run_dir), num_processes, until_step)
     run_streaming(argv, get_run_logger(), deadline_s=deadline_s)
+
+
+@task(name="report")
+def report_task(run_dir: str) -> str:
+    return str(write_report(Path(run_dir)))

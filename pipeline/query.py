@@ -7,12 +7,13 @@ off and its configuration locked, so a query can neither read nor write files (n
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.json as pajson
 
 from pipeline.documents import DUPLICATES_FILE, document_part_files
 from pipeline.errors import TokenmillError
@@ -88,9 +89,17 @@ def _parquet_dataset(files: list[Path], schema: pa.Schema) -> ds.Dataset | pa.Ta
 
 
 def _jsonl_table(path: Path, empty_schema: pa.Schema) -> pa.Table:
-    if not path.is_file() or path.stat().st_size == 0:
+    """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    rows.append(row)
+    if not rows:
         return empty_schema.empty_table()
-    return pajson.read_json(path)
+    return pa.Table.from_pylist(rows)
 
 
 def _create_sequences_view(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:

@@ -1,0 +1,43 @@
+"""Serve the deployments of ``prefect.yaml`` locally with their schedules (no work pool needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+PREFECT_YAML = Path(__file__).resolve().parent.parent / "prefect.yaml"
+
+
+def load_deployment_specs(path: Path = PREFECT_YAML) -> list[dict[str, Any]]:
+    """The ``deployments`` of prefect.yaml (one source of truth for `prefect deploy` and `tokenmill serve`)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no prefect.yaml; run tokenmill serve from a tokenmill checkout.")
+    specs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("deployments") or []
+    if not specs:
+        raise ConfigError(f"{path}: no deployments listed.")
+    return specs
+
+
+def serve_deployments(recipe: str | None = None, run_dir: str | None = None, limit: int = 1) -> None:
+    """Block, serving every deployment; ``recipe``/``run_dir`` override the yaml's default parameters."""
+    from prefect import serve
+
+    from flows.pipeline import data_to_model
+
+    deployments = []
+    for spec in load_deployment_specs():
+        parameters = dict(spec.get("parameters") or {})
+        if recipe is not None:
+            parameters["recipe"] = recipe
+        if run_dir is not None:
+            parameters["run_dir"] = run_dir
+        crons = [s["cron"] for s in spec.get("schedules") or [] if s.get("active", True)]
+        deployments.append(data_to_model.to_deployment(
+            name=spec["name"], description=spec.get("description"), parameters=parameters,
+            cron=crons[0] if crons else None,
+        ))
+    serve(*deployments, limit=limit)
