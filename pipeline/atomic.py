@@ -31,6 +31,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared with the data team
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException:
@@ -46,6 +47,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException:

@@ -1,0 +1,240 @@
+"""Dedupe stage: ``docs/part-*.parquet`` -> ``dedupe/duplicates.parquet`` (exact, then near via MinHash + LSH).
+
+Incremental by design: signatures are cached per part (``dedupe/minhash/``), and a document kept by an
+earlier dedupe run is never removed later, because its tokens may already be in shards. Such "locked"
+documents win every exact group and near cluster they are in; otherwise the survivor is the earliest
+document by (part_id, row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import minhash
+from pipeline.atomic import atomic_path, read_json, write_json_atomic
+from pipeline.config import DedupeConfig
+from pipeline.documents import DUPLICATES_FILE, document_part_files
+from pipeline.rundir import RunPaths, fingerprint
+from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
+
+STATE_FILE = "state.json"
+CLUSTERS_FILE = "clusters.parquet"
+MINHASH_DIR = "minhash"
+SIGNATURE_BATCH_ROWS = 512
+CATALOG_COLUMNS = ["doc_id", "source", "source_id", "uri", "content_hash"]
+
+CLUSTERS_SCHEMA = pa.schema(
+    [
+        pa.field("cluster_id", pa.int64(), nullable=False),  # the survivor's doc_id
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("kept", pa.bool_(), nullable=False),
+        pa.field("similarity", pa.float64(), nullable=False),  # estimated Jaccard to the survivor
+    ],
+    metadata={"artifact": "near_duplicate_clusters"},
+)
+"""``dedupe/clusters.parquet``: one row per member of every near-duplicate cluster (for inspection)."""
+
+
+@dataclass(frozen=True)
+class DocsPart:
+    """A finished documents part and the fingerprint its marker recorded (the signature cache key)."""
+
+    part_id: int
+    path: Path
+    fingerprint: str
+
+
+@dataclass
+class Decisions:
+    """Per document (catalog order): the document it duplicates (itself when kept), kind and similarity."""
+
+    survivor: np.ndarray
+    kind: np.ndarray
+    similarity: np.ndarray
+    cluster_members: np.ndarray  # documents in near clusters of two or more (index into the catalog)
+    cluster_survivors: np.ndarray  # each member's cluster survivor
+    cluster_similarity: np.ndarray  # each member's estimated Jaccard to it
+
+
+def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
+    """Exact then near dedupe over every finished docs part; writes ``dedupe/`` and returns counts.
+
+    Returns ``{"num_documents_in", "num_exact_duplicates", "num_near_duplicates", "num_kept"}``. Outputs
+    are deterministic (same parts and settings -> same bytes); a repeat call with nothing new returns
+    the recorded summary without work.
+    """
+    parts = finished_parts(paths)
+    run_fingerprint = fingerprint("dedupe", config.model_dump(), minhash.IMPLEMENTATION,
+                                  [(part.part_id, part.fingerprint) for part in parts])
+    state_path = paths.dedupe / STATE_FILE
+    state = read_json(state_path) if state_path.is_file() else {"parts": {}}
+    if state.get("fingerprint") == run_fingerprint and (paths.dedupe / DUPLICATES_FILE).is_file():
+        return state["summary"]
+    catalog, part_ids = load_catalog(parts)
+    locked = locked_documents(catalog, part_ids, parts, state, paths)
+    decisions = decide(catalog, locked, parts, paths, config)
+    summary = write_outputs(catalog, decisions, paths)
+    write_json_atomic(state_path, {"fingerprint": run_fingerprint, "summary": summary,
+                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    return summary
+
+
+def finished_parts(paths: RunPaths) -> list[DocsPart]:
+    """Finished docs parts in part order, with their marker fingerprints."""
+    return [
+        DocsPart(int(path.stem.split("-")[1]), path, read_json(path.with_suffix(".json"))["fingerprint"])
+        for path in document_part_files(paths)
+    ]
+
+
+def load_catalog(parts: list[DocsPart]) -> tuple[pa.Table, np.ndarray]:
+    """Every document's metadata (no text) in (part_id, row) order, and each row's part_id."""
+    tables = [pq.read_table(part.path, columns=CATALOG_COLUMNS) for part in parts]
+    part_ids = np.concatenate([np.full(t.num_rows, p.part_id) for t, p in zip(tables, parts, strict=True)]
+                              or [np.empty(0, dtype=np.int64)])
+    if not tables:
+        return DOCUMENTS_SCHEMA.empty_table().select(CATALOG_COLUMNS), part_ids
+    return pa.concat_tables(tables), part_ids
+
+
+def locked_documents(catalog: pa.Table, part_ids: np.ndarray, parts: list[DocsPart], state: dict[str, Any],
+                     paths: RunPaths) -> np.ndarray:
+    """Mask of documents an earlier dedupe run kept: in a part it saw (same fingerprint), not removed."""
+    seen = [part.part_id for part in parts if state["parts"].get(str(part.part_id)) == part.fingerprint]
+    if not seen or not (paths.dedupe / DUPLICATES_FILE).is_file():  # no usable history: decide afresh
+        return np.zeros(catalog.num_rows, dtype=bool)
+    removed = pq.read_table(paths.dedupe / DUPLICATES_FILE, columns=["doc_id"]).column("doc_id")
+    was_removed = pc.is_in(catalog.column("doc_id"), value_set=removed.combine_chunks()).to_numpy(
+        zero_copy_only=False)
+    return np.isin(part_ids, seen) & ~was_removed
+
+
+def preferred_survivor(groups: np.ndarray, locked: np.ndarray) -> np.ndarray:
+    """Per element: the index of its group's survivor (first locked member, else first member)."""
+    num = len(groups)
+    index = np.arange(num)
+    rank = np.where(locked, index, index + num)
+    best = np.full(int(groups.max(initial=-1)) + 1, 2 * num, dtype=np.int64)
+    np.minimum.at(best, groups, rank)
+    return best[groups] % max(num, 1)
+
+
+def decide(catalog: pa.Table, locked: np.ndarray, parts: list[DocsPart], paths: RunPaths,
+           config: DedupeConfig) -> Decisions:
+    """Exact groups by content hash, then near clusters among the exact survivors."""
+    num_docs = catalog.num_rows
+    index = np.arange(num_docs)
+    survivor = index.copy()
+    if config.exact and num_docs:
+        codes = pc.dictionary_encode(catalog.column("content_hash").combine_chunks()).indices.to_numpy()
+        survivor = np.where(locked, index, preferred_survivor(codes, locked))
+    kind = np.where(survivor != index, "exact", "")
+    similarity = np.where(survivor != index, 1.0, 0.0)
+    empty = np.empty(0, dtype=np.int64)
+    decisions = Decisions(survivor, kind, similarity, empty, empty, np.empty(0))
+    if config.near.enabled and num_docs:
+        signatures = np.concatenate([part_signatures(part, paths, config) for part in parts])
+        apply_near(decisions, signatures, locked, config)
+    return decisions
+
+
+def apply_near(decisions: Decisions, signatures: np.ndarray, locked: np.ndarray, config: DedupeConfig) -> None:
+    """Cluster the exact survivors by verified MinHash similarity; remove all but each cluster's survivor."""
+    members = np.flatnonzero(decisions.survivor == np.arange(len(decisions.survivor)))
+    member_signatures = signatures[members]
+    bands, rows = minhash.lsh_params(config.near.threshold, config.near.num_perm)
+    left, right = minhash.candidate_pairs(minhash.band_keys(member_signatures, bands, rows))
+    verified = minhash.estimated_jaccard(member_signatures, left, right) >= config.near.threshold
+    labels = minhash.connected_components(len(members), left[verified], right[verified])
+    cluster_survivor = preferred_survivor(labels, locked[members])
+    similarity = minhash.estimated_jaccard(member_signatures, np.arange(len(members)), cluster_survivor)
+    removed = (cluster_survivor != np.arange(len(members))) & ~locked[members]
+    decisions.survivor[members[removed]] = members[cluster_survivor[removed]]
+    decisions.kind[members[removed]] = "near"
+    decisions.similarity[members[removed]] = similarity[removed]
+    # An exact copy of a document removed as a near duplicate points at the final survivor.
+    exact_of_removed = (decisions.kind == "exact") & (decisions.kind[decisions.survivor] == "near")
+    via = decisions.survivor[exact_of_removed]
+    decisions.survivor[exact_of_removed] = decisions.survivor[via]
+    decisions.kind[exact_of_removed] = "near"
+    decisions.similarity[exact_of_removed] = decisions.similarity[via]
+    in_cluster = np.bincount(labels, minlength=len(members))[labels] > 1
+    decisions.cluster_members = members[in_cluster]
+    decisions.cluster_survivors = members[cluster_survivor[in_cluster]]
+    decisions.cluster_similarity = similarity[in_cluster]
+
+
+def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
+    """MinHash signatures of one docs part, from ``dedupe/minhash/part-NNNNN.parquet`` when still valid."""
+    near = config.near
+    cache = paths.dedupe / MINHASH_DIR / part.path.name
+    metadata = {"docs_fingerprint": part.fingerprint, "implementation": minhash.IMPLEMENTATION,
+                "num_perm": str(near.num_perm), "ngram": str(near.ngram), "seed": str(minhash.MINHASH_SEED)}
+    if cache.is_file():
+        table = pq.read_table(cache)
+        stored = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
+        if all(stored.get(key) == value for key, value in metadata.items()):
+            return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
+    parquet = pq.ParquetFile(part.path)
+    batches = [minhash.signatures(batch.column("text"), near.num_perm, near.ngram)
+               for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])]
+    signatures = np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
+    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
+    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, near.num_perm)})
+    with atomic_path(cache) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+    return signatures
+
+
+def write_outputs(catalog: pa.Table, decisions: Decisions, paths: RunPaths) -> dict[str, int]:
+    """Write ``duplicates.parquet`` (sorted by doc_id) and ``clusters.parquet``; return the counts."""
+    index = np.arange(catalog.num_rows)
+    removed = np.flatnonzero(decisions.survivor != index)
+    doc_ids = catalog.column("doc_id").combine_chunks().to_numpy()
+    duplicates = pa.table(
+        {
+            "doc_id": doc_ids[removed],
+            "source": catalog.column("source").take(removed),
+            "source_id": catalog.column("source_id").take(removed),
+            "uri": catalog.column("uri").take(removed),
+            "duplicate_of": doc_ids[decisions.survivor[removed]],
+            "kind": pa.array(decisions.kind[removed].tolist(), pa.string()),
+            "similarity": decisions.similarity[removed],
+        },
+        schema=DUPLICATES_SCHEMA,
+    )
+    with atomic_path(paths.dedupe / DUPLICATES_FILE) as tmp:
+        pq.write_table(duplicates.sort_by("doc_id"), tmp, compression="zstd")
+    write_clusters(catalog, decisions, doc_ids, paths)
+    num_exact = int(np.count_nonzero(decisions.kind == "exact"))
+    num_near = int(np.count_nonzero(decisions.kind == "near"))
+    return {"num_documents_in": catalog.num_rows, "num_exact_duplicates": num_exact,
+            "num_near_duplicates": num_near, "num_kept": catalog.num_rows - num_exact - num_near}
+
+
+def write_clusters(catalog: pa.Table, decisions: Decisions, doc_ids: np.ndarray, paths: RunPaths) -> None:
+    """``clusters.parquet``: every near cluster's members, sorted by (cluster_id, doc_id)."""
+    members = decisions.cluster_members
+    clusters = pa.table(
+        {
+            "cluster_id": doc_ids[decisions.cluster_survivors],
+            "doc_id": doc_ids[members],
+            "source": catalog.column("source").take(members),
+            "uri": catalog.column("uri").take(members),
+            "kept": decisions.survivor[members] == members,
+            "similarity": decisions.cluster_similarity,
+        },
+        schema=CLUSTERS_SCHEMA,
+    )
+    with atomic_path(paths.dedupe / CLUSTERS_FILE) as tmp:
+        pq.write_table(clusters.sort_by([("cluster_id", "ascending"), ("doc_id", "ascending")]), tmp,
+                       compression="zstd")

@@ -1,0 +1,327 @@
+"""Ingest stage: source files -> ``docs/part-NNNNN.parquet`` (documents) + ``rejects/part-NNNNN.parquet``.
+
+Two steps, so a Prefect task per part can be retried alone: :func:`plan_ingest` groups the sources'
+files into parts and persists that plan (``docs/plan.json``), :func:`ingest_part` reads one part,
+normalises and filters every record and writes its outputs, then its marker ``docs/part-NNNNN.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from pipeline.atomic import atomic_path, read_json, write_json_atomic
+from pipeline.errors import ManifestError
+from pipeline.filters import check_filters, content_hash, normalise_text, split_for
+from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
+from pipeline.readers import Record, Reject, read_file
+from pipeline.rundir import RunPaths, fingerprint
+from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+
+PLAN_FILE = "plan.json"
+PLAN_VERSION = 1
+ROW_GROUP_ROWS = 65_536
+ROW_GROUP_CHARS = 32 << 20
+"""A row group is flushed at this many rows or characters of text, whichever comes first (bounded memory)."""
+DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True)
+class IngestPart:
+    """One unit of ingest work: some files of one source, written as ``part-{part_id:05d}``."""
+
+    part_id: int
+    source: str
+    manifest_path: str
+    files: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (Prefect parameters)."""
+        return {"part_id": self.part_id, "source": self.source, "manifest_path": self.manifest_path,
+                "files": list(self.files)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IngestPart:
+        return cls(int(data["part_id"]), str(data["source"]), str(data["manifest_path"]), tuple(data["files"]))
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file of a source as listed at plan time; size and mtime tell a later plan that it changed."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+
+
+def doc_id_for(source: str, uri: str) -> int:
+    """Stable int64 document id: 63 bits of xxh3-64 over ``source \\0 uri``."""
+    return xxhash.xxh3_64_intdigest(f"{source}\x00{uri}".encode()) & DOC_ID_MASK
+
+
+def part_marker(paths: RunPaths, part_id: int) -> Path:
+    """``docs/part-NNNNN.json``: written last, so its presence means the part is complete."""
+    return paths.docs / f"part-{part_id:05d}.json"
+
+
+# ---- planning -----------------------------------------------------------------------------------
+
+
+def collect_sources(manifest_paths: list[Path]) -> dict[str, tuple[Path, SourceConfig]]:
+    """``{source name: (absolute manifest path, source)}``; a name defined twice is a ManifestError."""
+    sources: dict[str, tuple[Path, SourceConfig]] = {}
+    for manifest_path in manifest_paths:
+        manifest_path = Path(manifest_path).resolve()
+        for source in load_manifest(manifest_path).sources:
+            if source.name in sources:
+                raise ManifestError(
+                    f"{manifest_path}: source '{source.name}' is also defined in {sources[source.name][0]}; "
+                    "source names must be unique across a recipe's manifests, rename one."
+                )
+            sources[source.name] = (manifest_path, source)
+    return sources
+
+
+def source_root(source: SourceConfig, manifest_path: Path) -> Path:
+    """Folder that uris are relative to: the source folder, or the parent of a single file/dataset."""
+    path = resolve_source_path(source, manifest_path)
+    return path if path.is_dir() and source.format != "hf_disk" else path.parent
+
+
+def list_source_files(source: SourceConfig, manifest_path: Path) -> list[SourceFile]:
+    """The source's files (``glob`` minus ``exclude``, which may also name folders), sorted by path.
+
+    One walk that prunes excluded folders: globbing first and filtering after would walk, say, the
+    11k files of ``site-packages`` under the stdlib only to drop them.
+    """
+    path = resolve_source_path(source, manifest_path)
+    if not path.is_dir() or source.format == "hf_disk":
+        return [_stat_file(path, path.name)]
+    include = glob_regex(source.glob)
+    excludes = [glob_regex(pattern) for pattern in source.exclude]
+    files = []
+    for folder, subfolders, names in os.walk(path):
+        prefix = Path(folder).relative_to(path).as_posix() + "/" if folder != str(path) else ""
+        subfolders[:] = sorted(d for d in subfolders if not any(x.fullmatch(prefix + d) for x in excludes))
+        for name in names:
+            rel = prefix + name
+            if include.fullmatch(rel) and not any(x.fullmatch(rel) for x in excludes) and (path / rel).is_file():
+                files.append(_stat_file(path / rel, rel))
+    return sorted(files, key=lambda file: file.rel)
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a glob over posix relative paths: ``**`` spans folders, ``*``, ``?`` and ``[...]`` stay in one."""
+    parts = pattern.strip("/").split("/")
+    regex = ""
+    for index, part in enumerate(parts):
+        if part == "**" and index == len(parts) - 1:
+            regex += "(?:/.*)?" if index else ".*"  # "dir/**" is the folder and everything under it
+        elif part == "**":
+            regex += "(?:.*/)?" if not index else "/(?:.*/)?"
+        else:
+            separator = "/" if index and not regex.endswith("/)?") else ""
+            regex += separator + _component_regex(part)
+    return re.compile(regex, re.DOTALL)
+
+
+def _component_regex(part: str) -> str:
+    """One path component of a glob as a regex (patterns are short: a loop over characters is fine)."""
+    out, index = [], 0
+    while index < len(part):
+        char = part[index]
+        close = part.find("]", index + 2) if char == "[" else -1
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif close != -1:
+            body = part[index + 1 : close]
+            out.append("[" + ("^/" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            index = close
+        else:
+            out.append(re.escape(char))
+        index += 1
+    return "".join(out)
+
+
+def _stat_file(path: Path, rel: str) -> SourceFile:
+    if path.is_dir():  # an hf_disk dataset folder counts as one file
+        stats = [child.stat() for child in path.rglob("*") if child.is_file()]
+        return SourceFile(rel, sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0))
+    stat = path.stat()
+    return SourceFile(rel, stat.st_size, stat.st_mtime_ns)
+
+
+def group_files(files: list[SourceFile], part_size_bytes: int) -> Iterator[list[SourceFile]]:
+    """Consecutive files in groups of about ``part_size_bytes``; a bigger file is a group of its own."""
+    group: list[SourceFile] = []
+    group_bytes = 0
+    for file in files:
+        if group and group_bytes + file.size > part_size_bytes:
+            yield group
+            group, group_bytes = [], 0
+        group.append(file)
+        group_bytes += file.size
+    if group:
+        yield group
+
+
+def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: int) -> list[IngestPart]:
+    """Parts still to ingest, planning new files into new parts; the plan persists in ``docs/plan.json``.
+
+    A file is planned once: a killed run gets its unfinished parts back unchanged, and a refresh puts
+    only new files (by path) into parts numbered after the existing ones. A planned file that changed
+    after its part was ingested is not re-read (a warning names it). Raises ManifestError when two
+    manifests define the same source name.
+    """
+    sources = collect_sources(manifest_paths)
+    plan_path = paths.docs / PLAN_FILE
+    plan = read_json(plan_path) if plan_path.is_file() else {"version": PLAN_VERSION, "parts": [], "files": {}}
+    before = repr(plan)
+    for name, (manifest_path, source) in sorted(sources.items()):
+        _plan_source(plan, name, list_source_files(source, manifest_path), part_size_bytes, paths)
+    if repr(plan) != before:
+        write_json_atomic(plan_path, plan)
+    return [
+        IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]))
+        for part in plan["parts"]
+        if part["source"] in sources and not part_marker(paths, part["part_id"]).is_file()
+    ]
+
+
+def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part_size_bytes: int,
+                 paths: RunPaths) -> None:
+    known: dict[str, list[int]] = plan["files"].setdefault(name, {})
+    ingested = {rel for part in plan["parts"] if part["source"] == name
+                and part_marker(paths, part["part_id"]).is_file() for rel in part["files"]}
+    for file in listed:
+        recorded = known.get(file.rel)
+        if recorded is None or recorded == [file.size, file.mtime_ns]:
+            continue
+        if file.rel in ingested:
+            warnings.warn(
+                f"source '{name}': {file.rel} changed after it was ingested; it is not re-read. To ingest "
+                "the new content, add it under a new file name (or use a new run dir).",
+                stacklevel=3,
+            )
+        else:
+            known[file.rel] = [file.size, file.mtime_ns]
+    next_id = 1 + max((part["part_id"] for part in plan["parts"]), default=-1)
+    for group in group_files([file for file in listed if file.rel not in known], part_size_bytes):
+        plan["parts"].append({"part_id": next_id, "source": name, "files": [file.rel for file in group]})
+        known.update({file.rel: [file.size, file.mtime_ns] for file in group})
+        next_id += 1
+
+
+# ---- ingesting one part -------------------------------------------------------------------------
+
+
+def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths) -> dict[str, Any]:
+    """Read, normalise and filter one part; write its documents, rejects and (last) its marker.
+
+    Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
+    "num_bytes"}``; a part already done with the same settings returns its recorded summary at once.
+    Raises SourceReadError for an unreadable file of an ``on_error: fail`` source.
+    """
+    manifest_path = Path(part.manifest_path)
+    manifest, source = _part_source(part, manifest_path)
+    settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
+    part_fingerprint = fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(),
+                                   val_fraction)
+    marker = part_marker(paths, part.part_id)
+    if marker.is_file() and (done := read_json(marker)).get("fingerprint") == part_fingerprint:
+        return done["summary"]
+    root = source_root(source, manifest_path)
+    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths)
+    record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
+    write_json_atomic(marker, {"fingerprint": part_fingerprint, "part": record, "summary": summary})
+    return summary
+
+
+def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:
+    manifest = load_manifest(manifest_path)
+    for source in manifest.sources:
+        if source.name == part.source:
+            return manifest, source
+    raise ManifestError(f"{manifest_path}: no source '{part.source}' (part {part.part_id} was planned from it); "
+                        "restore the source or start a new run dir.")
+
+
+def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path, val_fraction: float,
+                paths: RunPaths) -> dict[str, Any]:
+    name = f"part-{part.part_id:05d}.parquet"
+    reasons: Counter[str] = Counter()
+    num_documents = 0
+    with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
+        docs, rejects = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA), _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+        for rel in part.files:
+            for item in read_file(root / rel, rel, source):
+                row = _document_row(item, source.name, filters, val_fraction) if isinstance(item, Record) else item
+                if isinstance(row, Reject):
+                    rejects.append(_reject_row(row, source.name), len(row.raw or b""))
+                    reasons[row.reason] += 1
+                else:
+                    docs.append(row, row["num_chars"])
+                    num_documents += 1
+        docs.close()
+        rejects.close()
+    num_rejects = sum(reasons.values())
+    return {"part_id": part.part_id, "source": part.source, "num_records": num_documents + num_rejects,
+            "num_documents": num_documents, "num_rejects": num_rejects,
+            "rejects_by_reason": dict(sorted(reasons.items())),
+            "num_bytes": sum(_stat_file(root / rel, rel).size for rel in part.files if (root / rel).exists())}
+
+
+def _document_row(record: Record, source: str, filters: FilterConfig, val_fraction: float) -> dict | Reject:
+    text = normalise_text(record.text)
+    failed = check_filters(text, filters)
+    if failed is not None:
+        raw = record.raw if record.raw is not None else record.text.encode("utf-8")
+        return Reject(record.uri, failed[0], failed[1], raw, record.source_id)
+    text_hash = content_hash(text)
+    return {"doc_id": doc_id_for(source, record.uri), "source": source, "source_id": record.source_id,
+            "uri": record.uri, "text": text, "num_chars": len(text), "content_hash": text_hash,
+            "split": split_for(text_hash, val_fraction)}
+
+
+def _reject_row(reject: Reject, source: str) -> dict[str, Any]:
+    return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
+            "detail": reject.detail, "raw": reject.raw}
+
+
+class _ParquetSink:
+    """Rows in, row groups out: buffers rows as columns and flushes them at a size bound."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self._schema = schema
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self._buffered_size = 0
+
+    def append(self, row: dict[str, Any], size: int) -> None:
+        for name, values in self._columns.items():
+            values.append(row[name])
+        self._buffered_size += size
+        if self._buffered_size >= ROW_GROUP_CHARS or len(values) >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._columns[self._schema.names[0]]:
+            self._writer.write_table(pa.Table.from_pydict(self._columns, schema=self._schema))
+        self._columns = {name: [] for name in self._schema.names}
+        self._buffered_size = 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()

@@ -1,0 +1,225 @@
+"""pipeline/ingest.py on a slice of the real standard library plus planted broken files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sysconfig
+import warnings
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+import zstandard
+
+from pipeline.errors import ManifestError, SourceReadError
+from pipeline.filters import content_hash
+from pipeline.ingest import (
+    IngestPart,
+    SourceFile,
+    doc_id_for,
+    glob_regex,
+    group_files,
+    ingest_part,
+    part_marker,
+    plan_ingest,
+)
+from pipeline.rundir import RunPaths
+from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+PART_BYTES = 64 * 1024
+
+
+def copy_stdlib_sample(folder: Path, count: int = 30) -> list[Path]:
+    """Top-level stdlib modules of 2-40 KB: distinct, real source files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chosen = [p for p in sorted(STDLIB.glob("*.py")) if 2_000 < p.stat().st_size < 40_000][:count]
+    return [Path(shutil.copy(p, folder / p.name)) for p in chosen]
+
+
+def write_manifest(path: Path, sources: list[dict], **extra: object) -> Path:
+    path.write_text(yaml.safe_dump({"name": "corpus", "sources": sources, **extra}), encoding="utf-8")
+    return path
+
+
+def ingest_all(manifests: list[Path], paths: RunPaths, part_bytes: int = PART_BYTES) -> list[dict]:
+    return [ingest_part(part, 0.1, paths) for part in plan_ingest(manifests, paths, part_bytes)]
+
+
+def read_parts(folder: Path) -> list[dict]:
+    return [row for part in sorted(folder.glob("part-*.parquet")) for row in pq.read_table(part).to_pylist()]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A folder of real stdlib files plus broken ones, and a manifest reading it as text."""
+    folder = tmp_path / "corpus"
+    copy_stdlib_sample(folder / "lib")
+    (folder / "broken").mkdir()
+    (folder / "broken" / "latin1.py").write_bytes("# caf\u00e9\nx = 1\n".encode("latin-1"))
+    (folder / "broken" / "nul.py").write_bytes(b"\x00\x01\x02" * 400 + b"tail")
+    (folder / "broken" / "blank.py").write_text("   \n\t\n  ", encoding="utf-8")
+    return write_manifest(tmp_path / "corpus.yaml", [{"name": "lib", "path": "corpus", "format": "text"}])
+
+
+def test_every_file_becomes_exactly_one_document_or_reject(corpus: Path, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    summaries = ingest_all([corpus], paths)
+    assert len(summaries) > 3  # 64 KB parts over ~500 KB of source
+    docs, rejects = read_parts(paths.docs), read_parts(paths.rejects)
+    files = sorted(p.relative_to(corpus.parent / "corpus").as_posix()
+                   for p in (corpus.parent / "corpus").rglob("*") if p.is_file())
+    assert sorted([d["uri"] for d in docs] + [r["uri"] for r in rejects]) == files
+    assert sum(s["num_documents"] for s in summaries) == len(docs)
+    assert sum(s["num_records"] for s in summaries) == len(files)
+    assert {r["uri"]: r["reason"] for r in rejects} == {
+        "broken/latin1.py": "invalid_utf8", "broken/nul.py": "binary", "broken/blank.py": "empty"}
+    for reject in rejects:
+        assert reject["raw"] == (corpus.parent / "corpus" / reject["uri"]).read_bytes() and reject["detail"]
+    for doc in docs:
+        assert doc["doc_id"] == doc_id_for("lib", doc["uri"]) and doc["source"] == "lib"
+        assert doc["content_hash"] == content_hash(doc["text"]) and doc["num_chars"] == len(doc["text"])
+        assert doc["split"] in {"train", "val"} and not doc["text"].endswith("\n")
+    assert pq.read_schema(next(paths.docs.glob("part-*.parquet"))).equals(DOCUMENTS_SCHEMA, check_metadata=True)
+    assert pq.read_schema(next(paths.rejects.glob("part-*.parquet"))).equals(REJECTS_SCHEMA)
+
+
+def test_rerun_skips_done_parts_and_fresh_run_is_byte_identical(corpus: Path, tmp_path: Path) -> None:
+    first, second = RunPaths(tmp_path / "run1"), RunPaths(tmp_path / "run2")
+    summaries = ingest_all([corpus], first)
+    outputs = sorted(p.relative_to(first.root) for p in first.root.rglob("part-*"))
+    stamps = {p: (first.root / p).stat().st_mtime_ns for p in outputs}
+    plan = json.loads((first.docs / "plan.json").read_text())
+    parts = [IngestPart(p["part_id"], p["source"], str(corpus), tuple(p["files"])) for p in plan["parts"]]
+    assert [ingest_part(part, 0.1, first) for part in parts] == summaries
+    assert {p: (first.root / p).stat().st_mtime_ns for p in outputs} == stamps
+    ingest_all([corpus], second)
+    for relative in outputs:
+        assert (first.root / relative).read_bytes() == (second.root / relative).read_bytes(), relative
+    assert str(tmp_path) not in "".join(p.read_bytes().decode("latin-1") for p in first.root.rglob("*") if p.is_file())
+
+
+def test_killed_run_replans_the_same_unfinished_parts(corpus: Path, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    planned = plan_ingest([corpus], paths, PART_BYTES)
+    ingest_part(planned[0], 0.1, paths)
+    ingest_part(planned[2], 0.1, paths)
+    again = plan_ingest([corpus], paths, PART_BYTES)
+    assert again == [planned[1], *planned[3:]]
+    assert [IngestPart.from_dict(json.loads(json.dumps(p.to_dict()))) for p in again] == again
+
+
+def test_refresh_plans_only_new_files_into_new_parts(corpus: Path, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    first = ingest_all([corpus], paths)
+    folder = corpus.parent / "corpus"
+    shutil.copy(folder / "lib" / "bisect.py", folder / "lib" / "renamed_bisect.py")
+    copy_stdlib_sample(folder / "more", count=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing old changed: no warning
+        new_parts = plan_ingest([corpus], paths, PART_BYTES)
+    new_files = sorted(f for part in new_parts for f in part.files)
+    assert new_files == sorted(["lib/renamed_bisect.py", *[f"more/{p.name}" for p in (folder / "more").iterdir()]])
+    assert min(part.part_id for part in new_parts) == len(first)
+    for part in new_parts:
+        ingest_part(part, 0.1, paths)
+    assert plan_ingest([corpus], paths, PART_BYTES) == []
+
+
+def test_changed_ingested_file_warns_and_is_not_reread(corpus: Path, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    ingest_all([corpus], paths)
+    (corpus.parent / "corpus" / "lib" / "bisect.py").write_text("# rewritten\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="lib/bisect.py changed after it was ingested"):
+        assert plan_ingest([corpus], paths, PART_BYTES) == []
+
+
+def test_exclude_globs_single_file_sources_and_duplicate_names(tmp_path: Path) -> None:
+    copy_stdlib_sample(tmp_path / "data" / "keep", count=4)
+    copy_stdlib_sample(tmp_path / "data" / "skipdir", count=2)
+    (tmp_path / "data" / "keep" / "notes.txt").write_text("not python", encoding="utf-8")
+    one = write_manifest(tmp_path / "one.yaml", [
+        {"name": "folder", "path": "data", "format": "text", "glob": "**/*.py", "exclude": ["skipdir"]},
+        {"name": "single", "path": "data/keep/notes.txt", "format": "text"},
+    ])
+    paths = RunPaths(tmp_path / "run")
+    parts = plan_ingest([one], paths, 1 << 30)
+    by_source = {part.source: part.files for part in parts}
+    assert by_source["single"] == ("notes.txt",)
+    assert all(f.startswith("keep/") and f.endswith(".py") for f in by_source["folder"])
+    assert len(by_source["folder"]) == 4
+    assert read_parts(paths.docs) == [] and ingest_part(parts[-1], 0.0, paths)["num_documents"] == 1
+    two = write_manifest(tmp_path / "two.yaml", [{"name": "single", "path": "data", "format": "text"}])
+    with pytest.raises(ManifestError, match=r"source 'single' is also defined in .*one\.yaml"):
+        plan_ingest([one, two], paths, PART_BYTES)
+
+
+def test_group_files_keeps_big_files_alone() -> None:
+    files = [SourceFile(name, size, 0) for name, size in [("a", 40), ("b", 40), ("big", 500), ("c", 10), ("d", 90)]]
+    groups = [[f.rel for f in group] for group in group_files(files, 100)]
+    assert groups == [["a", "b"], ["big"], ["c", "d"]]
+
+
+def test_on_error_fail_stops_the_part_and_skip_records_the_file(tmp_path: Path) -> None:
+    data = tmp_path / "jsonl"
+    data.mkdir()
+    lines = [json.dumps({"id": i, "text": f"record {i} " * 5}) for i in range(50)] + [json.dumps({"text": "tiny"})]
+    (data / "good.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (data / "good.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress("\n".join(lines).encode()))
+    (data / "garbage.jsonl.zst").write_bytes(b"\x00garbage" * 100)
+    spec = {"name": "j", "path": "jsonl", "format": "jsonl", "id_field": "id"}
+    failing = write_manifest(tmp_path / "fail.yaml", [spec], filters={"min_chars": 10})
+    paths = RunPaths(tmp_path / "run_fail")
+    (part,) = plan_ingest([failing], paths, 1 << 30)
+    with pytest.raises(SourceReadError, match=r"garbage\.jsonl\.zst"):
+        ingest_part(part, 0.1, paths)
+    assert not part_marker(paths, part.part_id).exists() and not list(paths.docs.glob("part-*.parquet"))
+    skipping = write_manifest(tmp_path / "skip.yaml", [{**spec, "on_error": "skip"}], filters={"min_chars": 10})
+    paths = RunPaths(tmp_path / "run_skip")
+    (part,) = plan_ingest([skipping], paths, 1 << 30)
+    summary = ingest_part(part, 0.1, paths)
+    assert summary["num_documents"] == 100 and summary["num_records"] == 103
+    assert summary["rejects_by_reason"] == {"too_short": 2, "unreadable_file": 1}
+    rejects = {r["uri"]: r for r in read_parts(paths.rejects)}
+    assert rejects["good.jsonl:51"]["raw"] == lines[-1].encode() and rejects["good.jsonl:51"]["reason"] == "too_short"
+    assert rejects["garbage.jsonl.zst"]["raw"] == (data / "garbage.jsonl.zst").read_bytes()
+    assert {d["source_id"] for d in read_parts(paths.docs)} == {str(i) for i in range(50)}
+
+
+def test_parquet_and_hf_disk_sources_ingest_with_row_uris(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "tables").mkdir()
+    pq.write_table(pa.table({"text": ["alpha text", None], "key": [10, 11]}), tmp_path / "tables" / "t.parquet")
+    datasets.Dataset.from_dict({"text": ["beta text"]}).save_to_disk(tmp_path / "saved")
+    manifest = write_manifest(tmp_path / "m.yaml", [
+        {"name": "pq", "path": "tables", "format": "parquet", "id_field": "key"},
+        {"name": "hf", "path": "saved", "format": "hf_disk"},
+    ])
+    paths = RunPaths(tmp_path / "run")
+    summaries = ingest_all([manifest], paths)
+    assert sorted((s["source"], s["num_documents"], s["num_rejects"]) for s in summaries) == [
+        ("hf", 1, 0), ("pq", 1, 1)]
+    assert sorted((d["source"], d["uri"], d["source_id"]) for d in read_parts(paths.docs)) == [
+        ("hf", "saved#row=0", None), ("pq", "t.parquet#row=0", "10")]
+    assert [(r["uri"], r["reason"], r["source_id"]) for r in read_parts(paths.rejects)] == [
+        ("t.parquet#row=1", "missing_text", "11")]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matching", "not_matching"),
+    [
+        ("**/*.py", ["a.py", "x/y/a.py"], ["a.pyc", "a.py/b"]),
+        ("site-packages", ["site-packages"], ["x/site-packages"]),
+        ("**/__pycache__", ["__pycache__", "a/b/__pycache__"], ["a/__pycache__x"]),
+        ("test/**", ["test", "test/a/b.py"], ["tests/a"]),
+        ("docs/**/*.md", ["docs/a.md", "docs/x/y/a.md"], ["a.md", "docsa.md"]),
+        ("x[!0-9]?.json[l]", ["xab.jsonl"], ["x1b.jsonl", "xab.json", "x/b.jsonl"]),
+    ],
+)
+def test_glob_regex_follows_pathlib_glob_rules(pattern: str, matching: list[str], not_matching: list[str]) -> None:
+    regex = glob_regex(pattern)
+    assert all(regex.fullmatch(path) for path in matching)
+    assert not any(regex.fullmatch(path) for path in not_matching)
