@@ -1,0 +1,141 @@
+"""Encode + pack stage of the data path: kept documents of one (split, source) -> Arrow token shards.
+
+Each ``shards/split=<split>/source=<source>/`` folder holds ``part-NNNNN.arrow`` shards and a
+``state.json`` (written last) that records which document parts are packed. A later call packs only
+new document parts into new shards, so an incremental run appends without rewriting old shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from pipeline.atomic import read_json, remove_stale_temps, sha256_file, write_json_atomic
+from pipeline.documents import document_part_files, iter_documents
+from pipeline.errors import ConfigError, StageMismatchError
+from pipeline.rundir import RunPaths
+from pipeline.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
+from tokenization.config import PackConfig
+from tokenization.encode import encode_texts
+from tokenization.pack import Packer
+from tokenization.train_tokenizer import load_tokenizer, special_token_ids, tokenizer_vocab_size
+
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+"""Bumped when state.json changes incompatibly; a state of another version is refused."""
+
+
+def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
+    """Encode and pack the not-yet-packed documents of (split, source); return every shard of the pair.
+
+    Shards hold ``config.rows_per_shard`` rows (the last one of a call fewer, its last row padded).
+    Same input -> byte-identical shards. Raises ConfigError when the tokenizer is missing and
+    StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
+    """
+    folder = shard_folder(paths, split, source)
+    if not paths.tokenizer.is_file():
+        raise ConfigError(f"{paths.tokenizer}: no tokenizer; run the tokenizer stage before packing.")
+    tokenizer_sha256 = sha256_file(paths.tokenizer)
+    state = _load_state(folder, tokenizer_sha256, config.seq_len)
+    infos = [ShardInfo(**info) for info in state["shards"]]
+    new_parts = [part for part in document_part_files(paths) if part.name not in state["packed_parts"]]
+    if not new_parts:
+        return infos
+    remove_stale_temps(folder)
+    _remove_unrecorded_shards(folder, state["next_part"])
+    writer = _ShardWriter(paths, split, source, tokenizer_sha256, state["next_part"])
+    num_documents = _pack_parts(paths, split, source, config, new_parts, writer)
+    infos.extend(writer.infos)
+    state.update(
+        split=split, source=source, tokenizer_sha256=tokenizer_sha256, seq_len=config.seq_len,
+        vocab_size=writer.vocab_size,
+        packed_parts=sorted([*state["packed_parts"], *(part.name for part in new_parts)]),
+        next_part=writer.next_part, num_documents=state["num_documents"] + num_documents,
+        shards=[dataclasses.asdict(info) for info in infos],
+    )
+    write_json_atomic(folder / STATE_FILE, state)  # last: the shards above are now committed
+    return infos
+
+
+def write_index(paths: RunPaths) -> list[ShardInfo]:
+    """Write ``shards/index.parquet`` from every (split, source) ``state.json``; return its rows by path."""
+    infos = []
+    for state_path in sorted(paths.shards.glob(f"split=*/source=*/{STATE_FILE}")):
+        infos.extend(ShardInfo(**info) for info in read_json(state_path)["shards"])
+    infos.sort(key=lambda info: info.path)
+    write_shard_index(paths.root, infos)
+    return infos
+
+
+def shard_folder(paths: RunPaths, split: str, source: str) -> Path:
+    """``shards/split=<split>/source=<source>/`` of the run."""
+    return (paths.root / shard_relpath(split, source, 0)).parent
+
+
+class _ShardWriter:
+    """Numbers and writes the shards of one call, collecting their ShardInfo."""
+
+    def __init__(self, paths: RunPaths, split: str, source: str, tokenizer_sha256: str, next_part: int) -> None:
+        self.paths, self.split, self.source = paths, split, source
+        self.tokenizer_sha256 = tokenizer_sha256
+        self.next_part = next_part
+        self.vocab_size = 0
+        self.infos: list[ShardInfo] = []
+
+    def write(self, rows: ShardRows) -> None:
+        relpath = shard_relpath(self.split, self.source, self.next_part)
+        self.infos.append(write_shard(self.paths.root, relpath, rows, split=self.split, source=self.source,
+                                      tokenizer_sha256=self.tokenizer_sha256, vocab_size=self.vocab_size))
+        self.next_part += 1
+
+
+def _pack_parts(paths: RunPaths, split: str, source: str, config: PackConfig, parts: list[Path],
+                writer: _ShardWriter) -> int:
+    """Stream the parts' documents through encode -> Packer -> shards; return how many documents were packed."""
+    tokenizer = load_tokenizer(paths.tokenizer)
+    eos_id, pad_id = special_token_ids(tokenizer)
+    writer.vocab_size = tokenizer_vocab_size(tokenizer)
+    packer = Packer(config.seq_len, eos_id, pad_id, token_dtype_for_vocab(writer.vocab_size))
+    num_documents = 0
+    batches = iter_documents(paths, split=split, source=source, columns=["doc_id", "text"], parts=parts,
+                             batch_rows=config.encode_batch_docs)
+    for batch in batches:
+        doc_ids = batch.column("doc_id").to_pylist()
+        for doc_id, tokens in zip(doc_ids, encode_texts(tokenizer, batch.column("text").to_pylist()), strict=True):
+            packer.add(doc_id, tokens)
+        num_documents += len(doc_ids)
+        # Only whole shards mid-stream, so shard boundaries do not depend on the batch size.
+        while packer.num_full_rows >= config.rows_per_shard:
+            writer.write(packer.take_rows(config.rows_per_shard))
+    rest = packer.finish()
+    if rest is not None:
+        writer.write(rest)
+    return num_documents
+
+
+def _load_state(folder: Path, tokenizer_sha256: str, seq_len: int) -> dict[str, Any]:
+    """The recorded state of a (split, source) folder, or an empty one; refuses a mismatched state."""
+    path = folder / STATE_FILE
+    if not path.is_file():
+        return {"version": STATE_VERSION, "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len,
+                "vocab_size": 0, "packed_parts": [], "next_part": 0, "num_documents": 0, "shards": []}
+    state = read_json(path)
+    recorded = {"version": state.get("version"), "tokenizer_sha256": state.get("tokenizer_sha256"),
+                "seq_len": state.get("seq_len")}
+    wanted = {"version": STATE_VERSION, "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len}
+    for key, value in recorded.items():
+        if value != wanted[key]:
+            raise StageMismatchError(
+                f"{path}: shards here were packed with {key}={value!r}, this run now has {key}={wanted[key]!r}; "
+                "appending would mix them in one source. Use a fresh run dir (or delete shards/ to re-pack)."
+            )
+    return state
+
+
+def _remove_unrecorded_shards(folder: Path, next_part: int) -> None:
+    """Delete shards a killed call wrote after the last recorded state (they are re-made identically)."""
+    for shard in folder.glob("part-*.arrow"):
+        number = shard.stem.removeprefix("part-")
+        if number.isdigit() and int(number) >= next_part:
+            shard.unlink()
