@@ -1,0 +1,138 @@
+"""Benchmark: tokenmill's training step (TrainingLoop on Accelerate) vs a bare PyTorch loop, same model and batch.
+
+Both variants build the same model from the same seed, use the same AdamW groups, LR schedule,
+gradient clipping and precision, and draw the same kind of micro-batches from one token array; only
+the step machinery differs (Accelerate's prepare/accumulate/backward/clip and our loader vs plain
+``loss.backward(); opt.step()``). Rounds alternate between the two so machine noise hits both alike;
+tokens/s comes from the median step time. The last line printed is JSON for the results table.
+
+    python -m benchmarks.train_step --quick     # from the repo root; < 2 minutes on a 2-core CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer.checkpoint import Checkpointer
+from trainer.config import MODEL_PRESETS, TrainConfig
+from trainer.data import ArrayRows, BatchLayout, TrainLoader, make_batch
+from trainer.evaluate import Evaluator
+from trainer.loop import (
+    LoopCounters,
+    TrainingLoop,
+    build_accelerator,
+    build_lr_scheduler,
+    build_optimizer,
+    seed_everything,
+)
+from trainer.metrics import MetricsSink
+from trainer.model import ModelShape, build_model
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per variant")
+    parser.add_argument("--steps-per-round", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 3 steps (under 2 minutes on 2 cores)")
+    return parser.parse_args(argv)
+
+
+def token_rows(vocab_size: int, seq_len: int, num_rows: int = 512) -> np.ndarray:
+    """Zipf-like token ids (frequent low ids, as a BPE produces), uint16 like a shard."""
+    ranks = np.random.default_rng(0).zipf(1.2, size=(num_rows, seq_len))
+    return (ranks % (vocab_size - 2) + 2).astype(np.uint16)
+
+
+def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray) -> Callable[[], None]:
+    """The loop a user would write by hand: forward, backward, clip, AdamW step, schedule step."""
+    model = build_model(shape, train.seed)
+    optimizer = build_optimizer(model, train)
+    scheduler = build_lr_scheduler(optimizer, train)
+    order = np.random.default_rng(train.seed).permutation(len(tokens))
+    position = [0]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.precision == "bf16")
+
+    def step() -> None:
+        rows = order[np.arange(position[0], position[0] + train.micro_batch_size) % len(order)]
+        position[0] += train.micro_batch_size
+        batch = make_batch(tokens[rows])
+        with autocast:
+            loss = model(batch.input_ids, batch.labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, scratch: Path) -> Callable[[], None]:
+    """TrainingLoop.train_step exactly as trainer.train runs it (checkpoints/eval/metrics are not timed)."""
+    accelerator = build_accelerator(train)
+    model = build_model(shape, train.seed)
+    optimizer = build_optimizer(model, train)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
+    loader = TrainLoader(ArrayRows(tokens), BatchLayout(train.micro_batch_size, 1), train.seed)
+    loop = TrainingLoop(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+                        loader=loader, evaluator=Evaluator(None, train.micro_batch_size, 1, accelerator),
+                        checkpointer=Checkpointer(accelerator, scratch, 1, {}),
+                        metrics=MetricsSink(scratch, enabled=False), train=train, counters=LoopCounters())
+    return lambda: loop.train_step()
+
+
+def time_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Seconds per step for each variant, rounds alternating; one untimed warm-up step each first."""
+    for step in variants.values():
+        step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, step in variants.items():
+            for _ in range(steps):
+                start = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    args = parse_args(argv)
+    rounds, steps = (3, 3) if args.quick else (args.rounds, args.steps_per_round)
+    train = TrainConfig(micro_batch_size=args.micro_batch_size, precision=args.precision, max_steps=1000)
+    seed_everything(train.seed)
+    shape = ModelShape(MODEL_PRESETS[args.preset], args.vocab_size, args.seq_len)
+    tokens = token_rows(args.vocab_size, args.seq_len)
+    with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
+        variants = {"bare PyTorch loop": bare_pytorch_step(shape, train, tokens),
+                    "tokenmill TrainingLoop (Accelerate)": tokenmill_step(shape, train, tokens, Path(scratch))}
+        times = time_rounds(variants, rounds, steps)
+    tokens_per_step = args.micro_batch_size * args.seq_len
+    rate = {name: tokens_per_step / statistics.median(values) for name, values in times.items()}
+    print(f"preset={args.preset} vocab={args.vocab_size} seq_len={args.seq_len} micro_batch={args.micro_batch_size} "
+          f"precision={args.precision} threads={torch.get_num_threads()} steps/variant={rounds * steps}")
+    print(f"{'variant':40} {'median s/step':>14} {'tokens/s':>10}")
+    for name, values in times.items():
+        print(f"{name:40} {statistics.median(values):14.3f} {rate[name]:10,.0f}")
+    baseline, ours = rate["bare PyTorch loop"], rate["tokenmill TrainingLoop (Accelerate)"]
+    result = {"name": "train_step", "ours": round(ours, 1), "baseline": round(baseline, 1), "unit": "tokens/s",
+              "ratio": round(ours / baseline, 3)}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""trainer/model.py and trainer/export.py: HF parameter names, deterministic init, export that transformers loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, VOCAB_SIZE, Corpus, write_corpus_shards
+from trainer.config import ModelDims
+from trainer.data import PAD_ID, SplitRows, make_batch
+from trainer.export import export_model, exported_step, hf_llama_config
+from trainer.model import IGNORE_INDEX, ModelShape, build_model, next_token_loss
+
+
+def shape_for(tied: bool = True) -> ModelShape:
+    return ModelShape(ModelDims(**TEST_DIMS, tie_word_embeddings=tied), VOCAB_SIZE, SEQ_LEN)
+
+
+def expected_hf_names(num_layers: int, tied: bool) -> set[str]:
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | ({"lm_head.weight"} if not tied else set())
+    for i in range(num_layers):
+        prefix = f"model.layers.{i}."
+        names |= {prefix + part + ".weight" for part in (
+            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    return names
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_names_are_hf_llama_names(tied: bool) -> None:
+    model = build_model(shape_for(tied), seed=0)
+    assert set(model.state_dict()) == expected_hf_names(TEST_DIMS["num_layers"], tied)
+    assert model.state_dict()["model.layers.0.self_attn.k_proj.weight"].shape == (2 * 8, 32)  # kv heads * head_dim
+
+
+def test_init_is_deterministic_from_the_seed() -> None:
+    first, again, other = (build_model(shape_for(), seed).state_dict() for seed in (7, 7, 8))
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not torch.equal(first["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+    assert torch.equal(first["model.norm.weight"], torch.ones(TEST_DIMS["hidden_size"]))
+
+
+def test_loss_skips_padding_labels() -> None:
+    logits = torch.randn(2, 5, 11)
+    labels = torch.tensor([[3, 4, 5, 6, 7], [3, 4, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
+    kept = [(0, 0, 4), (0, 1, 5), (0, 2, 6), (0, 3, 7), (1, 0, 4)]
+    manual = torch.stack([torch.nn.functional.cross_entropy(logits[b, t][None], torch.tensor([y]))
+                          for b, t, y in kept]).mean()
+    assert torch.allclose(next_token_loss(logits, labels), manual)
+
+
+def test_make_batch_masks_pad_in_labels_only() -> None:
+    batch = make_batch(torch.tensor([[5, 0, PAD_ID, PAD_ID]]).numpy())
+    assert batch.input_ids.dtype == torch.int64
+    assert batch.labels.tolist() == [[5, 0, IGNORE_INDEX, IGNORE_INDEX]]
+    assert batch.num_tokens == 2
+
+
+@pytest.fixture
+def real_rows(tmp_path: Path, stdlib_corpus: Corpus) -> torch.Tensor:
+    write_corpus_shards(tmp_path / "run", stdlib_corpus, SEQ_LEN)
+    rows = SplitRows(tmp_path / "run", "val")
+    return make_batch(rows.rows(torch.arange(3).numpy())).input_ids
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, real_rows: torch.Tensor, tied: bool,
+                                                        stdlib_corpus: Corpus) -> None:
+    from transformers import AutoModelForCausalLM
+
+    shape = shape_for(tied)
+    model = build_model(shape, seed=3).eval()
+    tokenizer_json = tmp_path / "tokenizer.json"
+    tokenizer_json.write_text(stdlib_corpus.tokenizer_json, encoding="utf-8")
+    out = export_model(model.state_dict(), shape, tmp_path / "model", tokenizer_json, {"step": 5})
+    hf_model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"]
+    assert not info["unexpected_keys"] and not info["mismatched_keys"]
+    with torch.no_grad():
+        ours, theirs = model(real_rows), hf_model.eval()(real_rows).logits
+    assert (ours - theirs).abs().max().item() < 1e-5
+    assert (out / "tokenizer.json").read_text(encoding="utf-8") == stdlib_corpus.tokenizer_json
+    assert exported_step(out) == 5
+
+
+def test_export_config_and_weights(tmp_path: Path) -> None:
+    shape = shape_for(tied=True)
+    model = build_model(shape, seed=1)
+    out = export_model(model.state_dict(), shape, tmp_path / "model")
+    config = json.loads((out / "config.json").read_text())
+    assert config == hf_llama_config(shape)
+    assert (config["architectures"], config["model_type"], config["max_position_embeddings"]) == (
+        ["LlamaForCausalLM"], "llama", SEQ_LEN)
+    assert (config["num_key_value_heads"], config["head_dim"], config["tie_word_embeddings"]) == (2, 8, True)
+    saved = load_file(out / "model.safetensors")
+    assert "lm_head.weight" not in saved
+    assert torch.equal(saved["model.layers.1.mlp.down_proj.weight"],
+                       model.state_dict()["model.layers.1.mlp.down_proj.weight"])
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_export_replaces_an_older_export_whole(tmp_path: Path) -> None:
+    shape = shape_for()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "stale.txt").write_text("from an old export")
+    export_model(build_model(shape, seed=1).state_dict(), shape, tmp_path / "model", None, {"step": 1})
+    newer = build_model(shape, seed=2).state_dict()
+    export_model(newer, shape, tmp_path / "model", None, {"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folders left behind
+    assert not (tmp_path / "model" / "stale.txt").exists()
+    assert exported_step(tmp_path / "model") == 2
+    assert torch.equal(load_file(tmp_path / "model" / "model.safetensors")["model.norm.weight"],
+                       newer["model.norm.weight"])

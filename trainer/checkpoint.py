@@ -1,0 +1,200 @@
+"""Checkpoints: live training state -> ``checkpoints/step-NNNNNNN/`` (+ ``latest``); the newest valid one on resume.
+
+A checkpoint folder holds what ``accelerator.save_state`` writes (``model.safetensors``,
+``optimizer.bin``, ``scheduler.bin``, ``random_states_<rank>.pkl``), then ``trainer_state.json``
+(every registered Stateful's ``state_dict()`` as JSON: loop counters, loader position, …) and,
+written LAST, ``manifest.json`` with the sha256 of every other file. A folder whose manifest is
+missing or does not verify is not a checkpoint. The folder is assembled under a temporary name and
+renamed into place, so a killed save never looks finished.
+
+Deliberately not used: Accelerate's ``automatic_checkpoint_naming`` (its counter restarts at 0 in a
+new process and prunes the wrong folder, FACTS.md) and ``register_for_checkpointing`` (it unpickles
+with ``weights_only=False``); our own state goes through JSON instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+
+from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
+from pipeline.errors import CheckpointError
+
+CHECKPOINT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+LATEST_NAME = "latest"
+REQUIRED_FILES = ("model.safetensors", "optimizer.bin", TRAINER_STATE_NAME)
+STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
+
+
+class Stateful(Protocol):
+    """Anything resumable: a JSON-serialisable ``state_dict()`` and its inverse."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def step_dir_name(step: int) -> str:
+    """``step-NNNNNNN`` (7 digits, so names sort by step)."""
+    return f"step-{step:07d}"
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``step-NNNNNNN`` folder, oldest first; validity is not checked."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in checkpoints_dir.iterdir()
+             if p.is_dir() and (m := STEP_DIR_PATTERN.match(p.name))]
+    return sorted(found)
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """Record the sha256 and size of every file in ``folder``; call it after everything else is written."""
+    files = {
+        path.relative_to(folder).as_posix(): {"sha256": sha256_file(path), "num_bytes": path.stat().st_size}
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST_NAME
+    }
+    write_json_atomic(folder / MANIFEST_NAME, {"version": CHECKPOINT_VERSION, "step": step, "files": files})
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when ``folder`` is a complete, intact checkpoint; otherwise what is wrong with it."""
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return "no manifest.json (the save did not finish)"
+    try:
+        manifest = read_json(manifest_path)
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return f"unreadable manifest.json ({err})"
+    missing = [name for name in REQUIRED_FILES if name not in files]
+    if missing:
+        return f"manifest lacks {missing}"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != entry["num_bytes"] or sha256_file(path) != entry["sha256"]:
+            return f"{name} does not match its sha256 in manifest.json (corrupted or modified)"
+    return None
+
+
+class Checkpointer:
+    """Saves and restores the accelerator's objects plus ``states`` ({name: Stateful}); rank 0 writes shared files."""
+
+    def __init__(self, accelerator: Accelerator, checkpoints_dir: Path, keep_last: int,
+                 states: dict[str, Stateful]) -> None:
+        self.accelerator = accelerator
+        self.checkpoints_dir = Path(checkpoints_dir)
+        self.keep_last = keep_last
+        self.states = states
+
+    def save(self, step: int) -> Path:
+        """Write the checkpoint of ``step`` and return its folder; all ranks must call this together."""
+        target = self.checkpoints_dir / step_dir_name(step)
+        staging = self.checkpoints_dir / f"{TEMP_PREFIX}{target.name}"  # same name on every rank
+        if self.accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(staging))
+        self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
+        if self.accelerator.is_main_process:
+            trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
+                             "states": {name: obj.state_dict() for name, obj in self.states.items()}}
+            write_json_atomic(staging / TRAINER_STATE_NAME, trainer_state)
+            write_manifest(staging, step)
+            replace_dir(staging, target)
+            write_json_atomic(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
+            self._prune()
+        self.accelerator.wait_for_everyone()
+        return target
+
+    def _prune(self) -> None:
+        for _, folder in list_checkpoints(self.checkpoints_dir)[:-self.keep_last]:
+            shutil.rmtree(folder)
+
+    def load_latest(self) -> int | None:
+        """Restore the newest checkpoint that verifies and return its step; None when there is none.
+
+        A corrupt or half-written newer one is skipped with a warning naming it. Raises CheckpointError
+        when checkpoints exist but none verifies.
+        """
+        chosen: list[Any] = [None]
+        if self.accelerator.is_main_process:
+            remove_stale_temps(self.checkpoints_dir)
+            try:
+                chosen[0] = self._newest_valid()
+            except CheckpointError as err:
+                chosen[0] = str(err)
+        broadcast_object_list(chosen)  # rank 0 alone hashes the files; every rank loads the same folder
+        if isinstance(chosen[0], str):
+            raise CheckpointError(chosen[0])  # on every rank, so none is left waiting
+        if chosen[0] is None:
+            return None
+        step, folder = chosen[0]
+        self._restore(Path(folder))
+        return int(step)
+
+    def _newest_valid(self) -> tuple[int, str] | None:
+        found = list_checkpoints(self.checkpoints_dir)
+        bad: list[Path] = []
+        for step, folder in reversed(found):
+            problem = verify_checkpoint(folder)
+            if problem is None:
+                # Newer bad ones are moved aside only now that an older good one exists; otherwise
+                # they stay, so every retry fails the same way until someone looks.
+                for newer in bad:
+                    set_aside(newer)
+                return step, str(folder)
+            bad.append(folder)
+            warnings.warn(f"skipping checkpoint {folder}: {problem}; it is renamed to {folder.name}.invalid "
+                          "if an older checkpoint verifies", stacklevel=3)
+        if found:
+            raise CheckpointError(
+                f"{self.checkpoints_dir}: none of the {len(found)} checkpoints verifies against its manifest.json; "
+                "restore a good copy, or delete the folder to start training from scratch.")
+        return None
+
+    def _restore(self, folder: Path) -> None:
+        trainer_state = read_json(folder / TRAINER_STATE_NAME)
+        if trainer_state.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointError(f"{folder}: checkpoint version {trainer_state.get('version')!r}, this tokenmill "
+                                  f"reads {CHECKPOINT_VERSION}; delete checkpoints/ to start over.")
+        missing = [name for name in self.states if name not in trainer_state["states"]]
+        if missing:
+            raise CheckpointError(f"{folder}: trainer_state.json lacks {missing}; it was written by another "
+                                  "trainer version: delete checkpoints/ to start over.")
+        for name, obj in self.states.items():  # validate our own state before touching the weights
+            obj.load_state_dict(trainer_state["states"][name])
+        self.accelerator.load_state(str(folder))
+        # Checkpoints sit on optimizer-step boundaries; reset Accelerate's micro-step counter so a resume
+        # with another grad_accum_steps (e.g. fewer processes) syncs on the right micro-batch.
+        self.accelerator.step = 0
+
+
+def set_aside(folder: Path) -> Path:
+    """Rename a bad checkpoint to ``<name>.invalid`` (kept for inspection, never loaded or counted by pruning)."""
+    aside = folder.with_name(f"{folder.name}.invalid")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
+
+
+def replace_dir(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``, replacing an existing ``target`` (moved aside first, then deleted)."""
+    old = target.with_name(f"{TEMP_PREFIX}old-{target.name}")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    source.rename(target)
+    shutil.rmtree(old, ignore_errors=True)

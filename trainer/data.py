@@ -1,0 +1,207 @@
+"""Loader: Arrow token shards (``shards/index.parquet``) -> int64 training batches, in a resumable global order.
+
+The order is a pure function of (seed, epoch): all train rows across shards are numbered in index
+order, and epoch ``e`` visits them in ``np.random.default_rng([seed, e]).permutation(num_rows)``.
+Global sample ``k`` is row ``perm_{k // N}[k % N]``. Each optimizer step consumes one global batch
+(``micro_batch_size * grad_accum_steps * world_size`` samples) and rank ``r`` takes the ``r``-th
+contiguous slice of it, so the loader position is one integer (``samples_consumed``): resuming is
+O(1), and a position saved by 2 processes continues on 1 process (with grad_accum doubled) through
+the very same micro-batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from pipeline.errors import CheckpointError, ShardFormatError
+from pipeline.shards import ShardInfo, ShardTokens, read_shard_index
+from trainer.model import IGNORE_INDEX
+
+EOS_ID = 0
+"""``<|endoftext|>``: ends every document in a packed row."""
+
+PAD_ID = 1
+"""``<|pad|>``: fills the end of a source's last row; its labels become IGNORE_INDEX."""
+
+LOADER_STATE_VERSION = 1
+
+
+class TokenRows(Protocol):
+    """Random access to fixed-length token rows (shards on disk, or an array in a benchmark)."""
+
+    num_rows: int
+    seq_len: int
+    digests: dict[str, str]
+    """What the rows come from, {name: sha256}: a checkpoint resumes only on the same (or appended) data."""
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` as a [len(indices), seq_len] integer array."""
+        ...
+
+
+class ArrayRows:
+    """TokenRows over an in-memory [num_rows, seq_len] array (benchmarks and small experiments)."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+        self.num_rows, self.seq_len = (int(n) for n in tokens.shape)
+        self.digests = {"array": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        return self.tokens[indices]
+
+
+class SplitRows:
+    """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
+
+    def __init__(self, run_dir: Path, split: str) -> None:
+        infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
+        self.split = split
+        self.shards = [ShardTokens(Path(run_dir) / info.path) for info in infos]
+        self.seq_len = _common_value(infos, [int(s.metadata["seq_len"]) for s in self.shards], "seq_len")
+        self.vocab_size = _common_value(infos, [int(s.metadata["vocab_size"]) for s in self.shards], "vocab_size")
+        sizes = np.array([len(shard) for shard in self.shards], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.num_rows = int(self.starts[-1])
+        self.digests = {info.path: info.sha256 for info in infos}
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        shard_ids = np.searchsorted(self.starts, indices, side="right") - 1
+        out = np.empty((len(indices), self.seq_len), dtype=np.int64)
+        for i, (shard_id, index) in enumerate(zip(shard_ids, indices, strict=True)):
+            out[i] = self.shards[shard_id].tokens[index - self.starts[shard_id]]
+        return out
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+def _common_value(infos: list[ShardInfo], values: list[int], key: str) -> int | None:
+    distinct = sorted(set(values))
+    if len(distinct) > 1:
+        raise ShardFormatError(
+            f"shards disagree on {key} ({distinct}; e.g. {infos[0].path}); every shard of a run must come "
+            "from one tokenizer and packing setting: re-run `tokenmill prepare` in a fresh run dir."
+        )
+    return distinct[0] if distinct else None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch: ``input_ids`` and ``labels`` int64 [rows, seq_len]; labels are IGNORE_INDEX at padding."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens that count in the loss (padding excluded)."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+def make_batch(tokens: np.ndarray) -> Batch:
+    """Wrap integer rows as int64 tensors (one copy, from the memory-mapped view) with padding masked in labels."""
+    input_ids = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    labels = input_ids.masked_fill(input_ids == PAD_ID, IGNORE_INDEX)
+    return Batch(input_ids, labels)
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one optimizer step's global batch is split: micro-batches per rank, and ranks."""
+
+    micro_batch_size: int
+    grad_accum_steps: int
+    world_size: int = 1
+    rank: int = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+
+class TrainLoader:
+    """Deterministic, resumable source of micro-batches; ``state_dict()`` is a few JSON integers."""
+
+    def __init__(self, rows: TokenRows, layout: BatchLayout, seed: int, allow_data_change: bool = False) -> None:
+        """``allow_data_change``: accept a saved position taken on other shards (an incremental refresh)."""
+        if rows.num_rows == 0:
+            raise ShardFormatError("no train rows: the shard index lists no split=train shards; "
+                                   "run `tokenmill prepare` (and check data.val_fraction < 1).")
+        self.rows, self.layout, self.seed = rows, layout, seed
+        self.allow_data_change = allow_data_change
+        self.samples_consumed = 0
+        self._epoch_order: tuple[int, np.ndarray] | None = None
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The permutation of all row numbers that epoch ``epoch`` visits (cached for the current epoch)."""
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.rows.num_rows)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
+
+    def global_rows(self, start: int, count: int) -> np.ndarray:
+        """Row numbers of global samples ``start .. start + count - 1`` (crossing epochs as needed)."""
+        samples = np.arange(start, start + count, dtype=np.int64)
+        epochs, positions = np.divmod(samples, self.rows.num_rows)
+        out = np.empty(count, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            out[mask] = self.epoch_order(int(epoch))[positions[mask]]
+        return out
+
+    def next_step(self) -> list[Batch]:
+        """This rank's ``grad_accum_steps`` micro-batches of the next optimizer step; advances the position."""
+        layout = self.layout
+        per_rank = layout.micro_batch_size * layout.grad_accum_steps
+        row_ids = self.global_rows(self.samples_consumed + layout.rank * per_rank, per_rank)
+        self.samples_consumed += layout.global_batch_size
+        tokens = self.rows.rows(row_ids)
+        return [make_batch(tokens[i:i + layout.micro_batch_size]) for i in range(0, per_rank, layout.micro_batch_size)]
+
+    @property
+    def epoch(self) -> float:
+        """Fractional epochs consumed so far."""
+        return self.samples_consumed / self.rows.num_rows
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": LOADER_STATE_VERSION, "samples_consumed": self.samples_consumed, "seed": self.seed,
+                "num_rows": self.rows.num_rows, "global_batch_size": self.layout.global_batch_size,
+                "shards": dict(sorted(self.rows.digests.items()))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; refuses another seed, and changed (not just appended) shards."""
+        if state.get("version") != LOADER_STATE_VERSION:
+            raise CheckpointError(f"loader state version {state.get('version')!r}, this tokenmill reads "
+                                  f"{LOADER_STATE_VERSION}; start a fresh run dir (or delete checkpoints/).")
+        if state["seed"] != self.seed:
+            raise CheckpointError(f"checkpoint was trained with train.seed={state['seed']}, the recipe says "
+                                  f"{self.seed}; restore train.seed or delete checkpoints/ to start over.")
+        self._check_same_data(state["shards"], state["num_rows"])
+        if state["global_batch_size"] != self.layout.global_batch_size and self.layout.rank == 0:
+            warnings.warn(f"global batch changed from {state['global_batch_size']} to "
+                          f"{self.layout.global_batch_size} samples per step (micro_batch_size * "
+                          "grad_accum_steps * processes); the sample order continues unchanged", stacklevel=2)
+        self.samples_consumed = int(state["samples_consumed"])
+
+    def _check_same_data(self, saved: dict[str, str], saved_num_rows: int) -> None:
+        if saved == self.rows.digests:
+            return
+        changed = sorted(name for name, digest in saved.items() if self.rows.digests.get(name) != digest)
+        if changed and not self.allow_data_change:
+            raise CheckpointError(
+                f"train shards were changed or removed since the checkpoint (e.g. {changed[0]}); "
+                "pass --allow-data-change to continue on the current shards, or delete checkpoints/.")
+        # Appended shards (an incremental refresh) are expected: the sample count continues over the new
+        # order of all rows, so some rows repeat or are skipped once; the counts say how much changed.
+        if self.layout.rank == 0:
+            warnings.warn(f"train data changed since the checkpoint ({saved_num_rows} -> {self.rows.num_rows} rows); "
+                          "continuing the sample count over the new data order", stacklevel=3)

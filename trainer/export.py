@@ -1,0 +1,84 @@
+"""Export: trained weights -> ``model/`` in Hugging Face format (config.json, model.safetensors, tokenizer.json).
+
+Because the parameter names already are HF Llama's, the weights file is a plain ``save_file`` of the
+state dict; ``transformers.AutoModelForCausalLM.from_pretrained(model_dir)`` loads it with no missing
+or unexpected keys. The folder is built under a temporary name and swapped in whole.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from pipeline.atomic import TEMP_PREFIX, read_json, write_json_atomic
+from trainer.checkpoint import replace_dir
+from trainer.data import EOS_ID, PAD_ID
+from trainer.model import INIT_STD, ModelShape
+
+EXPORT_STATE_NAME = "training_state.json"
+"""Which step the export holds (tokenmill's own file; Hugging Face ignores it)."""
+
+
+def hf_llama_config(shape: ModelShape) -> dict[str, Any]:
+    """A ``LlamaConfig``-compatible dict; RoPE is given both ways (v5 ``rope_parameters`` and legacy ``rope_theta``)."""
+    dims = shape.dims
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": shape.vocab_size, "hidden_size": dims.hidden_size,
+        "intermediate_size": dims.intermediate_size, "num_hidden_layers": dims.num_layers,
+        "num_attention_heads": dims.num_heads, "num_key_value_heads": dims.num_kv_heads,
+        "head_dim": shape.head_dim, "max_position_embeddings": shape.max_seq_len,
+        "rms_norm_eps": dims.rms_norm_eps, "rope_theta": dims.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": dims.rope_theta},
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+        "initializer_range": INIT_STD, "tie_word_embeddings": dims.tie_word_embeddings,
+        # No BOS token exists: documents are separated by EOS, so a sequence starts after one (GPT-2 style).
+        "bos_token_id": EOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
+        "torch_dtype": "float32", "dtype": "float32", "use_cache": True,
+    }
+
+
+def tokenizer_config(tokenizer_json: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(model_dir)`` finds the special tokens."""
+    vocab = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("added_tokens", [])
+    by_id = {token["id"]: token["content"] for token in vocab}
+    eos, pad = by_id.get(EOS_ID, "<|endoftext|>"), by_id.get(PAD_ID, "<|pad|>")
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos, "eos_token": eos, "pad_token": pad}
+
+
+def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_dir: Path,
+                 tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None) -> Path:
+    """Write ``model_dir`` atomically (replacing an older export) from an unwrapped model's state dict.
+
+    Weights are saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists.
+    """
+    model_dir = Path(model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))
+    try:
+        tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
+        save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
+        write_json_atomic(staging / "config.json", hf_llama_config(shape))
+        if tokenizer_json is not None and Path(tokenizer_json).is_file():
+            shutil.copyfile(tokenizer_json, staging / "tokenizer.json")
+            write_json_atomic(staging / "tokenizer_config.json", tokenizer_config(Path(tokenizer_json)))
+        write_json_atomic(staging / EXPORT_STATE_NAME, training_state or {})
+        replace_dir(staging, model_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return model_dir
+
+
+def exported_step(model_dir: Path) -> int | None:
+    """The training step of an existing export, or None when there is no complete export."""
+    marker = Path(model_dir) / EXPORT_STATE_NAME
+    if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
+        return None
+    return read_json(marker).get("step")

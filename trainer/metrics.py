@@ -1,0 +1,69 @@
+"""Metrics sink: training/eval measurements -> ``metrics/train.jsonl`` and ``metrics/eval.jsonl`` (one JSON row a line).
+
+Rows are appended and flushed as they happen, so a killed run keeps what it measured. On resume the
+rows past the resumed step are dropped first: steps replayed after a restart are never counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pipeline.atomic import write_text_atomic
+
+TRAIN_FILE = "train.jsonl"
+EVAL_FILE = "eval.jsonl"
+
+
+class MetricsSink:
+    """Writes metric rows when ``enabled`` (rank 0); a no-op on the other ranks."""
+
+    def __init__(self, metrics_dir: Path, enabled: bool = True) -> None:
+        self.metrics_dir = Path(metrics_dir)
+        self.enabled = enabled
+
+    def drop_rows_after(self, step: int | None) -> None:
+        """Keep only rows with ``step <= step``; ``None`` (a fresh start) drops every row."""
+        if not self.enabled:
+            return
+        for name in (TRAIN_FILE, EVAL_FILE):
+            path = self.metrics_dir / name
+            if path.is_file():
+                kept = [row for row in read_metric_rows(path) if step is not None and row["step"] <= step]
+                write_text_atomic(path, "".join(_to_line(row) for row in kept))
+
+    def log_train(self, row: dict[str, Any]) -> None:
+        self._append(TRAIN_FILE, row)
+
+    def log_eval(self, row: dict[str, Any]) -> None:
+        self._append(EVAL_FILE, row)
+
+    def _append(self, name: str, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_dir / name, "a", encoding="utf-8") as handle:
+            handle.write(_to_line(row))
+            handle.flush()
+
+
+def read_metric_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a metrics JSONL file; a torn last line (the writer was killed mid-write) is skipped."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def _to_line(row: dict[str, Any]) -> str:
+    # NaN/inf are not JSON: write null so DuckDB and other strict readers can still parse the file.
+    clean = {key: None if isinstance(value, float) and not math.isfinite(value) else value
+             for key, value in row.items()}
+    return json.dumps(clean, sort_keys=True) + "\n"
