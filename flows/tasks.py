@@ -17,7 +17,7 @@ from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
-from trainer.launch import launch_command
+from trainer.launch import launch_command, parent_watch_env
 
 
 @task(name="plan-ingest")
@@ -55,7 +55,7 @@ def shard_index_task(run_dir: str) -> list[ShardInfo]:
 def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
     argv = launch_command(Path(run_dir), num_processes, until_step)
-    run_streaming(argv, get_run_logger(), deadline_s=deadline_s)
+    run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env())
 
 
 @task(name="report")

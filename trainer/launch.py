@@ -9,7 +9,10 @@ override the recipe, because the script passes ``train.precision`` to ``Accelera
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 
@@ -29,3 +32,33 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
     if allow_data_change:
         command.append("--allow-data-change")
     return command
+
+
+PARENT_PID_ENV = "TOKENMILL_PARENT_PID"
+
+
+def parent_watch_env() -> dict[str, str]:
+    """Environment telling the launched trainer which process to outlive no longer (see exit_with_parent)."""
+    return {PARENT_PID_ENV: str(os.getpid())}
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit this process soon after the process named in ``TOKENMILL_PARENT_PID`` is gone.
+
+    The flow that launched training may be killed with ``kill -9``; its run-dir lock dies with it,
+    and an orphaned trainer would keep writing into a run dir that a re-run then also writes. Every
+    checkpoint and export is atomic, so exiting at any moment loses at most the steps since the last one.
+    """
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(int(parent), 0)
+            except ProcessLookupError:
+                os._exit(137)
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

@@ -22,6 +22,7 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.export import export_model, exported_step
+from trainer.launch import exit_with_parent
 from trainer.loop import (
     LoopCounters,
     ModelSignature,
@@ -139,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; a TokenmillError is printed as one line (no traceback) and exits with status 2."""
     args = parse_args(argv)
+    exit_with_parent()
     try:
         train(args.run_dir, args.until_step, args.allow_data_change)
     except TokenmillError as err:
