@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -139,19 +137,17 @@ def test_ids_that_do_not_fit_the_row_dtype_are_refused() -> None:
         packer.add(1, np.array([5, 70_000], dtype=np.uint32))
 
 
-def test_a_very_long_document_packs_in_linear_time() -> None:
-    # 20 M tokens taken 4 rows at a time: re-copying the pending tail per take would move ~400 GB.
+def test_a_very_long_document_packs_exactly() -> None:
+    # 20 M tokens taken 4 rows at a time: re-copying the pending tail per take would move ~400 GB,
+    # so a quadratic packer never finishes this test (speed itself is measured in benchmarks/).
     tokens = np.random.default_rng(0).integers(2, 60_000, size=20_000_000).astype(np.uint32)
     packer = Packer(256, EOS, PAD, np.dtype(np.uint16))
-    started = time.perf_counter()
     packer.add(1, tokens)
     num_rows = 0
     while (rows := packer.take_rows(4)) is not None:
         num_rows += len(rows)
         assert rows.doc_ids[-1] == [1]
     last = packer.finish()
-    elapsed = time.perf_counter() - started
     assert last is not None
     assert num_rows * 256 + last.num_tokens[0] == tokens.size + 1
     assert last.first_doc_offset[0] == num_rows * 256
-    assert elapsed < 10, f"packing 20 M tokens took {elapsed:.1f} s"
