@@ -1,0 +1,77 @@
+"""prefect.yaml's deployments against a real `prefect server start`: served locally, and via a work pool."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.flows.conftest import write_small_recipe
+from tests.flows.prefect_server import PREFECT, background, running_prefect_server, server_env
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    with running_prefect_server(home) as api_url:
+        yield api_url, home
+
+
+def prefect(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for_deployment(name: str, env: dict[str, str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if prefect("deployment", "inspect", name, env=env, timeout=60).returncode == 0:
+            return
+        time.sleep(2)
+    raise AssertionError(f"deployment {name} never appeared")
+
+
+def final_eval_step(run_dir: Path) -> int:
+    rows = [json.loads(line) for line in (run_dir / "metrics" / "eval.jsonl").read_text().splitlines()]
+    return rows[-1]["step"]
+
+
+def test_served_nightly_refresh_runs_to_completion(api: tuple[str, Path], tmp_path: Path) -> None:
+    api_url, home = api
+    env = server_env(home, api_url)
+    recipe = write_small_recipe(tmp_path, max_steps=10)
+    run_dir = tmp_path / "served-run"
+    with background([TOKENMILL, "serve", "--recipe", str(recipe), "--run-dir", str(run_dir)], env,
+                    tmp_path / "serve.log"):
+        wait_for_deployment("data-to-model/nightly-refresh", env)
+        result = prefect("deployment", "run", "data-to-model/nightly-refresh", "--watch",
+                         "--watch-interval", "2", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Completed" in result.stdout
+    assert final_eval_step(run_dir) == 10
+    schedule = prefect("deployment", "inspect", "data-to-model/nightly-refresh", env=env, timeout=60).stdout
+    assert "0 2 * * *" in schedule
+
+
+def test_deployed_to_a_process_work_pool_runs_on_a_worker(api: tuple[str, Path], tmp_path: Path) -> None:
+    api_url, home = api
+    env = server_env(home, api_url)
+    recipe = write_small_recipe(tmp_path, max_steps=10)
+    run_dir = tmp_path / "worker-run"
+    assert prefect("work-pool", "create", "tokenmill", "--type", "process", env=env, timeout=120).returncode == 0
+    deployed = prefect("deploy", "--all", "--no-prompt", env=env, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    with background([PREFECT, "worker", "start", "--pool", "tokenmill", "--limit", "1"], env,
+                    tmp_path / "worker.log", cwd=REPO):
+        result = prefect("deployment", "run", "data-to-model/one-shot", "-p", f"recipe={recipe}",
+                         "-p", f"run_dir={run_dir}", "--watch", "--watch-interval", "2", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
+    assert final_eval_step(run_dir) == 10
