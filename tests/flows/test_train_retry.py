@@ -1,0 +1,49 @@
+"""Killing the training child mid-run: the train task's retry resumes from the newest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.flows.conftest import write_small_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def kill_trainer_after_first_checkpoint(run_dir: Path, timeout_s: float = 300) -> int:
+    """Wait for checkpoint step 10, then SIGKILL the `trainer.train` process; return the step it was at."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "checkpoints" / "step-0000010" / "manifest.json").is_file():
+            for process in psutil.Process().children(recursive=True):
+                if "trainer.train" in " ".join(process.cmdline()):
+                    process.kill()
+                    return 10
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_server: None) -> None:
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import prepare_data, train_model
+
+    recipe = write_small_recipe(tmp_path, max_steps=80)
+    run_dir = tmp_path / "run"
+    prepare_data(str(recipe))
+    killer = threading.Thread(target=kill_trainer_after_first_checkpoint, args=(run_dir,), daemon=True)
+    killer.start()
+    summary = train_model(str(recipe))
+    killer.join(timeout=5)
+
+    assert summary["final_step"] == 80
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics" / "train.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), "steps replayed after the restart must not be logged twice"
+    with get_client(sync_client=True) as client:
+        train_runs = [run for run in client.read_task_runs() if run.name.startswith("train-")]
+    assert max(run.run_count for run in train_runs) == 2, "the train task should have run twice (one retry)"
