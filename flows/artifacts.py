@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from pipeline.queries import data_funnel, eval_history, rejects_by_reason
 
@@ -44,3 +50,27 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
         description="Run summary",
     )
     return summary
+
+
+class TrainingProgress:
+    """A Prefect progress artifact fed by the trainer's ``step N/M`` log lines (updated every 2%)."""
+
+    STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
+
+    def __init__(self) -> None:
+        self._artifact_id = None
+        self._shown = -1.0
+
+    def update(self, line: str) -> None:
+        match = self.STEP_LINE.match(line)
+        if match is None:
+            return
+        percent = 100.0 * int(match.group(1)) / max(1, int(match.group(2)))
+        if self._artifact_id is None:
+            self._artifact_id = create_progress_artifact(progress=percent, key="training-progress",
+                                                         description="Optimizer steps done / target")
+        elif percent - self._shown >= 2.0 or percent >= 100.0:
+            update_progress_artifact(artifact_id=self._artifact_id, progress=percent)
+        else:
+            return
+        self._shown = percent

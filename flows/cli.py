@@ -31,16 +31,28 @@ class OutputFormat(StrEnum):
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: runs/<name>).")]
+DaskOpt = Annotated[str | None, typer.Option("--dask-address",
+                                              help="Run the data stages on this Dask scheduler (tcp://host:port).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output format: table, csv or json.")]
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tokenmill {version('tokenmill')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False) -> None:
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+          _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                 help="Print the version and exit.")] = False) -> None:
     STATE["debug"] = debug
 
 
 @app.command()
-def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
+def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskOpt = None) -> None:
     """Run the whole flow (prepare data, train, evaluate, export) through Prefect.
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
@@ -48,19 +60,19 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import data_to_model
 
-    _print_summary(data_to_model(str(recipe_path), _optional(run_dir)))
+    _print_summary(data_to_model(str(recipe_path), _optional(run_dir), dask_address))
 
 
 @app.command()
-def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
+def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskOpt = None) -> None:
     """Data stages only: ingest, filter, dedupe, tokenizer, Arrow shards.
 
     Example: tokenmill prepare configs/tiny.yaml
     """
     recipe_path = _checked_recipe(recipe)
-    from flows.pipeline import prepare_data
+    from flows.pipeline import prepare_on
 
-    _print_summary(prepare_data(str(recipe_path), _optional(run_dir)))
+    _print_summary(prepare_on(str(recipe_path), _optional(run_dir), dask_address))
 
 
 @app.command()
@@ -101,6 +113,23 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
     from flows.serve import serve_deployments
 
     serve_deployments(recipe, _optional(run_dir), limit)
+
+
+@app.command()
+def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses its exported model/).")],
+             prompt: Annotated[str, typer.Argument(help="Text to continue.")],
+             max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to sample at most.")] = 100,
+             temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; higher = more varied.")] = 0.8,
+             seed: Annotated[int, typer.Option(help="Sampling seed (same seed, same text).")] = 0) -> None:
+    """Sample a continuation of PROMPT from the run's exported model.
+
+    Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
+    """
+    from trainer.generate import generate_text, load_exported_model
+
+    model, tokenizer = load_exported_model(run_dir / "model")
+    typer.echo(generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed))
 
 
 @app.command()

@@ -34,7 +34,7 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
     loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
     with RunLock(root):
-        record_recipe(loaded, root)
+        record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
         parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
         ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root)).result()
@@ -57,11 +57,11 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
     ``refresh=True`` (new data arrived) trains ``train.steps_per_refresh`` more steps from the newest
     checkpoint, capped at ``train.max_steps``; otherwise training runs to ``max_steps``.
     """
-    loaded, _ = load_recipe(recipe)
+    loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
     with RunLock(root):
         read_shard_index(root)  # fails with "run `tokenmill prepare` first" when there are no shards
-        record_recipe(loaded, root)
+        record_recipe(loaded, base, root)
         until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
         train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
@@ -70,13 +70,26 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
 
 
 @flow(name="data-to-model")
-def data_to_model(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
-    """The whole path: prepare the data, then train and evaluate; a re-run skips what is done."""
+def data_to_model(recipe: str, run_dir: str | None = None, dask_address: str | None = None) -> dict[str, Any]:
+    """The whole path: prepare the data, then train and evaluate; a re-run skips what is done.
+
+    ``dask_address`` (or the recipe's ``dask_address``) runs the data tasks on that Dask cluster.
+    """
     before = _num_indexed_shards(recipe, run_dir)
-    prepared = prepare_data(recipe, run_dir)
+    prepared = prepare_on(recipe, run_dir, dask_address)
     refresh = before > 0 and prepared["num_shards"] > before
     trained = train_model(recipe, run_dir, refresh=refresh)
     return {"prepare": prepared, "train": trained}
+
+
+def prepare_on(recipe: str, run_dir: str | None = None, dask_address: str | None = None) -> dict[str, Any]:
+    """Run ``prepare-data`` on local threads, or on a Dask scheduler (argument, else the recipe's)."""
+    address = dask_address or load_recipe(recipe)[0].dask_address
+    if address is None:
+        return prepare_data(recipe, run_dir)
+    from prefect_dask import DaskTaskRunner
+
+    return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(recipe, run_dir)
 
 
 def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:

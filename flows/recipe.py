@@ -93,11 +93,20 @@ def is_safe_name(name: str) -> bool:
 DATA_SECTIONS = ("data", "dedupe", "tokenizer", "pack")
 
 
-def record_recipe(recipe: RunRecipe, run_dir: Path, *, fresh: bool = False) -> None:
-    """Write ``run.yaml`` (resolved recipe + code version); refuse a changed data recipe on an existing run.
+def source_weights(recipe: RunRecipe, base: Path) -> dict[str, float]:
+    """``{source name: mixture weight}`` from the recipe's manifests (the trainer reads it from run.yaml)."""
+    from pipeline.manifest import load_manifest
 
-    ``train`` and ``model`` may change between runs of the same dir only before training started; the
-    trainer itself checks its checkpoints. ``fresh=True`` is the user's explicit "start over".
+    return {source.name: source.weight for path in manifest_paths(recipe, base)
+            for source in load_manifest(path).sources}
+
+
+def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool = False) -> None:
+    """Write ``run.yaml`` (resolved recipe, source mixture weights, code version).
+
+    Refuses a changed data recipe on an existing run dir: its documents, tokenizer and shards were made
+    with the old settings. ``train`` and ``model`` may change (the trainer checks its checkpoints).
+    ``fresh=True`` is the user's explicit "start over".
     """
     from pipeline.atomic import write_text_atomic
     from pipeline.rundir import CODE_VERSION
@@ -114,4 +123,5 @@ def record_recipe(recipe: RunRecipe, run_dir: Path, *, fresh: bool = False) -> N
                 f"{path}: the recipe changed since this run dir was prepared ({', '.join(changed)}); "
                 "use another --run-dir, or delete the run dir to start fresh."
             )
-    write_text_atomic(path, recipe_to_yaml(recipe) + f"code_version: {CODE_VERSION}\n")
+    mixture = yaml.safe_dump({"mixture": source_weights(recipe, base)}, sort_keys=True)
+    write_text_atomic(path, recipe_to_yaml(recipe) + mixture + f"code_version: {CODE_VERSION}\n")

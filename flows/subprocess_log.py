@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.errors import TokenmillError
 
@@ -18,7 +18,8 @@ class ChildProcessFailed(TokenmillError):
 
 
 def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAdapter, *,
-                  deadline_s: float | None, env: dict[str, str] | None = None) -> None:
+                  deadline_s: float | None, env: dict[str, str] | None = None,
+                  on_line: Callable[[str], None] | None = None) -> None:
     """Run ``argv`` (never through a shell); every output line becomes a log line.
 
     Prefect task timeouts cannot stop a child process, so the deadline is enforced here: the whole
@@ -35,6 +36,8 @@ def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAd
             line = line.rstrip()
             tail = [*tail[-19:], line]
             logger.info("%s", line)
+            if on_line is not None:
+                on_line(line)
         returncode = process.wait()
     except BaseException:
         _kill_group(process)

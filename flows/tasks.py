@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from flows.artifacts import TrainingProgress
 from flows.report import write_report
 from flows.subprocess_log import run_streaming
 from pipeline.config import DedupeConfig
@@ -55,7 +56,8 @@ def shard_index_task(run_dir: str) -> list[ShardInfo]:
 def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
     argv = launch_command(Path(run_dir), num_processes, until_step)
-    run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env())
+    progress = TrainingProgress()
+    run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env(), on_line=progress.update)
 
 
 @task(name="report")

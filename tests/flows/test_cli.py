@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import build_query_run
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
-COMMANDS = [[], ["run"], ["prepare"], ["train"], ["query"], ["shards"], ["shards", "verify"]]
+COMMANDS = [[], ["run"], ["prepare"], ["train"], ["query"], ["report"], ["generate"], ["serve"], ["shards"],
+            ["shards", "verify"]]
 
 
 def tokenmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
