@@ -14,6 +14,7 @@ import typer
 
 from flows.settings import configure_environment
 from pipeline.errors import TokenmillError
+from pipeline.rundir import RunLock
 
 app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -60,7 +61,8 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import data_to_model
 
-    _print_summary(data_to_model(str(recipe_path), _optional(run_dir), dask_address))
+    with _locked_run_dir(recipe_path, run_dir):
+        _print_summary(data_to_model(str(recipe_path), _optional(run_dir), dask_address))
 
 
 @app.command()
@@ -72,7 +74,8 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import prepare_on
 
-    _print_summary(prepare_on(str(recipe_path), _optional(run_dir), dask_address))
+    with _locked_run_dir(recipe_path, run_dir):
+        _print_summary(prepare_on(str(recipe_path), _optional(run_dir), dask_address))
 
 
 @app.command()
@@ -84,7 +87,8 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import train_model
 
-    _print_summary(train_model(str(recipe_path), _optional(run_dir)))
+    with _locked_run_dir(recipe_path, run_dir):
+        _print_summary(train_model(str(recipe_path), _optional(run_dir)))
 
 
 @app.command()
@@ -171,6 +175,16 @@ def _checked_recipe(recipe: Path | None) -> Path:
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
     return path
+
+
+def _locked_run_dir(recipe_path: Path, run_dir: Path | None) -> RunLock:
+    """Take the run dir's lock before Prefect starts: a second process gets one clean line, not a failed flow.
+
+    The flows take the same lock again (it nests within a process), so they are safe without the CLI too.
+    """
+    from flows.recipe import load_recipe, resolve_run_dir
+
+    return RunLock(resolve_run_dir(load_recipe(recipe_path)[0], run_dir))
 
 
 def _optional(path: Path | None) -> str | None:

@@ -86,3 +86,16 @@ def test_manifest_path_error_names_the_source(tmp_path: Path) -> None:
     result = tokenmill("prepare", str(tmp_path / "recipe.yaml"))
     assert result.returncode == 2
     assert "sources[s].path 'nowhere' does not exist" in result.stderr
+
+
+def test_second_run_on_a_busy_run_dir_is_one_line_naming_the_holder(tmp_path: Path) -> None:
+    from pipeline.rundir import RunLock
+
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\n")
+    with RunLock(tmp_path / "run"):
+        result = tokenmill("prepare", str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "in use by pid" in lines[0] and "Traceback" not in result.stderr
