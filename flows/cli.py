@@ -50,6 +50,11 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full traceba
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"] = debug
+    if not debug:
+        import flows.pipeline  # noqa: F401 - sets up Prefect's console logging, which the filter attaches to
+        from flows.settings import hide_user_error_tracebacks
+
+        hide_user_error_tracebacks()
 
 
 @app.command()

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import TokenmillError
+
+if TYPE_CHECKING:
+    from prefect.states import State
 
 DEFAULTS = {
     # The server's telemetry fails on a closed network and logs "database is locked" tracebacks.
@@ -29,3 +36,25 @@ def configure_environment() -> None:
         home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "prefect"
         home.mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = str(home)
+
+
+class _HideUserErrorTracebacks(logging.Filter):
+    """Console only: a TokenmillError is a message for the user, not a bug; its traceback stays in the API logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, TokenmillError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def hide_user_error_tracebacks() -> None:
+    """Strip tracebacks of user errors from Prefect's console output (``--debug`` keeps them)."""
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            handler.addFilter(_HideUserErrorTracebacks())
+
+
+def retry_unless_user_error(task: object, task_run: object, state: State) -> bool:
+    """Prefect ``retry_condition_fn``: retry I/O and crashes, never a TokenmillError (bad input stays bad)."""
+    return not isinstance(state.result(raise_on_failure=False), TokenmillError)

@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 
 from flows.artifacts import TrainingProgress
 from flows.report import write_report
+from flows.settings import retry_unless_user_error
 from flows.subprocess_log import run_streaming
 from pipeline.config import DedupeConfig
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
@@ -27,7 +28,8 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
     return [part.to_dict() for part in parts]
 
 
-@task(name="ingest-part", retries=2, retry_delay_seconds=1, task_run_name="ingest-part-{part[part_id]}")
+@task(name="ingest-part", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
+      task_run_name="ingest-part-{part[part_id]}")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) -> dict[str, Any]:
     return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)))
 
@@ -42,7 +44,8 @@ def tokenizer_task(run_dir: str, config: TokenizerConfig, given_path: str | None
     return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None)
 
 
-@task(name="pack", retries=2, retry_delay_seconds=1, task_run_name="pack-{split}-{source}")
+@task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
+      task_run_name="pack-{split}-{source}")
 def pack_task(run_dir: str, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
     return pack_split_source(RunPaths(Path(run_dir)), split, source, config)
 
@@ -52,7 +55,7 @@ def shard_index_task(run_dir: str) -> list[ShardInfo]:
     return write_index(RunPaths(Path(run_dir)))
 
 
-@task(name="train", retries=1, retry_delay_seconds=2)
+@task(name="train", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error)
 def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
     argv = launch_command(Path(run_dir), num_processes, until_step)

@@ -99,3 +99,21 @@ def test_second_run_on_a_busy_run_dir_is_one_line_naming_the_holder(tmp_path: Pa
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "in use by pid" in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_unreadable_file_mid_flow_names_the_file_without_traceback(tmp_path: Path) -> None:
+    import gzip
+
+    (tmp_path / "corpus").mkdir()
+    whole = gzip.compress(b'{"text": "a perfectly fine first record"}\n' * 50)
+    (tmp_path / "corpus" / "good.jsonl.gz").write_bytes(whole)
+    (tmp_path / "corpus" / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: jsonl}]\n")
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 300}\n")
+    result = tokenmill("prepare", str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "truncated.jsonl.gz" in errors[0] and "on_error: skip" in errors[0]
+    assert result.stderr.count("Retry") == 0, "bad input is not retried"
