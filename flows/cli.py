@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -47,9 +48,14 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"] = debug
+    if quiet:
+        from flows.progress import QUIET_ENV
+
+        os.environ[QUIET_ENV] = "1"
     if not debug:
         import flows.pipeline  # noqa: F401 - sets up Prefect's console logging, which the filter attaches to
         from flows.settings import hide_user_error_tracebacks

@@ -8,6 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from flows.artifacts import TrainingProgress
+from flows.progress import reports_progress
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.subprocess_log import run_streaming
@@ -23,6 +24,7 @@ from trainer.launch import launch_command, parent_watch_env
 
 
 @task(name="plan-ingest")
+@reports_progress("plan-ingest")
 def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -> list[dict[str, Any]]:
     parts = plan_ingest([Path(m) for m in manifests], RunPaths(Path(run_dir)), part_size_bytes)
     return [part.to_dict() for part in parts]
@@ -30,27 +32,32 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
 
 @task(name="ingest-part", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="ingest-part-{part[part_id]}")
+@reports_progress("ingest-part")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) -> dict[str, Any]:
     return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)))
 
 
 @task(name="dedupe")
+@reports_progress("dedupe")
 def dedupe_task(run_dir: str, config: DedupeConfig) -> dict[str, Any]:
     return dedupe_stage(RunPaths(Path(run_dir)), config)
 
 
 @task(name="tokenizer")
+@reports_progress("tokenizer")
 def tokenizer_task(run_dir: str, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
     return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None)
 
 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="pack-{split}-{source}")
+@reports_progress("pack")
 def pack_task(run_dir: str, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
     return pack_split_source(RunPaths(Path(run_dir)), split, source, config)
 
 
 @task(name="shard-index")
+@reports_progress("shard-index", rates=False)
 def shard_index_task(run_dir: str) -> list[ShardInfo]:
     return write_index(RunPaths(Path(run_dir)))
 
