@@ -175,6 +175,37 @@ def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
     typer.echo(f"ok: {len(read_shard_index(run_dir))} shards match the index")
 
 
+@shards_app.command("stats")
+def shards_stats(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+                 output_format: FormatOpt = OutputFormat.table) -> None:
+    """Per split and source: shards, rows, tokens, documents, EOS and padding share, document-length histogram.
+
+    Example: tokenmill shards stats runs/tiny --format json
+    """
+    from pipeline.shard_stats import shard_stats
+
+    rows = shard_stats(run_dir, histogram="dict" if output_format is OutputFormat.json else "text")
+    _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+
+
+@shards_app.command("sample")
+def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+                  n: Annotated[int, typer.Option("--n", min=1, help="Rows to sample.")] = 5,
+                  seed: Annotated[int, typer.Option(help="Sampling seed (same seed, same rows).")] = 0,
+                  split: Annotated[str | None, typer.Option(help="Only this split (train/val).")] = None,
+                  source: Annotated[str | None, typer.Option(help="Only this source.")] = None,
+                  decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Show text or token ids.")] = True,
+                  output_format: FormatOpt = OutputFormat.table) -> None:
+    """Random packed rows with the uris of the documents that fill them (decoded text by default).
+
+    Example: tokenmill shards sample runs/tiny --n 3 --decode
+    """
+    from tokenization.sample import sample_rows
+
+    rows = sample_rows(run_dir, n, seed=seed, split=split, source=source, decode=decode)
+    _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+
+
 def _checked_recipe(recipe: Path | None) -> Path:
     """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line."""
     from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths

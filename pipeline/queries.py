@@ -26,6 +26,24 @@ ORDER BY s.source
 """
 REJECTS_BY_REASON_SQL = "SELECT source, reason, count(*) AS records FROM rejects GROUP BY ALL ORDER BY source, reason"
 EVAL_SQL = "SELECT step, round(val_loss, 4) AS val_loss, round(val_ppl, 2) AS val_ppl FROM eval_metrics ORDER BY step"
+TOKEN_MIX_SQL = """
+WITH docs AS (SELECT split, source, count(*) AS num_documents, sum(num_chars) AS num_chars
+              FROM documents GROUP BY ALL),
+     toks AS (SELECT split, source, count(*) AS num_shards, sum(num_rows) AS num_rows, sum(num_tokens) AS num_tokens
+              FROM shards GROUP BY ALL)
+SELECT split, source, coalesce(d.num_documents, 0) AS num_documents, coalesce(d.num_chars, 0)::BIGINT AS num_chars,
+       t.num_shards, t.num_rows::BIGINT AS num_rows, t.num_tokens::BIGINT AS num_tokens,
+       round(100 * t.num_tokens / sum(t.num_tokens) OVER (PARTITION BY split), 2) AS pct_of_split_tokens,
+       round(t.num_tokens / nullif(d.num_chars, 0), 4) AS tokens_per_char
+FROM toks t LEFT JOIN docs d USING (split, source)
+ORDER BY split, source
+"""
+NEAR_DUPLICATE_PAIRS_SQL = """
+SELECT d.similarity, d.source, d.doc_id, d.uri AS removed_uri, d.duplicate_of, k.uri AS kept_uri
+FROM duplicates d LEFT JOIN _docs k ON k.doc_id = d.duplicate_of
+WHERE d.kind = 'near'
+ORDER BY d.similarity DESC, d.doc_id
+"""
 
 
 def _rows(run_dir: Path, sql: str) -> list[dict[str, Any]]:
@@ -49,3 +67,15 @@ def rejects_by_reason(run_dir: Path) -> list[dict[str, Any]]:
 def eval_history(run_dir: Path) -> list[dict[str, Any]]:
     """Every evaluation: ``step, val_loss, val_ppl``."""
     return _rows(run_dir, EVAL_SQL)
+
+
+def token_mix(run_dir: Path) -> list[dict[str, Any]]:
+    """Per split and source: ``split, source, num_documents, num_chars, num_shards, num_rows, num_tokens``
+    (EOS included, padding excluded), ``pct_of_split_tokens``, ``tokens_per_char``."""
+    return _rows(run_dir, TOKEN_MIX_SQL)
+
+
+def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:
+    """Every near duplicate with its survivor, most similar first:
+    ``similarity, source, doc_id, removed_uri, duplicate_of, kept_uri``."""
+    return _rows(run_dir, NEAR_DUPLICATE_PAIRS_SQL)

@@ -115,10 +115,17 @@ class ShardTokens:
         self.metadata = shard_metadata(path)
         self.seq_len = int(self.metadata["seq_len"])
         self._mmap = pa.memory_map(str(path))
-        reader = ipc.open_file(self._mmap)
-        arrays = [reader.get_batch(i).column("input_ids") for i in range(reader.num_record_batches)]
+        try:
+            reader = ipc.open_file(self._mmap)
+            token_type = _checked_token_type(path, reader.schema, self.seq_len)
+            arrays = [reader.get_batch(i).column("input_ids") for i in range(reader.num_record_batches)]
+        except BaseException:
+            self._mmap.close()
+            raise
         # ``.values`` ignores slice offsets (FACTS.md); batches written by write_shard are never sliced.
         views = [arr.values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len) for arr in arrays]
+        if not views:
+            views = [np.zeros((0, self.seq_len), dtype=token_type.to_pandas_dtype())]
         self.tokens = views[0] if len(views) == 1 else np.concatenate(views)
 
     def __len__(self) -> int:
@@ -126,6 +133,17 @@ class ShardTokens:
 
     def close(self) -> None:
         self._mmap.close()
+
+
+def _checked_token_type(path: Path, schema: pa.Schema, seq_len: int) -> pa.DataType:
+    """The id type of ``input_ids``; ShardFormatError unless it is fixed_size_list<unsigned int>[seq_len]."""
+    field = schema.field("input_ids") if "input_ids" in schema.names else None
+    if (field is None or not pa.types.is_fixed_size_list(field.type) or field.type.list_size != seq_len
+            or not pa.types.is_unsigned_integer(field.type.value_type)):
+        found = "no input_ids column" if field is None else f"input_ids {field.type}"
+        raise ShardFormatError(f"{path}: {found}, expected fixed_size_list<uint16|uint32>[{seq_len}]; "
+                               "it was not written by tokenmill's packer, re-run `tokenmill prepare`.")
+    return field.type.value_type
 
 
 def write_shard_index(run_dir: Path, infos: list[ShardInfo]) -> None:
@@ -175,20 +193,32 @@ def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
         return [f"{info.path}: sha256 differs from the index (corrupted or modified)"]
     try:
         metadata = shard_metadata(path)
-        shard = ShardTokens(path)
     except ShardFormatError as err:
         return [str(err)]
-    faults = []
+    if not metadata["vocab_size"].isdigit() or not metadata["seq_len"].isdigit():
+        return [f"{info.path}: metadata vocab_size={metadata['vocab_size']!r}, seq_len={metadata['seq_len']!r} "
+                "are not whole numbers"]
+    faults = [f"{info.path}: metadata {key}={metadata[key]!r}, index says {want!r}"
+              for key, want in (("split", info.split), ("source", info.source),
+                                ("tokenizer_sha256", info.tokenizer_sha256), ("seq_len", str(info.seq_len)))
+              if metadata[key] != want]
     vocab_size = int(metadata["vocab_size"])
     expected = shard_schema(pa.from_numpy_dtype(token_dtype_for_vocab(vocab_size)), info.seq_len, {})
     with pa.memory_map(str(path)) as source:
         actual = ipc.open_file(source).schema.remove_metadata()
     if not actual.equals(expected):
-        faults.append(f"{info.path}: schema differs from the shard contract")
-    for key, want in (("split", info.split), ("source", info.source),
-                      ("tokenizer_sha256", info.tokenizer_sha256), ("seq_len", str(info.seq_len))):
-        if metadata[key] != want:
-            faults.append(f"{info.path}: metadata {key}={metadata[key]!r}, index says {want!r}")
+        # Rows are read only from a shard of the contract's layout (another one may not even have token rows).
+        return [*faults, f"{info.path}: schema differs from the shard contract"]
+    return faults + _verify_rows(path, info, vocab_size)
+
+
+def _verify_rows(path: Path, info: ShardInfo, vocab_size: int) -> list[str]:
+    """Row count against the index and every token id against the vocab size."""
+    try:
+        shard = ShardTokens(path)
+    except ShardFormatError as err:
+        return [str(err)]
+    faults = []
     if len(shard) != info.num_rows:
         faults.append(f"{info.path}: {len(shard)} rows, index says {info.num_rows}")
     if len(shard) and int(shard.tokens.max()) >= vocab_size:

@@ -15,7 +15,7 @@ from tests.conftest import build_query_run
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 COMMANDS = [[], ["run"], ["prepare"], ["train"], ["query"], ["report"], ["generate"], ["serve"], ["shards"],
-            ["shards", "verify"]]
+            ["shards", "verify"], ["shards", "stats"], ["shards", "sample"]]
 
 
 def tokenmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -117,3 +117,12 @@ def test_unreadable_file_mid_flow_names_the_file_without_traceback(tmp_path: Pat
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "truncated.jsonl.gz" in errors[0] and "on_error: skip" in errors[0]
     assert result.stderr.count("Retry") == 0, "bad input is not retried"
+
+
+def test_shards_stats_and_sample_on_a_real_run(tmp_path: Path) -> None:
+    run = build_query_run(tmp_path / "run")
+    stats = json.loads(tokenmill("shards", "stats", str(run), "--format", "json").stdout)
+    assert [(row["split"], row["source"], row["num_rows"], row["num_tokens"]) for row in stats] == \
+        [("train", "a", 2, 16)]
+    sample = json.loads(tokenmill("shards", "sample", str(run), "--n", "1", "--no-decode", "--format", "json").stdout)
+    assert len(sample) == 1 and sample[0]["shard_path"].startswith("shards/split=train/")
