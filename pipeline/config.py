@@ -35,12 +35,33 @@ class NearDedupeConfig(FrozenConfig):
     """MinHash permutations (signature length)."""
     ngram: int = Field(default=5, ge=1, le=32)
     """Shingle size in words."""
+    exact_verify_margin: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Candidate pairs whose MinHash estimate is within this of the threshold are decided by exact shingle
+    Jaccard (re-reading their texts); 0 decides by the estimate alone."""
+
+
+class DecontaminateConfig(FrozenConfig):
+    enabled: bool = False
+    """Drop train documents sharing a long word n-gram with the val split or an eval file (after dedupe)."""
+    ngram: int = Field(default=13, ge=3, le=32)
+    """N-gram length in words (lower-cased, whitespace-separated); 13 as in the GPT-3 contamination study."""
+    against_val: bool = True
+    """Check train documents against this run's own validation split."""
+    eval_files: list[str] = []
+    """Eval files, relative to the recipe's folder: ``.jsonl[.gz|.zst]`` (a text per line) or text (one per file)."""
+    eval_text_field: str = "text"
+    """Field holding the text in jsonl evaluation files."""
+    max_ngram_train_docs: int | None = Field(default=None, ge=1)
+    """An n-gram found in more train documents than this is boilerplate (licence header, template) and
+    alone does not contaminate; None: every shared n-gram counts."""
 
 
 class DedupeConfig(FrozenConfig):
     exact: bool = True
     """Remove documents whose normalised text was already seen (in this or an earlier run)."""
     near: NearDedupeConfig = NearDedupeConfig()
+    decontaminate: DecontaminateConfig = DecontaminateConfig()
+    """Train/eval decontamination, run by ``pipeline.decontaminate.decontaminate_documents`` after dedupe."""
 
 
 def load_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:

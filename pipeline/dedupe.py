@@ -1,15 +1,17 @@
 """Dedupe stage: ``docs/part-*.parquet`` -> ``dedupe/duplicates.parquet`` (exact, then near via MinHash + LSH).
 
-Incremental by design: signatures are cached per part (``dedupe/minhash/``), and a document kept by an
-earlier dedupe run is never removed later, because its tokens may already be in shards. Such "locked"
-documents win every exact group and near cluster they are in; otherwise the survivor is the earliest
-document by (part_id, row).
+Incremental by design: signatures and LSH band keys are cached per part (``dedupe/minhash/``,
+``dedupe/bands/``), and a document kept by an earlier dedupe run is never removed later, because its
+tokens may already be in shards. Such "locked" documents win every exact group and near cluster they
+are in; otherwise the survivor is the earliest document by (part_id, row).
+
+Memory holds the per-document catalog (~0.15 KB/doc: ids, uri, content hash) and the near-duplicate
+candidates, never all signatures (0.5 KB/doc at 128 permutations): see :mod:`pipeline.near_dedupe`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +23,15 @@ from pipeline import minhash
 from pipeline.atomic import atomic_path, read_json, write_json_atomic
 from pipeline.config import DedupeConfig
 from pipeline.documents import DUPLICATES_FILE, document_part_files
+from pipeline.near_dedupe import BANDS_DIR, MINHASH_DIR, DocsPart, NearIndex, PairScorer
 from pipeline.rundir import RunPaths, fingerprint
 from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 
 STATE_FILE = "state.json"
 CLUSTERS_FILE = "clusters.parquet"
-MINHASH_DIR = "minhash"
-SIGNATURE_BATCH_ROWS = 512
+VERSION = 2
+"""Dedupe decision rules; part of the state fingerprint. 2: exact Jaccard decides pairs near the threshold."""
+__all__ = ["BANDS_DIR", "MINHASH_DIR", "DocsPart", "dedupe_documents"]
 CATALOG_COLUMNS = ["doc_id", "source", "source_id", "uri", "content_hash"]
 
 CLUSTERS_SCHEMA = pa.schema(
@@ -37,20 +41,11 @@ CLUSTERS_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("uri", pa.string(), nullable=False),
         pa.field("kept", pa.bool_(), nullable=False),
-        pa.field("similarity", pa.float64(), nullable=False),  # estimated Jaccard to the survivor
+        pa.field("similarity", pa.float64(), nullable=False),  # Jaccard to the survivor (see PairScorer)
     ],
     metadata={"artifact": "near_duplicate_clusters"},
 )
 """``dedupe/clusters.parquet``: one row per member of every near-duplicate cluster (for inspection)."""
-
-
-@dataclass(frozen=True)
-class DocsPart:
-    """A finished documents part and the fingerprint its marker recorded (the signature cache key)."""
-
-    part_id: int
-    path: Path
-    fingerprint: str
 
 
 @dataclass
@@ -62,7 +57,7 @@ class Decisions:
     similarity: np.ndarray
     cluster_members: np.ndarray  # documents in near clusters of two or more (index into the catalog)
     cluster_survivors: np.ndarray  # each member's cluster survivor
-    cluster_similarity: np.ndarray  # each member's estimated Jaccard to it
+    cluster_similarity: np.ndarray  # each member's Jaccard to it (see PairScorer)
 
 
 def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
@@ -73,7 +68,8 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
     the recorded summary without work.
     """
     parts = finished_parts(paths)
-    run_fingerprint = fingerprint("dedupe", config.model_dump(), minhash.IMPLEMENTATION,
+    settings = config.model_dump(exclude={"decontaminate"})  # a later stage's settings; not dedupe's
+    run_fingerprint = fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION,
                                   [(part.part_id, part.fingerprint) for part in parts])
     state_path = paths.dedupe / STATE_FILE
     state = read_json(state_path) if state_path.is_file() else {"parts": {}}
@@ -81,7 +77,7 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
         return state["summary"]
     catalog, part_ids = load_catalog(parts)
     locked = locked_documents(catalog, part_ids, parts, state, paths)
-    decisions = decide(catalog, locked, parts, paths, config)
+    decisions = decide(catalog, part_ids, locked, parts, paths, config)
     summary = write_outputs(catalog, decisions, paths)
     write_json_atomic(state_path, {"fingerprint": run_fingerprint, "summary": summary,
                                    "parts": {str(part.part_id): part.fingerprint for part in parts}})
@@ -128,7 +124,7 @@ def preferred_survivor(groups: np.ndarray, locked: np.ndarray) -> np.ndarray:
     return best[groups] % max(num, 1)
 
 
-def decide(catalog: pa.Table, locked: np.ndarray, parts: list[DocsPart], paths: RunPaths,
+def decide(catalog: pa.Table, part_ids: np.ndarray, locked: np.ndarray, parts: list[DocsPart], paths: RunPaths,
            config: DedupeConfig) -> Decisions:
     """Exact groups by content hash, then near clusters among the exact survivors."""
     num_docs = catalog.num_rows
@@ -142,21 +138,24 @@ def decide(catalog: pa.Table, locked: np.ndarray, parts: list[DocsPart], paths: 
     empty = np.empty(0, dtype=np.int64)
     decisions = Decisions(survivor, kind, similarity, empty, empty, np.empty(0))
     if config.near.enabled and num_docs:
-        signatures = np.concatenate([part_signatures(part, paths, config) for part in parts])
-        apply_near(decisions, signatures, locked, config)
+        doc_offsets = np.searchsorted(part_ids, [part.part_id for part in parts]).tolist()
+        apply_near(decisions, NearIndex(parts, doc_offsets, paths, config), locked, config)
     return decisions
 
 
-def apply_near(decisions: Decisions, signatures: np.ndarray, locked: np.ndarray, config: DedupeConfig) -> None:
-    """Cluster the exact survivors by verified MinHash similarity; remove all but each cluster's survivor."""
-    members = np.flatnonzero(decisions.survivor == np.arange(len(decisions.survivor)))
-    member_signatures = signatures[members]
-    bands, rows = minhash.lsh_params(config.near.threshold, config.near.num_perm)
-    left, right = minhash.candidate_pairs(minhash.band_keys(member_signatures, bands, rows))
-    verified = minhash.estimated_jaccard(member_signatures, left, right) >= config.near.threshold
-    labels = minhash.connected_components(len(members), left[verified], right[verified])
+def apply_near(decisions: Decisions, index: NearIndex, locked: np.ndarray, config: DedupeConfig) -> None:
+    """Cluster the exact survivors by verified similarity; remove all but each cluster's survivor."""
+    is_member = decisions.survivor == np.arange(len(decisions.survivor))
+    members = np.flatnonzero(is_member)
+    left_docs, right_docs = index.candidate_pairs(np.flatnonzero(~is_member))
+    scorer = PairScorer(index, np.unique(np.concatenate([left_docs, right_docs])))
+    verified = scorer.similarity(left_docs, right_docs) >= config.near.threshold
+    left, right = np.searchsorted(members, left_docs[verified]), np.searchsorted(members, right_docs[verified])
+    labels = minhash.connected_components(len(members), left, right)
     cluster_survivor = preferred_survivor(labels, locked[members])
-    similarity = minhash.estimated_jaccard(member_signatures, np.arange(len(members)), cluster_survivor)
+    in_cluster = np.bincount(labels, minlength=len(members))[labels] > 1
+    similarity = np.ones(len(members))  # a member outside every cluster is its own survivor
+    similarity[in_cluster] = scorer.similarity(members[in_cluster], members[cluster_survivor[in_cluster]])
     removed = (cluster_survivor != np.arange(len(members))) & ~locked[members]
     decisions.survivor[members[removed]] = members[cluster_survivor[removed]]
     decisions.kind[members[removed]] = "near"
@@ -167,32 +166,9 @@ def apply_near(decisions: Decisions, signatures: np.ndarray, locked: np.ndarray,
     decisions.survivor[exact_of_removed] = decisions.survivor[via]
     decisions.kind[exact_of_removed] = "near"
     decisions.similarity[exact_of_removed] = decisions.similarity[via]
-    in_cluster = np.bincount(labels, minlength=len(members))[labels] > 1
     decisions.cluster_members = members[in_cluster]
     decisions.cluster_survivors = members[cluster_survivor[in_cluster]]
     decisions.cluster_similarity = similarity[in_cluster]
-
-
-def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
-    """MinHash signatures of one docs part, from ``dedupe/minhash/part-NNNNN.parquet`` when still valid."""
-    near = config.near
-    cache = paths.dedupe / MINHASH_DIR / part.path.name
-    metadata = {"docs_fingerprint": part.fingerprint, "implementation": minhash.IMPLEMENTATION,
-                "num_perm": str(near.num_perm), "ngram": str(near.ngram), "seed": str(minhash.MINHASH_SEED)}
-    if cache.is_file():
-        table = pq.read_table(cache)
-        stored = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
-        if all(stored.get(key) == value for key, value in metadata.items()):
-            return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
-    parquet = pq.ParquetFile(part.path)
-    batches = [minhash.signatures(batch.column("text"), near.num_perm, near.ngram)
-               for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])]
-    signatures = np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
-    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
-    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, near.num_perm)})
-    with atomic_path(cache) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
-    return signatures
 
 
 def write_outputs(catalog: pa.Table, decisions: Decisions, paths: RunPaths) -> dict[str, int]:

@@ -9,9 +9,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.ingest import doc_id_for
 from pipeline.rundir import RunPaths
 
 DUPLICATES_FILE = "duplicates.parquet"
+CONTAMINATED_FILE = "contaminated.parquet"
+"""``rejects/contaminated.parquet``: train documents the decontaminate stage removed (REJECTS_SCHEMA)."""
 
 
 def document_part_files(paths: RunPaths) -> list[Path]:
@@ -21,11 +24,16 @@ def document_part_files(paths: RunPaths) -> list[Path]:
 
 
 def removed_doc_ids(paths: RunPaths) -> pa.Array:
-    """doc_ids the dedupe stage removed (empty before dedupe has run)."""
+    """doc_ids the dedupe stage removed, then those the decontaminate stage removed (empty before either ran)."""
+    removed = []
     path = paths.dedupe / DUPLICATES_FILE
-    if not path.is_file():
-        return pa.array([], type=pa.int64())
-    return pq.read_table(path, columns=["doc_id"]).column("doc_id").combine_chunks()
+    if path.is_file():
+        removed.append(pq.read_table(path, columns=["doc_id"]).column("doc_id").combine_chunks())
+    contaminated = paths.rejects / CONTAMINATED_FILE
+    if contaminated.is_file():
+        rows = pq.read_table(contaminated, columns=["source", "uri"]).to_pylist()  # doc_id = hash(source, uri)
+        removed.append(pa.array([doc_id_for(row["source"], row["uri"]) for row in rows], pa.int64()))
+    return pa.concat_arrays(removed) if removed else pa.array([], type=pa.int64())
 
 
 def iter_documents(

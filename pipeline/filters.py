@@ -1,20 +1,49 @@
-"""Filter stage: normalise each ingested text, hash it for exact dedupe, reject low-quality documents.
+"""Filter stage: normalise each ingested text, redact PII, hash it for exact dedupe, reject low-quality documents.
 
 Every function here runs once per document on the ingest hot path, so each is built from C-speed
-``str`` methods and compiled regexes; no Python loop visits individual characters.
+``str`` methods, sets and compiled regexes; no Python loop visits individual characters.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import unicodedata
+from collections import Counter
 
+import numpy as np
 import xxhash
 
 from pipeline.manifest import FilterConfig
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+# ASCII bytes that are neither letters, digits nor whitespace ("_" included): deleted to count symbols.
+_ASCII_SYMBOL_BYTES = bytes(b for b in range(128) if not chr(b).isalnum() and not chr(b).isspace())
+# Class of each byte of ASCII text: 0 letter/digit, 1 whitespace (as str.split sees it), 2 symbol.
+_ASCII_CLASS = np.zeros(256, dtype=np.uint8)
+_ASCII_CLASS[[b for b in range(128) if chr(b).isspace()]] = 1
+_ASCII_CLASS[list(_ASCII_SYMBOL_BYTES)] = 2
+_ASCII_RUNS = re.compile(r"[\x00-\x7f]+")
+# Runs of characters that are not letters or digits (``\W`` plus ``_``): deleting them leaves the alphanumerics.
+_NON_ALPHANUMERIC_RUNS = re.compile(r"[\W_]+")
+
+EMAIL_PLACEHOLDER = "<EMAIL>"
+IP_PLACEHOLDER = "<IP>"
+# Each PII pattern starts with a literal ("@", ":") or a digit, so the regex engine skips ahead to the few
+# places worth trying instead of attempting a match at every character (measured 2-6x faster on the stdlib).
+_EMAIL_DOMAIN = re.compile(r"@(?:[A-Za-z0-9-]++\.)+[A-Za-z]{2,}+(?![A-Za-z0-9-])")
+_EMAIL_LOCAL = re.compile(r"[A-Za-z0-9._%+-]+\Z")
+_EMAIL_LOCAL_MAX_CHARS = 64
+_IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}(?!\w|\.[0-9])")
+# Every IPv6 address has two colons with at most four hex digits between them: the anchor; the full
+# candidate is matched from the hex digits just before it, then checked by ``ipaddress``.
+_IPV6_ANCHOR = re.compile(r":[0-9A-Fa-f]{0,4}:")
+_HEX_TAIL = re.compile(r"[0-9A-Fa-f]{1,4}\Z")
+_IPV6_CANDIDATE = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:(?:[0-9]{1,3}\.){3}[0-9]{1,3}|[0-9A-Fa-f]{1,4})?"
+                             r"(?![\w:]|\.[0-9])")
+MIN_IPV6_GROUPS = 3
+"""An IPv6 candidate needs this many non-empty groups (or an embedded IPv4) to be redacted: ``x[1::2]`` is code."""
 
 
 def normalise_text(text: str) -> str:
@@ -43,11 +72,82 @@ def count_control_chars(text: str) -> int:
     return _CONTROL_CHARS.subn("", text)[1]
 
 
+def redact_pii(text: str) -> tuple[str, Counter[str]]:
+    """``text`` with e-mail addresses replaced by ``<EMAIL>`` and IPv4/IPv6 addresses by ``<IP>``.
+
+    Returns the new text and how many of each were replaced (``{"email": n, "ip": m}``, zero counts left
+    out). IPv6 forms with fewer than ``MIN_IPV6_GROUPS`` groups (``::1``, ``fe80::1``) are left alone: they
+    cannot be told apart from slices such as ``x[1::2]``. Dotted quads with an octet above 255 are not IPs.
+    """
+    counts: Counter[str] = Counter()
+    if "@" in text:
+        text, counts["email"] = _replace_spans(text, _email_spans(text), EMAIL_PLACEHOLDER)
+    if ":" in text:
+        text, counts["ip"] = _replace_spans(text, _ipv6_spans(text), IP_PLACEHOLDER)
+    if "." in text:
+        spans = [match.span() for match in _IPV4.finditer(text)
+                 if all(int(octet) <= 255 for octet in match.group(0).split("."))]
+        text, num_ipv4 = _replace_spans(text, spans, IP_PLACEHOLDER)
+        counts["ip"] += num_ipv4
+    return text, +counts
+
+
+def _email_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every e-mail address: a domain after "@", then the local part just before it."""
+    spans = []
+    for match in _EMAIL_DOMAIN.finditer(text):
+        at = match.start()
+        local = _EMAIL_LOCAL.search(text, max(0, at - _EMAIL_LOCAL_MAX_CHARS), at)
+        if local is not None and (not spans or local.start() >= spans[-1][1]):
+            spans.append((local.start(), match.end()))
+    return spans
+
+
+def _ipv6_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every IPv6 address worth redacting (see :func:`redact_pii`)."""
+    spans: list[tuple[int, int]] = []
+    position = 0
+    while (anchor := _IPV6_ANCHOR.search(text, position)) is not None:
+        hex_before = _HEX_TAIL.search(text, max(0, anchor.start() - 4), anchor.start())
+        start = hex_before.start() if hex_before is not None else anchor.start()
+        candidate = _IPV6_CANDIDATE.match(text, start)
+        position = anchor.start() + 1
+        if candidate is not None and candidate.end() > anchor.start() + 1 and _is_redactable_ipv6(candidate.group(0)):
+            spans.append(candidate.span())
+            position = candidate.end()
+    return spans
+
+
+def _is_redactable_ipv6(candidate: str) -> bool:
+    groups = [group for group in candidate.split(":") if group]
+    if len(groups) < MIN_IPV6_GROUPS and "." not in candidate:
+        return False
+    try:
+        ipaddress.IPv6Address(candidate)
+    except ValueError:
+        return False
+    return True
+
+
+def _replace_spans(text: str, spans: list[tuple[int, int]], placeholder: str) -> tuple[str, int]:
+    """``text`` with each of the sorted, disjoint ``spans`` replaced by ``placeholder``, and their count."""
+    if not spans:
+        return text, 0
+    pieces, previous = [], 0
+    for start, end in spans:
+        pieces.append(text[previous:start])
+        pieces.append(placeholder)
+        previous = end
+    pieces.append(text[previous:])
+    return "".join(pieces), len(spans)
+
+
 def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
     """``(reason, detail)`` when the normalised ``text`` fails a quality filter, else None.
 
-    Reasons are ``REJECT_REASONS`` keys: empty, too_long, binary, too_short (checked in that order, so
-    a huge binary blob is reported as too_long without scanning it).
+    Reasons are ``REJECT_REASONS`` keys, checked in this order (a huge binary blob is reported as
+    too_long without scanning it): empty, too_long, binary, too_short, mean_word_length, symbol_ratio,
+    duplicate_lines.
     """
     num_chars = len(text)
     if num_chars == 0:
@@ -63,6 +163,80 @@ def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
         )
     if num_chars < filters.min_chars:
         return "too_short", f"{num_chars} characters, below filters.min_chars={filters.min_chars}"
+    return _check_words(text, filters) or _check_duplicate_lines(text, filters)
+
+
+def _check_words(text: str, filters: FilterConfig) -> tuple[str, str] | None:
+    """Mean word length and symbol/alphanumeric ratio (words: whitespace-separated runs)."""
+    num_words, num_word_chars, num_symbols = _word_counts(text)
+    mean_length = num_word_chars / max(num_words, 1)
+    if not filters.min_mean_word_length <= mean_length <= filters.max_mean_word_length:
+        return "mean_word_length", (
+            f"mean word length {mean_length:.1f} characters over {num_words} words, outside filters."
+            f"min_mean_word_length={filters.min_mean_word_length}..max_mean_word_length="
+            f"{filters.max_mean_word_length}"
+        )
+    num_alphanumeric = num_word_chars - num_symbols
+    if num_symbols > filters.max_symbol_ratio * num_alphanumeric:
+        ratio = num_symbols / max(num_alphanumeric, 1)
+        return "symbol_ratio", (
+            f"{num_symbols} symbols to {num_alphanumeric} letters/digits (ratio {ratio:.2f}), above "
+            f"filters.max_symbol_ratio={filters.max_symbol_ratio}"
+        )
+    return None
+
+
+def _word_counts(text: str) -> tuple[int, int, int]:
+    """``(words, characters in words, symbols)``; words are what ``str.split()`` returns.
+
+    ASCII text (most code) is classified byte by byte with a numpy lookup table (~3.5x faster than
+    splitting into word objects); other text goes through ``str.split`` and :func:`count_symbols`.
+    """
+    if text.isascii():
+        classes = _ASCII_CLASS[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+        space = classes == 1
+        num_word_chars = len(classes) - int(np.count_nonzero(space))
+        num_words = int(np.count_nonzero(space[:-1] & ~space[1:])) + int(len(space) > 0 and not space[0])
+        return num_words, num_word_chars, int(np.count_nonzero(classes == 2))
+    words = text.split()
+    joined = "".join(words)
+    return len(words), len(joined), count_symbols(joined)
+
+
+def count_symbols(text: str) -> int:
+    """Characters of ``text`` that are neither letters, digits nor whitespace (``_`` counts as a symbol).
+
+    ASCII symbols are counted by deleting them from the UTF-8 bytes (C speed; a multi-byte UTF-8 sequence
+    never contains an ASCII byte); only the non-ASCII characters, if any, go through a regex.
+    """
+    encoded = text.encode("utf-8", "surrogatepass")
+    num_symbols = len(encoded) - len(encoded.translate(None, _ASCII_SYMBOL_BYTES))
+    if not text.isascii():
+        non_ascii = _ASCII_RUNS.sub("", text)
+        non_ascii = "".join(non_ascii.split())
+        num_symbols += len(non_ascii) - len(_NON_ALPHANUMERIC_RUNS.sub("", non_ascii))
+    return num_symbols
+
+
+def duplicate_line_fraction(text: str) -> float:
+    """Share of the text's non-newline characters that lie in lines repeating an earlier line (0..1).
+
+    Weighted by characters, so a repeated ``else:`` or ``}`` weighs little and a repeated paragraph a lot.
+    """
+    lines = text.split("\n")
+    num_chars = len(text) - len(lines) + 1
+    if num_chars <= 0:
+        return 0.0
+    return (num_chars - len("".join(set(lines)))) / num_chars
+
+
+def _check_duplicate_lines(text: str, filters: FilterConfig) -> tuple[str, str] | None:
+    fraction = duplicate_line_fraction(text)
+    if fraction > filters.max_duplicate_line_fraction:
+        return "duplicate_lines", (
+            f"{fraction:.1%} of the characters are in repeated lines, above "
+            f"filters.max_duplicate_line_fraction={filters.max_duplicate_line_fraction}"
+        )
     return None
 
 

@@ -22,7 +22,7 @@ import xxhash
 
 from pipeline.atomic import atomic_path, read_json, write_json_atomic
 from pipeline.errors import ManifestError
-from pipeline.filters import check_filters, content_hash, normalise_text, split_for
+from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
 from pipeline.readers import Record, Reject, read_file
 from pipeline.rundir import RunPaths, fingerprint
@@ -31,8 +31,9 @@ from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
 ROW_GROUP_ROWS = 65_536
-ROW_GROUP_CHARS = 32 << 20
-"""A row group is flushed at this many rows or characters of text, whichever comes first (bounded memory)."""
+ROW_GROUP_CHARS = 8 << 20
+"""A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
+here, and for every later reader (a row group is the least a Parquet reader decompresses)."""
 DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -231,7 +232,8 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths) -> dict[
     """Read, normalise and filter one part; write its documents, rejects and (last) its marker.
 
     Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
-    "num_bytes"}``; a part already done with the same settings returns its recorded summary at once.
+    "redactions_by_kind", "num_bytes"}`` (redactions are counted in every record that reached the filters);
+    a part already done with the same settings returns its recorded summary at once.
     Raises SourceReadError for an unreadable file of an ``on_error: fail`` source.
     """
     manifest_path = Path(part.manifest_path)
@@ -262,12 +264,14 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
                 paths: RunPaths) -> dict[str, Any]:
     name = f"part-{part.part_id:05d}.parquet"
     reasons: Counter[str] = Counter()
+    redactions: Counter[str] = Counter()
     num_documents = 0
     with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
         docs, rejects = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA), _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         for rel in part.files:
             for item in read_file(root / rel, rel, source):
-                row = _document_row(item, source.name, filters, val_fraction) if isinstance(item, Record) else item
+                row = (_document_row(item, source.name, filters, val_fraction, redactions)
+                       if isinstance(item, Record) else item)
                 if isinstance(row, Reject):
                     rejects.append(_reject_row(row, source.name), len(row.raw or b""))
                     reasons[row.reason] += 1
@@ -280,11 +284,17 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     return {"part_id": part.part_id, "source": part.source, "num_records": num_documents + num_rejects,
             "num_documents": num_documents, "num_rejects": num_rejects,
             "rejects_by_reason": dict(sorted(reasons.items())),
+            "redactions_by_kind": dict(sorted(redactions.items())),
             "num_bytes": sum(_stat_file(root / rel, rel).size for rel in part.files if (root / rel).exists())}
 
 
-def _document_row(record: Record, source: str, filters: FilterConfig, val_fraction: float) -> dict | Reject:
+def _document_row(record: Record, source: str, filters: FilterConfig, val_fraction: float,
+                  redactions: Counter[str]) -> dict | Reject:
+    """Normalise, redact (when configured: before hashing, so copies differing only in PII collapse), filter."""
     text = normalise_text(record.text)
+    if filters.redact_pii:
+        text, found = redact_pii(text)
+        redactions.update(found)
     failed = check_filters(text, filters)
     if failed is not None:
         raw = record.raw if record.raw is not None else record.text.encode("utf-8")

@@ -9,7 +9,10 @@ implementation name is recorded with them and a cache made by the other one is r
 from __future__ import annotations
 
 import functools
+import itertools
+from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,12 +25,14 @@ except ImportError:  # pragma: no cover - rensa is a declared dependency; numpy 
 
 MINHASH_SEED = 0x70CE
 """Fixed seed: signatures must be identical across runs and machines (they are cached and compared)."""
+WORDS_VERSION = "ascii-words-1"
+"""How texts become words (:func:`word_hashes`); stored beside cached signatures with the implementation."""
 NUMPY_IMPLEMENTATION = "numpy-multiply-shift-1"
 IMPLEMENTATION = f"rensa-rminhash-{RMinHash.ALGORITHM_VERSION}" if RMinHash is not None else NUMPY_IMPLEMENTATION
 """Name of the MinHash implementation in use, stored beside cached signatures."""
 CANDIDATE_WINDOW = 8
 """Within an LSH bucket each document is compared with the bucket's first and its next 8 members."""
-_FALSE_POSITIVE_WEIGHT = 0.1
+_FALSE_POSITIVE_WEIGHT = 0.02
 _VERIFY_CHUNK_PAIRS = 1 << 16
 _NUMPY_CHUNK_SHINGLES = 1 << 14
 
@@ -48,14 +53,16 @@ def _fmix64(values: np.ndarray) -> np.ndarray:
 
 
 def word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Lower-cased whitespace-separated words as uint64 hashes, flat, with int64 per-document offsets.
+    """ASCII-lower-cased words (split on ASCII whitespace) as uint64 hashes, flat, with int64 per-document offsets.
 
+    The same words as Python's ``text.encode().lower().split()``: ASCII-only case folding and splitting
+    measured 2.7x faster than Arrow's Unicode ones on the stdlib, and non-ASCII bytes are kept as they are.
     Only the distinct words of the batch are hashed in Python (a dictionary of ~1/30 of the words on
     source code); every occurrence is then a numpy gather.
     """
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
-    words = pc.utf8_split_whitespace(pc.utf8_lower(texts))
+    words = pc.ascii_split_whitespace(pc.ascii_lower(texts))
     flat = pc.list_flatten(words)
     doc_of_word = pc.list_parent_indices(words).to_numpy()
     keep = pc.greater(pc.binary_length(flat), 0)
@@ -79,15 +86,33 @@ def shingle_hashes(hashes: np.ndarray, offsets: np.ndarray, ngram: int) -> tuple
     num_shingles = np.maximum(num_words - ngram + 1, 1)
     shingle_offsets = np.zeros(len(num_words) + 1, dtype=np.int64)
     np.cumsum(num_shingles, out=shingle_offsets[1:])
-    doc = np.repeat(np.arange(len(num_words)), num_shingles)
-    starts = offsets[doc] + np.arange(shingle_offsets[-1]) - shingle_offsets[doc]
-    lengths = np.minimum(num_words[doc], ngram)
-    padded = np.append(hashes, np.zeros(ngram, dtype=np.uint64))  # reads past a short document's end are masked
+    # Windowed sum over the flat word array with plain slices (no gathers), then the windows that start
+    # a shingle inside one document: all words but each document's last ngram-1.
+    padded = np.append(hashes, np.zeros(ngram, dtype=np.uint64))
+    window = np.full(len(hashes), ngram, dtype=np.uint64)
+    for position in range(ngram):
+        window += padded[position : position + len(hashes)] * _POSITION_MULTIPLIERS[position]
+    full = num_words >= ngram
+    starts = np.ones(len(hashes), dtype=bool)
+    tails = np.repeat(offsets[1:][full], ngram - 1) - np.tile(np.arange(1, ngram), int(full.sum()))
+    starts[tails] = False
+    starts[np.repeat(~full, num_words)] = False
+    combined = np.empty(shingle_offsets[-1], dtype=np.uint64)
+    combined[np.repeat(full, num_shingles)] = window[starts]
+    short = np.flatnonzero(~full)
+    if len(short):  # one shingle of all its words (none: a constant)
+        combined[shingle_offsets[short]] = _short_document_shingles(padded, offsets[short], num_words[short], ngram)
+    return _fmix64(combined), shingle_offsets
+
+
+def _short_document_shingles(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray, ngram: int) -> np.ndarray:
+    """Unmixed hash of each short document's words (fewer than ngram): the same formula with the missing
+    positions left out, so a shingle's hash depends on its length."""
     combined = lengths.astype(np.uint64)
     for position in range(ngram):
         term = padded[starts + position] * _POSITION_MULTIPLIERS[position]
         combined += np.where(position < lengths, term, np.uint64(0))
-    return _fmix64(combined), shingle_offsets
+    return combined
 
 
 def minhash_rensa(shingles: np.ndarray, offsets: np.ndarray, num_perm: int) -> np.ndarray:
@@ -133,10 +158,11 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
 
     The areas are the integrals of the banding S-curve ``1-(1-s^r)^b`` below the threshold (pairs that
     become candidates needlessly) and of its complement above it (duplicates never compared), as in
-    datasketch's ``MinHashLSH``. Unlike datasketch's equal weights, false negatives weigh 0.9: every
-    candidate is verified, so a false positive costs one signature comparison while a false negative
-    loses a duplicate (at 0.8/128 this gives 14x9, which finds a pair at the threshold with p=0.87
-    instead of 9x13's 0.40).
+    datasketch's ``MinHashLSH``. Unlike datasketch's equal weights, false negatives weigh 0.98: every
+    candidate is verified (exactly, near the threshold), so a false positive costs one signature
+    comparison while a false negative loses a duplicate. At 0.8/128 this gives 17x7, which makes a pair
+    at the threshold a candidate with p=0.98 (datasketch's 9x13: 0.40; 14x9: 0.87, which measured
+    recall 0.967 on tests/pipeline/test_dedupe_quality.py against 1.000 for 17x7).
     """
     similarity = np.linspace(0.0, 1.0, 1001)
     below, above = similarity <= threshold, similarity >= threshold
@@ -168,25 +194,89 @@ def candidate_pairs(keys: np.ndarray, window: int = CANDIDATE_WINDOW) -> tuple[n
 
     In each bucket every member is paired with the bucket's earliest member (the likely survivor) and
     with its next ``window`` members, so buckets of up to window+1 documents get every pair while a
-    huge bucket (boilerplate) stays linear instead of quadratic.
+    huge bucket (boilerplate) stays linear instead of quadratic. In memory: ``keys`` is
+    ``(num_docs, bands)``; :func:`grouped_candidate_pairs` gives the same pairs out of core.
     """
     num_docs = keys.shape[0]
     lefts, rights = [], []
     for band in range(keys.shape[1]):
         order = np.argsort(keys[:, band], kind="stable")  # stable: bucket members stay in document order
         ordered = keys[order, band]
-        run_start = np.r_[True, ordered[1:] != ordered[:-1]]
-        first_of_run = order[np.maximum.accumulate(np.where(run_start, np.arange(num_docs), 0))]
-        lefts.append(first_of_run[~run_start])
-        rights.append(order[~run_start])
-        for distance in range(1, min(window, num_docs - 1) + 1):
-            same = ordered[distance:] == ordered[:-distance]
-            lefts.append(order[:-distance][same])
-            rights.append(order[distance:][same])
+        left, right = pairs_in_buckets(order, np.r_[True, ordered[1:] != ordered[:-1]], window)
+        lefts.append(left)
+        rights.append(right)
+    return unique_pairs(lefts, rights, num_docs)
+
+
+def pairs_in_buckets(docs: np.ndarray, bucket_start: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs within buckets: ``docs`` sorted by (bucket, doc), ``bucket_start`` True at each bucket's first row.
+
+    Each member is paired with its bucket's first member and with the next ``window`` members.
+    """
+    num_rows = len(docs)
+    row = np.arange(num_rows)
+    first_of_bucket = docs[np.maximum.accumulate(np.where(bucket_start, row, 0))] if num_rows else docs
+    bucket = np.cumsum(bucket_start)
+    lefts, rights = [first_of_bucket[~bucket_start]], [docs[~bucket_start]]
+    for distance in range(1, min(window, num_rows - 1) + 1):
+        same = bucket[distance:] == bucket[:-distance]
+        lefts.append(docs[:-distance][same])
+        rights.append(docs[distance:][same])
+    return np.concatenate(lefts), np.concatenate(rights)
+
+
+def unique_pairs(lefts: list[np.ndarray], rights: list[np.ndarray], num_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct pairs, each as (smaller, larger) index, sorted by (left, right)."""
     left = np.concatenate(lefts) if lefts else np.empty(0, dtype=np.int64)
     right = np.concatenate(rights) if rights else np.empty(0, dtype=np.int64)
     codes = np.unique(np.minimum(left, right).astype(np.int64) * num_docs + np.maximum(left, right))
     return codes // max(num_docs, 1), codes % max(num_docs, 1)
+
+
+DUCKDB_MEMORY_LIMIT = "128MB"
+"""DuckDB's working memory for band grouping; beyond it DuckDB spills to the run's dedupe folder."""
+# file_index: the position of the row's file in $files (an integer: a filename column would cost ~100
+# bytes per band row).
+_SHARED_BUCKET_MEMBERS_SQL = """
+WITH keys AS (
+    SELECT o.doc_offset + b."row" AS doc, b.band, b.key
+    FROM read_parquet($files) AS b JOIN part_offsets AS o ON b.file_index = o.file_index
+    WHERE NOT EXISTS (SELECT 1 FROM excluded AS e WHERE e.doc = o.doc_offset + b."row")),
+shared AS (SELECT band, key FROM keys GROUP BY band, key HAVING count(*) > 1)
+SELECT band, key, doc FROM keys SEMI JOIN shared USING (band, key) ORDER BY band, key, doc
+"""
+
+
+def grouped_candidate_pairs(band_files: list[Path], doc_offsets: list[int], excluded: np.ndarray,
+                            temp_dir: Path, window: int = CANDIDATE_WINDOW) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`candidate_pairs` out of core: DuckDB groups the band keys stored in Parquet files.
+
+    Each file holds one part's ``row`` (int32, within the part), ``band`` (int16) and ``key`` (uint64);
+    its documents are numbered from its ``doc_offsets`` entry. Documents in ``excluded`` take no part.
+    Only rows of buckets with two or more members come back, so memory grows with the documents that
+    share a bucket (the candidates), not with the corpus; DuckDB spills to ``temp_dir`` when it must.
+    Returns unique ``(left, right)`` document numbers, left < right, sorted.
+    """
+    if not band_files:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    names = [str(path) for path in band_files]
+    config = {"temp_directory": str(temp_dir), "preserve_insertion_order": False, "memory_limit": DUCKDB_MEMORY_LIMIT}
+    with duckdb.connect(":memory:", config=config) as con:
+        con.register("part_offsets", pa.table({"file_index": pa.array(range(len(names)), pa.int64()),
+                                               "doc_offset": pa.array(doc_offsets, pa.int64())}))
+        con.register("excluded", pa.table({"doc": pa.array(excluded, pa.int64())}))
+        members = con.sql(_SHARED_BUCKET_MEMBERS_SQL, params={"files": names}).to_arrow_table()
+    band = members.column("band").to_numpy()
+    key = members.column("key").to_numpy()
+    docs = members.column("doc").to_numpy()
+    num_docs = int(docs.max(initial=0)) + 1
+    codes = np.empty(0, dtype=np.int64)
+    band_bounds = np.flatnonzero(np.r_[True, band[1:] != band[:-1], True]) if len(docs) else [0]
+    for start, stop in itertools.pairwise(band_bounds):  # band by band: the raw pairs of one band at a time
+        bucket_start = np.r_[True, key[start + 1 : stop] != key[start : stop - 1]]
+        left, right = pairs_in_buckets(docs[start:stop], bucket_start, window)
+        codes = np.union1d(codes, np.minimum(left, right).astype(np.int64) * num_docs + np.maximum(left, right))
+    return codes // num_docs, codes % num_docs
 
 
 def estimated_jaccard(signatures_matrix: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Ingest stage, reading: one source file (jsonl/.gz/.zst, parquet, text, hf_disk) -> records and rejects.
+"""Ingest stage, reading: one source file (jsonl/.gz/.zst, parquet, text, hf_disk, hf_local) -> records and rejects.
 
 Readers stream (bounded memory: one decompressed chunk or one record batch at a time) and never let a
 broken record vanish: it becomes a :class:`Reject` with a ``REJECT_REASONS`` reason, its uri and its
@@ -89,7 +89,7 @@ def _describe(err: BaseException, path: Path, rel: str) -> str:
     """One-line exception text with the absolute path replaced by ``rel`` (outputs hold no absolute paths)."""
     text = getattr(err, "strerror", None) if isinstance(err, OSError) and err.strerror else str(err)
     text = " ".join((text or type(err).__name__).split())
-    return text.replace(str(path), rel)
+    return text.replace(str(path.resolve()), rel).replace(str(path), rel)
 
 
 def _file_bytes(path: Path) -> bytes | None:
@@ -258,7 +258,7 @@ def _read_parquet(path: Path, rel: str, source: SourceConfig) -> Iterator[Record
 
 def _read_hf_disk(path: Path, rel: str, source: SourceConfig) -> Iterator[Record | Reject]:
     """A folder written by ``Dataset.save_to_disk`` (or ``DatasetDict``: splits read in name order)."""
-    import datasets  # imported here: ~1 s, and only this format needs it
+    import datasets  # imported here: ~1 s, and only the hf formats need it
 
     try:
         loaded = datasets.load_from_disk(str(path))
@@ -275,6 +275,48 @@ def _read_hf_disk(path: Path, rel: str, source: SourceConfig) -> Iterator[Record
             row += table.num_rows
 
 
+HF_LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+"""hf_local: file suffix -> ``datasets`` builder; a trailing .gz/.bz2/.xz/.zst is decompressed by datasets."""
+_HF_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+
+def _read_hf_local(path: Path, rel: str, source: SourceConfig) -> Iterator[Record | Reject]:
+    """One local json/jsonl/parquet/csv file through ``datasets.load_dataset(..., streaming=True)``.
+
+    Streaming keeps one record batch in memory and writes no Arrow cache. ``datasets`` cannot skip a
+    malformed record: the first one ends the file (``unreadable_file`` with on_error: skip, keeping the
+    rows before its chunk); use format ``jsonl`` for a reject per broken line.
+    """
+    import datasets  # imported here: ~1 s, and only the hf formats need it
+
+    builder = hf_local_builder(path)
+    if builder is None:
+        known = ", ".join(sorted(HF_LOCAL_BUILDERS))
+        detail = f"hf_local reads {known} files (optionally .gz/.bz2/.xz/.zst); narrow the source's glob"
+        raise UnreadableFileError(detail, rel, None)
+    row = 0
+    try:
+        try:
+            dataset = datasets.load_dataset(builder, data_files=[str(path.resolve())], split="train", streaming=True)
+        except StopIteration:  # an empty file: datasets finds no first example to infer features from
+            return
+        for table in dataset.with_format("arrow").iter(batch_size=BATCH_ROWS):
+            columns = _batch_columns(table.schema.names, source, rel)
+            yield from _records_from_batch(table.select(columns), rel, row, source)
+            row += table.num_rows
+    except (ValueError, OSError, KeyError, TypeError, pa.ArrowException, datasets.exceptions.DatasetsError) as err:
+        detail = f"datasets cannot read it as {builder} after row {row} ({_describe(err, path, rel)})"
+        raise UnreadableFileError(detail, f"{rel}#row={row}", _file_bytes(path) if row == 0 else None) from None
+
+
+def hf_local_builder(path: Path) -> str | None:
+    """The ``datasets`` builder for an hf_local file (``json``, ``parquet``, ``csv``), or None."""
+    name = path.name.lower()
+    for compression in _HF_COMPRESSION_SUFFIXES:
+        name = name.removesuffix(compression)
+    return HF_LOCAL_BUILDERS.get(Path(name).suffix)
+
+
 def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
     if source.text_field not in names:
         shown = ", ".join(names[:20])
@@ -289,11 +331,19 @@ def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str
 def _records_from_batch(
     batch: pa.RecordBatch | pa.Table, rel: str, first_row: int, source: SourceConfig
 ) -> Iterator[Record | Reject]:
-    texts = batch.column(source.text_field).to_pylist()
+    texts = _column_values(batch.column(source.text_field))
     has_id = source.id_field is not None and source.id_field in batch.schema.names
-    ids = batch.column(source.id_field).to_pylist() if has_id else itertools.repeat(None)
+    ids = _column_values(batch.column(source.id_field)) if has_id else itertools.repeat(None)
     for offset, (value, id_value) in enumerate(zip(texts, ids, strict=False)):
         yield _record_from_value(value, _source_id(id_value), f"{rel}#row={first_row + offset}", source)
+
+
+def _column_values(column: pa.Array | pa.ChunkedArray) -> list[object]:
+    """Python values of a column; ``datasets``' JSON-typed columns (mixed types in a json file) are parsed."""
+    values = column.to_pylist()
+    if getattr(column.type, "extension_name", None) == "arrow.json":
+        return [None if value is None else json.loads(value) for value in values]
+    return values
 
 
 def _record_from_value(value: object, source_id: str | None, uri: str, source: SourceConfig) -> Record | Reject:
@@ -316,4 +366,5 @@ _READERS: dict[str, Callable[[Path, str, SourceConfig], Iterator[Record | Reject
     "jsonl": _read_jsonl,
     "parquet": _read_parquet,
     "hf_disk": _read_hf_disk,
+    "hf_local": _read_hf_local,
 }

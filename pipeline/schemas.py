@@ -71,6 +71,11 @@ REJECT_REASONS: dict[str, str] = {
     "too_short": "fewer characters than filters.min_chars",
     "too_long": "more characters than filters.max_chars",
     "binary": "too many NUL/control characters (binary or garbage data)",
+    "mean_word_length": "mean word length outside filters.min_mean_word_length..max_mean_word_length",
+    "symbol_ratio": "more non-space symbols per letter/digit than filters.max_symbol_ratio",
+    "duplicate_lines": "more of the text in repeated lines than filters.max_duplicate_line_fraction",
+    "contaminated": "a train document sharing a dedupe.decontaminate.ngram-word n-gram with the validation "
+                    "split or an evaluation file (the detail names which, and the n-gram)",
 }
 """Every ``rejects.reason`` value with its meaning; later stages may add reasons, never rename them."""
 

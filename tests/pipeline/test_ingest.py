@@ -223,3 +223,52 @@ def test_glob_regex_follows_pathlib_glob_rules(pattern: str, matching: list[str]
     regex = glob_regex(pattern)
     assert all(regex.fullmatch(path) for path in matching)
     assert not any(regex.fullmatch(path) for path in not_matching)
+
+
+def test_hf_local_source_and_hub_names_refused(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "a.json").write_text(json.dumps([{"text": "a json array record"}]), encoding="utf-8")
+    pq.write_table(pa.table({"text": ["a parquet row"]}), tmp_path / "local" / "b.parquet")
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "hf", "path": "local", "format": "hf_local"}])
+    paths = RunPaths(tmp_path / "run")
+    ingest_all([manifest], paths)
+    assert sorted((d["uri"], d["text"]) for d in read_parts(paths.docs)) == [
+        ("a.json#row=0", "a json array record"), ("b.parquet#row=0", "a parquet row")]
+    for fmt in ("hf_local", "hf_disk"):
+        hub = write_manifest(tmp_path / "hub.yaml", [{"name": "hub", "path": "allenai/c4", "format": fmt}])
+        with pytest.raises(ManifestError) as caught:
+            plan_ingest([hub], RunPaths(tmp_path / "hub_run"), PART_BYTES)
+        message = str(caught.value)
+        assert "\n" not in message and "'allenai/c4' is not an existing local path" in message
+        assert "save_to_disk" in message
+
+
+BASE64_LINE = "QmluYXJ5IGRhdGEgZW5jb2RlZCBhcyBiYXNlNjQgbG9va3MgbGlrZSBvbmUgbG9uZyB3b3Jk"
+
+
+def test_quality_filters_and_pii_redaction_from_the_manifest(tmp_path: Path) -> None:
+    lines = [
+        {"id": "mail1", "text": "Please write to ann@example.org about the build on host 10.0.0.12 today."},
+        {"id": "mail2", "text": "Please write to bob@corp.example.com about the build on host 10.0.0.77 today."},
+        {"id": "v6", "text": "The resolver listens on 2001:db8::8a2e:370:7334 and nowhere else at all."},
+        {"id": "blob", "text": "\n".join([BASE64_LINE] * 9)},
+        {"id": "art", "text": "+-----+-----+\n|  a  |  b  |\n+-----+-----+\n|  1  |  2  |\n+-----+-----+"},
+        {"id": "spam", "text": "\n".join(["Click here for a free prize!"] * 20)},
+    ]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    spec = {"name": "web", "path": "data.jsonl", "format": "jsonl", "id_field": "id"}
+    redacting = write_manifest(tmp_path / "m.yaml", [spec], filters={"redact_pii": True})
+    paths = RunPaths(tmp_path / "run")
+    (summary,) = ingest_all([redacting], paths)
+    assert summary["rejects_by_reason"] == {"duplicate_lines": 1, "mean_word_length": 1, "symbol_ratio": 1}
+    assert summary["redactions_by_kind"] == {"email": 2, "ip": 3}
+    docs = {d["source_id"]: d for d in read_parts(paths.docs)}
+    assert docs["mail1"]["text"] == "Please write to <EMAIL> about the build on host <IP> today."
+    assert docs["mail1"]["content_hash"] == docs["mail2"]["content_hash"]  # redacted before hashing
+    assert docs["v6"]["text"] == "The resolver listens on <IP> and nowhere else at all."
+    rejects = {r["source_id"]: r for r in read_parts(paths.rejects)}
+    assert rejects["blob"]["raw"] == (json.dumps(lines[3]).encode())  # the original line, not redacted
+    plain = write_manifest(tmp_path / "plain.yaml", [spec])
+    (summary,) = ingest_all([plain], RunPaths(tmp_path / "plain_run"))
+    assert summary["redactions_by_kind"] == {} and summary["num_documents"] == 3

@@ -162,3 +162,44 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
     empty_folder.mkdir()
     _, rejects = read_all(empty_folder, source("hf_disk", on_error="skip"))
     assert [r.reason for r in rejects] == ["unreadable_file"] and str(tmp_path) not in rejects[0].detail
+
+
+def test_hf_local_reads_json_jsonl_parquet_csv_through_datasets(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    (tmp_path / "lines.jsonl.gz").write_bytes(gzip.compress(good_lines(3000)))
+    (tmp_path / "array.json").write_text(json.dumps([{"text": "first", "id": 1}, {"text": None, "id": 2},
+                                                     {"text": 5, "id": 3}, {"text": "last", "id": 4}]))
+    pq.write_table(pa.table({"text": ["p0", "p1"], "id": ["a", "b"]}), tmp_path / "table.parquet")
+    (tmp_path / "rows.csv").write_text("id,text\n1,hello there\n2,general kenobi\n", encoding="utf-8")
+    records, rejects = read_all(tmp_path / "lines.jsonl.gz", source("hf_local", id_field="id"))
+    assert len(records) == 3000 and not rejects
+    assert (records[0].uri, records[0].source_id, records[-1].uri) == ("lines.jsonl.gz#row=0", "0",
+                                                                      "lines.jsonl.gz#row=2999")
+    records, rejects = read_all(tmp_path / "array.json", source("hf_local", id_field="id"))
+    assert [(r.uri, r.text, r.source_id) for r in records] == [("array.json#row=0", "first", "1"),
+                                                               ("array.json#row=3", "last", "4")]
+    assert [(r.uri, r.reason, r.raw) for r in rejects] == [("array.json#row=1", "missing_text", None),
+                                                          ("array.json#row=2", "non_string_text", b"5")]
+    records, _ = read_all(tmp_path / "table.parquet", source("hf_local", id_field="id"))
+    assert [(r.text, r.source_id) for r in records] == [("p0", "a"), ("p1", "b")]
+    records, _ = read_all(tmp_path / "rows.csv", source("hf_local"))
+    assert [r.text for r in records] == ["hello there", "general kenobi"]
+
+
+def test_hf_local_broken_empty_and_unknown_files(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert read_all(tmp_path / "empty.jsonl", source("hf_local")) == ([], [])
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(good_lines(5) + b'{"text": oops\n' + good_lines(2))
+    with pytest.raises(SourceReadError, match=r"broken\.jsonl.*datasets cannot read it as json.*on_error: skip"):
+        list(read_file(broken, broken.name, source("hf_local")))
+    records, rejects = read_all(broken, source("hf_local", on_error="skip"))
+    assert not records  # datasets parses a chunk at a time: the bad line spoils its whole chunk
+    assert [(r.uri, r.reason, r.raw) for r in rejects] == [("broken.jsonl#row=0", "unreadable_file",
+                                                            broken.read_bytes())]
+    assert str(tmp_path) not in rejects[0].detail
+    script = tmp_path / "notes.py"
+    script.write_text("x = 1\n")
+    _, rejects = read_all(script, source("hf_local", on_error="skip"))
+    assert rejects[0].reason == "unreadable_file" and ".parquet" in rejects[0].detail

@@ -1,0 +1,157 @@
+"""Benchmark of peak memory: ingest + dedupe at 1x and 4x corpus size, each in a fresh subprocess.
+
+The corpus is generated in a temporary folder from the standard library's ``.py`` files: half the bytes
+as ``jsonl.gz`` shards of ~60-line chunks (many small records), half as plain text files (one document
+per file). Every copy after the first drops a random 0-50% of its lines and gets its own header, so the
+copies are a mix of near duplicates and distinct documents, not exact duplicates. Each size runs
+``plan_ingest`` + ``ingest_part`` for every part + ``dedupe_documents`` (exact and near) in a new Python
+process, which reports its peak RSS (``ru_maxrss``) after ingest and after dedupe.
+
+Bounded memory means the 4x peak is close to the 1x peak: only the dedupe catalog (ids, uris, content
+hashes: ~0.15 KB per document) grows with the corpus.
+
+Run from the repo root: ``.venv/bin/python -m benchmarks.ingest_memory --quick``. The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.dedupe import stdlib_texts
+
+CHUNK_LINES = 60
+SHARD_BYTES = 32 << 20
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1x = 40 MB (about a minute)")
+    parser.add_argument("--mb", type=int, default=None, help="MB of text at 1x (default 200, quick 40)")
+    parser.add_argument("--child", nargs=2, metavar=("MANIFEST", "RUN_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(ingest_and_dedupe(Path(args.child[0]), Path(args.child[1]))))
+        return
+    base_mb = args.mb or (40 if args.quick else 200)
+    results = {scale: measure(base_mb * scale * 1_000_000) for scale in (1, 4)}
+    report(results)
+
+
+def measure(num_bytes: int) -> dict:
+    """Generate a corpus of ``num_bytes`` and run ingest + dedupe over it in a fresh process."""
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-memory-") as tmp:
+        started = time.perf_counter()
+        manifest, written = generate_corpus(Path(tmp), num_bytes)
+        generate_s = time.perf_counter() - started
+        command = [sys.executable, "-m", "benchmarks.ingest_memory", "--child", str(manifest), f"{tmp}/run"]
+        child = subprocess.run(command, capture_output=True, text=True, check=False, cwd=Path(__file__).parents[1])
+        if child.returncode != 0:
+            raise SystemExit(f"the measured process failed:\n{child.stderr[-3000:]}")
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+    return {**result, "num_bytes": written, "generate_s": generate_s}
+
+
+def generate_corpus(folder: Path, num_bytes: int, seed: int = 0) -> tuple[Path, int]:
+    """jsonl.gz shards of chunks + text files, ``num_bytes`` of UTF-8 in all; returns (manifest, bytes)."""
+    import yaml
+
+    rng = np.random.default_rng(seed)
+    base = stdlib_texts(10**9)
+    (folder / "jsonl").mkdir(parents=True)
+    written = shard_bytes = 0
+    shard = None
+    replica = 0
+    while written < num_bytes:
+        for number, text in enumerate(base):
+            if replica:
+                text = perturb(text, rng, f"{replica}-{number}")
+            data = text.encode("utf-8")
+            if number % 2:  # odd files: one text document each
+                path = folder / "text" / f"r{replica:03d}" / f"{number:05d}.py"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            else:  # even files: ~60-line chunks as jsonl records
+                if shard is None or shard_bytes >= SHARD_BYTES:
+                    shard = _next_shard(folder, shard)
+                    shard_bytes = 0
+                for index, chunk in enumerate(chunk_lines(text)):
+                    shard.write(json.dumps({"id": f"{replica}-{number}-{index}", "text": chunk}).encode() + b"\n")
+                shard_bytes += len(data)
+            written += len(data)
+            if written >= num_bytes:
+                break
+        replica += 1
+    shard.close()
+    manifest = folder / "corpus.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "memory", "sources": [
+        {"name": "records", "path": "jsonl", "format": "jsonl", "glob": "*.jsonl.gz", "id_field": "id"},
+        {"name": "files", "path": "text", "format": "text", "glob": "**/*.py"}]}), encoding="utf-8")
+    return manifest, written
+
+
+def _next_shard(folder: Path, shard):
+    if shard is not None:
+        shard.close()
+    number = len(list((folder / "jsonl").glob("*.jsonl.gz")))
+    return gzip.open(folder / "jsonl" / f"shard-{number:04d}.jsonl.gz", "wb", compresslevel=1)
+
+
+def perturb(text: str, rng: np.random.Generator, label: str) -> str:
+    """Drop a random 0-50% of the lines and put a header line on top."""
+    lines = text.split("\n")
+    keep = rng.random(len(lines)) >= rng.uniform(0.0, 0.5)
+    return f"# copy {label}\n" + "\n".join([line for line, kept in zip(lines, keep, strict=True) if kept])
+
+
+def chunk_lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    return ["\n".join(lines[start : start + CHUNK_LINES]) for start in range(0, len(lines), CHUNK_LINES)]
+
+
+def ingest_and_dedupe(manifest: Path, run_dir: Path) -> dict:
+    """In the measured process: every stage on the corpus, with the peak RSS after each."""
+    from pipeline.config import DedupeConfig
+    from pipeline.dedupe import dedupe_documents
+    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.rundir import RunPaths
+
+    paths = RunPaths(run_dir)
+    imports_mb = _peak_rss_mb()
+    started = time.perf_counter()
+    summaries = [ingest_part(part, 0.05, paths) for part in plan_ingest([manifest], paths, 32 << 20)]
+    ingest_s, ingest_mb = time.perf_counter() - started, _peak_rss_mb()
+    started = time.perf_counter()
+    dedupe = dedupe_documents(paths, DedupeConfig())
+    return {"imports_mb": imports_mb, "ingest_mb": ingest_mb, "peak_mb": _peak_rss_mb(), "ingest_s": ingest_s,
+            "dedupe_s": time.perf_counter() - started, "num_parts": len(summaries),
+            "num_documents": sum(s["num_documents"] for s in summaries), **dedupe}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+
+
+def report(results: dict[int, dict]) -> None:
+    print(f"{'size':<6}{'MB text':>9}{'docs':>10}{'parts':>7}{'ingest s':>10}{'dedupe s':>10}{'near dups':>11}"
+          f"{'RSS imports':>13}{'after ingest':>14}{'peak (dedupe)':>15}")
+    for scale, row in results.items():
+        print(f"{scale}x{'':<4}{row['num_bytes'] / 1e6:>9.0f}{row['num_documents']:>10}{row['num_parts']:>7}"
+              f"{row['ingest_s']:>10.1f}{row['dedupe_s']:>10.1f}{row['num_near_duplicates']:>11}"
+              f"{row['imports_mb']:>12.0f}M{row['ingest_mb']:>13.0f}M{row['peak_mb']:>14.0f}M")
+    small, large = results[1]["peak_mb"], results[4]["peak_mb"]
+    print(json.dumps({"name": "ingest_memory", "ours": round(large, 1), "baseline": round(small, 1),
+                      "unit": "MB peak RSS", "ratio": round(large / small, 3)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Decontaminate stage (after dedupe): kept train documents -> ``rejects/contaminated.parquet``.
+
+A train document is contaminated when it shares a word n-gram (``ngram`` ASCII-lower-cased, whitespace-separated
+words; 13 by default) with a kept validation document or a user-given evaluation file. Each one becomes a
+``contaminated`` reject (REJECTS_SCHEMA, raw = its text) whose detail names the matching val ``doc_id`` or
+eval ``file:line`` and the n-gram; :func:`pipeline.documents.removed_doc_ids` then leaves it out of the
+documents. Documents of parts checked by an earlier run with the same settings keep their decision (their
+tokens may already be in shards), so a refresh checks only new train documents.
+
+Memory: the reference n-grams (16 bytes each: hash + owner) of the val split and eval files, plus one
+batch of train documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import minhash
+from pipeline.atomic import atomic_path, read_json, write_json_atomic
+from pipeline.config import DecontaminateConfig
+from pipeline.dedupe import DocsPart, finished_parts
+from pipeline.documents import CONTAMINATED_FILE, DUPLICATES_FILE
+from pipeline.errors import ConfigError
+from pipeline.filters import normalise_text
+from pipeline.ingest import doc_id_for
+from pipeline.manifest import SourceConfig
+from pipeline.readers import Record, read_file
+from pipeline.rundir import RunPaths, fingerprint
+from pipeline.schemas import REJECTS_SCHEMA
+
+STATE_FILE = "decontaminate.json"
+"""``dedupe/decontaminate.json``: settings fingerprint, the parts checked, the summary."""
+BATCH_ROWS = 512
+MAX_DETAIL_NGRAM_CHARS = 200
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
+
+
+@dataclass
+class ReferenceNgrams:
+    """Sorted unique n-gram hashes of the reference texts, each with the label of its first owner."""
+
+    hashes: np.ndarray
+    owners: np.ndarray
+    labels: list[str]
+
+    def match_slots(self, ngram_hashes: np.ndarray) -> np.ndarray:
+        """Per n-gram hash: its index in ``hashes`` when it is a reference n-gram, else -1."""
+        if not len(self.hashes):
+            return np.full(len(ngram_hashes), -1, dtype=np.int64)
+        slots = np.minimum(np.searchsorted(self.hashes, ngram_hashes), len(self.hashes) - 1)
+        return np.where(self.hashes[slots] == ngram_hashes, slots, -1)
+
+
+@dataclass
+class TrainMatches:
+    """Kept train documents sharing reference n-grams: where in the document (n-gram positions) and which."""
+
+    doc_ids: list[int] = field(default_factory=list)
+    part_ids: list[int] = field(default_factory=list)
+    positions: list[np.ndarray] = field(default_factory=list)
+    slots: list[np.ndarray] = field(default_factory=list)
+    num_checked: int = 0
+
+
+def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
+                            base_dir: Path | None = None) -> dict[str, Any]:
+    """Write ``rejects/contaminated.parquet`` for the kept train documents that share an n-gram with val/eval.
+
+    ``base_dir`` is the folder relative eval file paths are taken from (the recipe's folder; default the
+    working directory). Returns ``{"enabled", "num_train_checked", "num_contaminated", "num_reference_ngrams",
+    "num_boilerplate_ngrams", "contaminated_by_reference"}`` (``val`` / ``eval``). A repeat call with nothing
+    new returns the recorded summary. Raises ConfigError when an eval file does not exist, SourceReadError
+    when it cannot be read.
+    """
+    output = paths.rejects / CONTAMINATED_FILE
+    if not config.enabled:
+        output.unlink(missing_ok=True)
+        return {"enabled": False, "num_train_checked": 0, "num_contaminated": 0, "num_reference_ngrams": 0,
+                "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}}
+    eval_files = _eval_paths(config, base_dir)
+    parts = finished_parts(paths)
+    settings = fingerprint("decontaminate", config.model_dump(exclude={"enabled"}),
+                           [(path.name, _file_digest(path)) for path in eval_files])
+    run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
+                                  _file_digest(paths.dedupe / DUPLICATES_FILE))
+    state_path = paths.dedupe / STATE_FILE
+    state = read_json(state_path) if state_path.is_file() else {}
+    if state.get("fingerprint") == run_fingerprint and output.is_file():
+        return state["summary"]
+    checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
+    locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
+    removed = _duplicate_doc_ids(paths)
+    reference = build_reference(parts, removed, config, eval_files)
+    matches = find_matches([part for part in parts if part.part_id not in locked], removed, reference, config.ngram)
+    chosen, num_boilerplate = choose_contaminated(matches, reference, config.max_ngram_train_docs)
+    rows = _carried_rows(output, parts, locked) + _reject_rows(parts, chosen, config.ngram)
+    summary = _write_rejects(output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
+    write_json_atomic(state_path, {"fingerprint": run_fingerprint, "settings": settings, "summary": summary,
+                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    return summary
+
+
+def build_reference(parts: list[DocsPart], removed: pa.Array, config: DecontaminateConfig,
+                    eval_files: list[Path]) -> ReferenceNgrams:
+    """The n-grams of the kept val documents (when ``against_val``) and of every eval file's records."""
+    hashes: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    labels: list[str] = []
+    columns = ["doc_id", "text", "split"]
+    batches = _kept_batches([part.path for part in parts], removed, "val", columns) if config.against_val else ()
+    for batch in batches:
+        _add_reference(batch.column("text"), [f"val doc_id {i}" for i in batch.column("doc_id").to_pylist()],
+                       config.ngram, hashes, owners, labels)
+    for path in eval_files:
+        for texts, uris in _eval_batches(path, config.eval_text_field):
+            _add_reference(pa.array(texts, pa.large_string()), [f"eval file {uri}" for uri in uris], config.ngram,
+                           hashes, owners, labels)
+    if not hashes:
+        return ReferenceNgrams(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64), labels)
+    unique, first = np.unique(np.concatenate(hashes), return_index=True)
+    return ReferenceNgrams(unique, np.concatenate(owners)[first], labels)
+
+
+def document_ngrams(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every ``ngram``-word run per document, with per-document offsets.
+
+    Documents shorter than ``ngram`` words have none (they cannot share a long n-gram with anything).
+    """
+    words, word_offsets = minhash.word_hashes(texts)
+    ngrams, offsets = minhash.shingle_hashes(words, word_offsets, ngram)
+    short = np.diff(word_offsets) < ngram
+    if not short.any():
+        return ngrams, offsets
+    keep = ~np.repeat(short, np.diff(offsets))
+    counts = np.where(short, 0, np.diff(offsets))
+    new_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    return ngrams[keep], new_offsets
+
+
+def _add_reference(texts: pa.Array, labels_of_texts: list[str], ngram: int, hashes: list[np.ndarray],
+                   owners: list[np.ndarray], labels: list[str]) -> None:
+    ngrams, offsets = document_ngrams(texts, ngram)
+    hashes.append(ngrams)
+    owners.append(np.repeat(np.arange(len(labels), len(labels) + len(labels_of_texts)), np.diff(offsets)))
+    labels.extend(labels_of_texts)
+
+
+def find_matches(parts: list[DocsPart], removed: pa.Array, reference: ReferenceNgrams, ngram: int) -> TrainMatches:
+    """Every kept train document of ``parts`` that shares at least one n-gram with the reference."""
+    matches = TrainMatches()
+    for part in parts:
+        for batch in _kept_batches([part.path], removed, "train", ["doc_id", "text", "split"]):
+            matches.num_checked += batch.num_rows
+            ngrams, offsets = document_ngrams(batch.column("text"), ngram)
+            slots = reference.match_slots(ngrams)
+            doc_of_ngram = np.repeat(np.arange(batch.num_rows), np.diff(offsets))
+            doc_ids = batch.column("doc_id").to_pylist()
+            for row in np.unique(doc_of_ngram[slots >= 0]).tolist():
+                found = np.flatnonzero(slots[offsets[row] : offsets[row + 1]] >= 0)
+                matches.doc_ids.append(doc_ids[row])
+                matches.part_ids.append(part.part_id)
+                matches.positions.append(found)
+                matches.slots.append(slots[offsets[row] + found])
+    return matches
+
+
+def choose_contaminated(matches: TrainMatches, reference: ReferenceNgrams, max_train_docs: int | None
+                        ) -> tuple[dict[int, tuple[int, int, str]], int]:
+    """``({doc_id: (part_id, n-gram position, owner label)}, number of boilerplate reference n-grams)``.
+
+    With ``max_train_docs`` set, a reference n-gram found in more train documents than that is boilerplate
+    (a licence header, a code template) and does not make a document contaminated on its own.
+    """
+    boilerplate = np.zeros(len(reference.hashes), dtype=bool)
+    if max_train_docs is not None and matches.slots:
+        docs_per_slot = np.bincount(np.concatenate([np.unique(slots) for slots in matches.slots]),
+                                    minlength=len(reference.hashes))
+        boilerplate = docs_per_slot > max_train_docs
+    chosen = {}
+    for doc_id, part_id, positions, slots in zip(matches.doc_ids, matches.part_ids, matches.positions,
+                                                 matches.slots, strict=True):
+        evidence = np.flatnonzero(~boilerplate[slots])
+        if len(evidence):
+            first = evidence[0]
+            chosen[doc_id] = (part_id, int(positions[first]), reference.labels[int(reference.owners[slots[first]])])
+    return chosen, int(np.count_nonzero(boilerplate))
+
+
+def _reject_rows(parts: list[DocsPart], chosen: dict[int, tuple[int, int, str]], ngram: int) -> list[dict[str, Any]]:
+    """Reject rows of the chosen documents, read back part by part (only their rows are kept)."""
+    rows = []
+    for part in parts:
+        wanted = pa.array([doc_id for doc_id, found in chosen.items() if found[0] == part.part_id], pa.int64())
+        if not len(wanted):
+            continue
+        table = pq.read_table(part.path, columns=["doc_id", "source", "source_id", "uri", "text"])
+        for document in table.filter(pc.is_in(table.column("doc_id"), value_set=wanted)).to_pylist():
+            _, position, owner = chosen[document["doc_id"]]
+            rows.append(_reject_row(document, position, owner, ngram))
+    return rows
+
+
+def _reject_row(document: dict[str, Any], position: int, owner: str, ngram: int) -> dict[str, Any]:
+    words = document["text"].encode("utf-8").split()  # the words of minhash.word_hashes, in their own case
+    shared = b" ".join(words[position : position + ngram]).decode("utf-8", "replace")
+    if len(shared) > MAX_DETAIL_NGRAM_CHARS:
+        shared = shared[:MAX_DETAIL_NGRAM_CHARS] + "…"
+    detail = f"shares the {ngram}-word n-gram {shared!r} with {owner}"
+    return {"source": document["source"], "source_id": document["source_id"], "uri": document["uri"],
+            "reason": "contaminated", "detail": detail, "raw": document["text"].encode("utf-8")}
+
+
+def _kept_batches(part_files: list[Path], removed: pa.Array, split: str,
+                  columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Documents of ``split`` not removed by dedupe, batch by batch (contamination decisions ignored)."""
+    for path in part_files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            mask = pc.and_(pc.equal(batch.column("split"), split),
+                           pc.invert(pc.is_in(batch.column("doc_id"), value_set=removed)))
+            kept = batch.filter(mask)
+            if kept.num_rows:
+                yield kept
+
+
+def _carried_rows(output: Path, parts: list[DocsPart], locked: set[int]) -> list[dict[str, Any]]:
+    """Reject rows an earlier run wrote for documents of the ``locked`` parts (decisions that stand)."""
+    if not locked or not output.is_file():
+        return []
+    previous = pq.read_table(output).to_pylist()
+    previous_ids = pa.array([doc_id_for(row["source"], row["uri"]) for row in previous], pa.int64())
+    carried = np.zeros(len(previous), dtype=bool)
+    for part in parts:
+        if part.part_id in locked:
+            part_ids = pq.read_table(part.path, columns=["doc_id"]).column("doc_id").combine_chunks()
+            carried |= pc.is_in(previous_ids, value_set=part_ids).to_numpy(zero_copy_only=False)
+    return [row for row, keep in zip(previous, carried, strict=True) if keep]
+
+
+def _write_rejects(output: Path, rows: list[dict[str, Any]], num_checked: int, num_ngrams: int,
+                   num_boilerplate: int) -> dict[str, Any]:
+    rows.sort(key=lambda row: (row["source"], row["uri"]))
+    with atomic_path(output) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=REJECTS_SCHEMA), tmp, compression="zstd")
+    by_reference = {"val": sum(" val doc_id " in row["detail"] for row in rows),
+                    "eval": sum(" eval file " in row["detail"] for row in rows)}
+    return {"enabled": True, "num_train_checked": num_checked, "num_contaminated": len(rows),
+            "num_reference_ngrams": num_ngrams, "num_boilerplate_ngrams": num_boilerplate,
+            "contaminated_by_reference": by_reference}
+
+
+def _duplicate_doc_ids(paths: RunPaths) -> pa.Array:
+    path = paths.dedupe / DUPLICATES_FILE
+    if not path.is_file():
+        return pa.array([], type=pa.int64())
+    return pq.read_table(path, columns=["doc_id"]).column("doc_id").combine_chunks()
+
+
+def _eval_paths(config: DecontaminateConfig, base_dir: Path | None) -> list[Path]:
+    base = Path.cwd() if base_dir is None else Path(base_dir)
+    paths = []
+    for name in config.eval_files:
+        path = (base / name).resolve()
+        if not path.is_file():
+            raise ConfigError(f"dedupe.decontaminate.eval_files: {name} does not exist (resolved to {path}); "
+                              "fix the path (relative to the recipe's folder).")
+        paths.append(path)
+    return paths
+
+
+def _eval_batches(path: Path, text_field: str) -> Iterator[tuple[list[str], list[str]]]:
+    """``(texts, uris)`` batches of an eval file; records that are not text (bad lines) are skipped."""
+    fmt = "jsonl" if path.name.lower().endswith(_JSONL_SUFFIXES) else "text"
+    source = SourceConfig(name="eval", path=str(path), format=fmt, text_field=text_field)
+    texts: list[str] = []
+    uris: list[str] = []
+    for item in read_file(path, path.name, source):
+        if isinstance(item, Record):
+            texts.append(normalise_text(item.text))
+            uris.append(item.uri)
+        if len(texts) >= BATCH_ROWS:
+            yield texts, uris
+            texts, uris = [], []
+    if texts:
+        yield texts, uris
+
+
+def _file_digest(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,185 @@
+"""Near-dedupe index for the dedupe stage: docs parts -> cached MinHash signatures and LSH band keys -> scored pairs.
+
+Out of core: each part's signatures (``dedupe/minhash/part-NNNNN.parquet``) and band keys
+(``dedupe/bands/part-NNNNN.parquet``) are written once; DuckDB groups the band keys on disk and only the
+documents that share a bucket are read back (signatures, and text for exact checks), so memory grows
+with the candidates, not with the corpus. Pairs whose MinHash estimate is within
+``near.exact_verify_margin`` of the threshold are decided by the exact Jaccard of their shingle sets.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import minhash
+from pipeline.atomic import atomic_path
+from pipeline.config import DedupeConfig
+from pipeline.rundir import RunPaths
+
+MINHASH_DIR = "minhash"
+BANDS_DIR = "bands"
+SIGNATURE_BATCH_ROWS = 512
+EXACT_VERIFY_BUDGET_BYTES = 128 << 20
+"""Most memory held by shingle sets for exact verification (4 bytes per distinct shingle)."""
+
+
+@dataclass(frozen=True)
+class DocsPart:
+    """A finished documents part and the fingerprint its marker recorded (the signature cache key)."""
+
+    part_id: int
+    path: Path
+    fingerprint: str
+
+
+class NearIndex:
+    """The parts' cached MinHash signatures and LSH band keys, addressed by catalog index.
+
+    ``doc_offsets[i]`` is the catalog index of part ``i``'s first document (parts in catalog order).
+    """
+
+    def __init__(self, parts: list[DocsPart], doc_offsets: list[int], paths: RunPaths, config: DedupeConfig) -> None:
+        self.parts, self.doc_offsets, self.paths, self.config = parts, doc_offsets, paths, config
+        self.bands, self.rows = minhash.lsh_params(config.near.threshold, config.near.num_perm)
+
+    def candidate_pairs(self, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Catalog index pairs sharing an LSH bucket, grouped by DuckDB over the band-key files."""
+        band_files = [part_band_keys(part, self.paths, self.config, self.bands, self.rows) for part in self.parts]
+        with tempfile.TemporaryDirectory(prefix=".tmp-duckdb-", dir=self.paths.dedupe) as spill:
+            return minhash.grouped_candidate_pairs(band_files, self.doc_offsets, excluded, Path(spill))
+
+    def signatures(self, docs: np.ndarray) -> np.ndarray:
+        """``(len(docs), num_perm)`` signatures of the sorted catalog indices ``docs``, read part by part."""
+        pieces = [part_signatures(part, self.paths, self.config)[rows] for part, _, rows in self.rows_by_part(docs)]
+        return np.concatenate(pieces) if pieces else np.empty((0, self.config.near.num_perm), dtype=np.uint32)
+
+    def rows_by_part(self, docs: np.ndarray) -> list[tuple[DocsPart, int, np.ndarray]]:
+        """The sorted catalog indices ``docs`` as (part, its first catalog index, rows within it) per part."""
+        bounds = np.searchsorted(docs, [*self.doc_offsets[1:], np.iinfo(np.int64).max])
+        found, start = [], 0
+        for part, offset, stop in zip(self.parts, self.doc_offsets, bounds, strict=True):
+            if stop > start:
+                found.append((part, offset, docs[start:stop] - offset))
+            start = stop
+        return found
+
+
+class PairScorer:
+    """Jaccard of document pairs among ``nodes``: the MinHash estimate, or the exact value near the threshold.
+
+    Exact values need the documents' shingle sets (~0.6x their text in memory); at most
+    ``EXACT_VERIFY_BUDGET_BYTES`` of them are held, taken in catalog order, and pairs beyond that budget
+    keep their estimate, so memory stays bounded however many pairs are close to the threshold.
+    """
+
+    def __init__(self, index: NearIndex, nodes: np.ndarray) -> None:
+        self.index, self.nodes = index, nodes
+        self.signatures = index.signatures(nodes)
+        self._shingles: dict[int, np.ndarray] = {}
+        self._shingle_bytes = 0
+
+    def similarity(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """Per pair of catalog indices (all in ``nodes``): estimated Jaccard, exact when within the margin."""
+        near = self.index.config.near
+        similarity = minhash.estimated_jaccard(self.signatures, np.searchsorted(self.nodes, left),
+                                               np.searchsorted(self.nodes, right))
+        unsure = np.flatnonzero(np.abs(similarity - near.threshold) < near.exact_verify_margin)
+        if len(unsure):
+            self._load_shingles(np.unique(np.concatenate([left[unsure], right[unsure]])))
+            for pair, a, b in zip(unsure.tolist(), left[unsure].tolist(), right[unsure].tolist(), strict=True):
+                if a in self._shingles and b in self._shingles:
+                    similarity[pair] = _sorted_set_jaccard(self._shingles[a], self._shingles[b])
+        return similarity
+
+    def _load_shingles(self, docs: np.ndarray) -> None:
+        """Shingle sets of ``docs`` not loaded yet, one read per part, until the budget is spent."""
+        missing = np.array([doc for doc in docs.tolist() if doc not in self._shingles], dtype=np.int64)
+        ngram = self.index.config.near.ngram
+        for part, offset, rows in self.index.rows_by_part(missing):
+            if self._shingle_bytes >= EXACT_VERIFY_BUDGET_BYTES:
+                return
+            texts = read_rows(part.path, rows, "text")
+            for start in range(0, len(rows), SIGNATURE_BATCH_ROWS):
+                words, word_offsets = minhash.word_hashes(texts.slice(start, SIGNATURE_BATCH_ROWS))
+                shingles, offsets = minhash.shingle_hashes(words, word_offsets, ngram)
+                for position, row in enumerate(rows[start : start + SIGNATURE_BATCH_ROWS].tolist()):
+                    # The low 32 bits of the mixed 64-bit hashes: half the memory, and a spurious match
+                    # between two documents' ~10^3-10^4 shingles has odds of ~10^-2 at worst.
+                    unique = np.unique(shingles[offsets[position] : offsets[position + 1]].astype(np.uint32))
+                    if self._shingle_bytes + unique.nbytes > EXACT_VERIFY_BUDGET_BYTES:
+                        return
+                    self._shingles[offset + row] = unique
+                    self._shingle_bytes += unique.nbytes
+
+
+def read_rows(path: Path, rows: np.ndarray, column: str) -> pa.Array:
+    """``column`` at the sorted ``rows`` of a Parquet file, decompressing only the row groups holding them."""
+    parquet = pq.ParquetFile(path)
+    bounds = np.cumsum([0] + [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)])
+    pieces = []
+    for group in np.unique(np.searchsorted(bounds, rows, side="right") - 1).tolist():
+        wanted = rows[(rows >= bounds[group]) & (rows < bounds[group + 1])] - bounds[group]
+        pieces.append(parquet.read_row_group(group, columns=[column]).column(column).take(wanted).combine_chunks())
+    return pa.concat_arrays(pieces) if pieces else pa.array([], pa.large_string())
+
+
+def _sorted_set_jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """Jaccard of two sorted unique arrays: a binary search per element of the first counts the common ones."""
+    found = np.minimum(np.searchsorted(second, first), len(second) - 1)
+    common = int(np.count_nonzero(second[found] == first))
+    return common / (len(first) + len(second) - common)
+
+
+def _cache_metadata(part: DocsPart, config: DedupeConfig) -> dict[str, str]:
+    near = config.near
+    return {"docs_fingerprint": part.fingerprint, "implementation": minhash.IMPLEMENTATION,
+            "words": minhash.WORDS_VERSION,
+            "num_perm": str(near.num_perm), "ngram": str(near.ngram), "seed": str(minhash.MINHASH_SEED)}
+
+
+def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
+    if not cache.is_file():
+        return False
+    stored = {key.decode(): value.decode() for key, value in (pq.read_schema(cache).metadata or {}).items()}
+    return all(stored.get(key) == value for key, value in metadata.items())
+
+
+def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
+    """MinHash signatures of one docs part, from ``dedupe/minhash/part-NNNNN.parquet`` when still valid."""
+    near = config.near
+    cache = paths.dedupe / MINHASH_DIR / part.path.name
+    metadata = _cache_metadata(part, config)
+    if _cache_is_valid(cache, metadata):
+        table = pq.read_table(cache)
+        return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
+    parquet = pq.ParquetFile(part.path)
+    batches = [minhash.signatures(batch.column("text"), near.num_perm, near.ngram)
+               for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])]
+    signatures = np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
+    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
+    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, near.num_perm)})
+    with atomic_path(cache) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+    return signatures
+
+
+def part_band_keys(part: DocsPart, paths: RunPaths, config: DedupeConfig, bands: int, rows: int) -> Path:
+    """``dedupe/bands/part-NNNNN.parquet``: one ``(row, band, key)`` per document and LSH band (made once)."""
+    cache = paths.dedupe / BANDS_DIR / part.path.name
+    metadata = {**_cache_metadata(part, config), "bands": str(bands), "rows": str(rows)}
+    if _cache_is_valid(cache, metadata):
+        return cache
+    keys = minhash.band_keys(part_signatures(part, paths, config), bands, rows)
+    num_docs = keys.shape[0]
+    table = pa.table({"row": np.tile(np.arange(num_docs, dtype=np.int32), bands),
+                      "band": np.repeat(np.arange(bands, dtype=np.int16), num_docs),
+                      "key": keys.T.reshape(-1)})
+    with atomic_path(cache) as tmp:
+        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+    return cache

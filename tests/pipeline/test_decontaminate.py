@@ -1,0 +1,174 @@
+"""pipeline/decontaminate.py on real stdlib files with planted val and eval quotations, against a pure-Python oracle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.config import DecontaminateConfig, DedupeConfig
+from pipeline.decontaminate import decontaminate_documents
+from pipeline.dedupe import dedupe_documents
+from pipeline.documents import CONTAMINATED_FILE, DUPLICATES_FILE, iter_documents
+from pipeline.errors import ConfigError
+from pipeline.filters import content_hash, normalise_text, split_for
+from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.rundir import RunPaths
+from pipeline.schemas import REJECT_REASONS, REJECTS_SCHEMA
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+VAL_FRACTION = 0.2
+NGRAM = 13
+EVAL_PASSAGE = ("Grace Hopper found a moth trapped in relay seventy of the Mark Two and taped it into the "
+                "logbook as the first actual case of a bug being found")
+
+
+def split_of(text: str) -> str:
+    return split_for(content_hash(normalise_text(text)), VAL_FRACTION)
+
+
+def ngrams(text: str) -> set[tuple[bytes, ...]]:
+    words = text.encode("utf-8").lower().split()
+    return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+
+
+def train_text(body: str, split: str = "train") -> str:
+    """``body`` with a filler line chosen so that the text lands in ``split``."""
+    for attempt in range(1000):
+        text = f"# planted file, variant {attempt}\n{body}\n"
+        if split_of(text) == split:
+            return text
+    raise AssertionError(f"no {split} variant found")
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> dict:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    chosen = [p for p in sorted(STDLIB.glob("*.py")) if 2_000 < p.stat().st_size < 40_000][:40]
+    for path in chosen:
+        shutil.copy(path, folder / path.name)
+    val_file = next(p for p in chosen if split_of(p.read_text(encoding="utf-8")) == "val")
+    words = val_file.read_text(encoding="utf-8").split()
+    passage = " ".join(words[len(words) // 2 : len(words) // 2 + NGRAM])
+    (folder / "zz_quotes_val.py").write_text(train_text(f"x = 1\n{passage}\ny = 2"), encoding="utf-8")
+    near_miss = " ".join(passage.split()[:-1])  # 12 of the 13 words
+    (folder / "zz_near_miss.py").write_text(train_text(f"z = 3\n{near_miss}\nw = 4"), encoding="utf-8")
+    quoted = " ".join(EVAL_PASSAGE.split()[3:16]).upper()  # case differs: words are compared lower-cased
+    (folder / "zz_quotes_eval.py").write_text(train_text(f'"""\n{quoted}\n"""'), encoding="utf-8")
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    records = [{"text": "an unrelated evaluation question about sorting lists"}, {"text": EVAL_PASSAGE}]
+    (evals / "bugs.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    manifest = tmp_path / "corpus.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "c", "sources": [{"name": "lib", "path": "corpus", "format": "text"}]}))
+    return {"manifest": manifest, "val_file": val_file.name, "passage": passage, "folder": folder}
+
+
+def prepare(corpus: dict, paths: RunPaths) -> None:
+    for part in plan_ingest([corpus["manifest"]], paths, 96 * 1024):
+        ingest_part(part, VAL_FRACTION, paths)
+    dedupe_documents(paths, DedupeConfig())
+
+
+def documents_by_uri(paths: RunPaths) -> dict[str, dict]:
+    return {row["uri"]: row for part in sorted(paths.docs.glob("part-*.parquet"))
+            for row in pq.read_table(part).to_pylist()}
+
+
+def expected_contaminated(paths: RunPaths, eval_texts: list[str]) -> set[str]:
+    """The oracle: kept train documents sharing a 13-word n-gram with a kept val document or an eval text."""
+    removed = set(pq.read_table(paths.dedupe / DUPLICATES_FILE).column("doc_id").to_pylist())
+    kept = [row for row in documents_by_uri(paths).values() if row["doc_id"] not in removed]
+    reference = set().union(*(ngrams(row["text"]) for row in kept if row["split"] == "val"),
+                            *(ngrams(text) for text in eval_texts))
+    return {row["uri"] for row in kept if row["split"] == "train" and ngrams(row["text"]) & reference}
+
+
+def config(**overrides: object) -> DecontaminateConfig:
+    return DecontaminateConfig(enabled=True, eval_files=["evals/bugs.jsonl"], **overrides)
+
+
+def test_train_documents_quoting_val_or_eval_are_removed(corpus: dict, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    summary = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    rows = {row["uri"]: row for row in pq.read_table(paths.rejects / CONTAMINATED_FILE).to_pylist()}
+    assert set(rows) == expected_contaminated(paths, [EVAL_PASSAGE])
+    assert {"zz_quotes_val.py", "zz_quotes_eval.py"} <= set(rows) and "zz_near_miss.py" not in rows
+    assert summary["num_contaminated"] == len(rows) and summary["enabled"]
+    docs = documents_by_uri(paths)
+    val_id = docs[corpus["val_file"]]["doc_id"]
+    assert rows["zz_quotes_val.py"]["detail"] == (f"shares the 13-word n-gram {corpus['passage']!r} "
+                                                  f"with val doc_id {val_id}")
+    eval_detail = rows["zz_quotes_eval.py"]["detail"]
+    assert eval_detail.endswith("with eval file bugs.jsonl:2")
+    assert " ".join(EVAL_PASSAGE.split()[3:16]).upper() in eval_detail
+    for uri, row in rows.items():
+        assert row["reason"] == "contaminated" and row["reason"] in REJECT_REASONS
+        assert row["raw"] == docs[uri]["text"].encode("utf-8") and docs[uri]["split"] == "train"
+    assert pq.read_schema(paths.rejects / CONTAMINATED_FILE).equals(REJECTS_SCHEMA)
+    kept = {row["uri"] for batch in iter_documents(paths, columns=["uri"]) for row in batch.to_pylist()}
+    duplicates = set(pq.read_table(paths.dedupe / DUPLICATES_FILE).column("uri").to_pylist())
+    part_rejects = {row["uri"] for part in sorted(paths.rejects.glob("part-*.parquet"))
+                    for row in pq.read_table(part).to_pylist()}
+    every_file = sorted(p.name for p in corpus["folder"].iterdir())
+    assert sorted([*kept, *duplicates, *part_rejects, *rows]) == every_file  # each record exactly once
+
+
+def test_rerun_refresh_and_disable(corpus: dict, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    first = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    output = paths.rejects / CONTAMINATED_FILE
+    stamp = output.stat().st_mtime_ns
+    assert decontaminate_documents(paths, config(), base_dir=tmp_path) == first
+    assert output.stat().st_mtime_ns == stamp  # nothing redone
+    before = {row["uri"] for row in pq.read_table(output).to_pylist()}
+    (corpus["folder"] / "zzz_new_quote.py").write_text(train_text(f"v = 5\n{corpus['passage']}"), encoding="utf-8")
+    prepare(corpus, paths)
+    refreshed = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    after = {row["uri"] for row in pq.read_table(output).to_pylist()}
+    assert after == before | {"zzz_new_quote.py"}
+    assert refreshed["num_train_checked"] == 1  # only the new part's train document was checked
+    num_kept = sum(batch.num_rows for batch in iter_documents(paths))
+    assert decontaminate_documents(paths, DecontaminateConfig())["enabled"] is False
+    assert not output.exists()
+    assert sum(batch.num_rows for batch in iter_documents(paths)) == num_kept + len(after)
+
+
+def test_eval_only_and_missing_eval_file(corpus: dict, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    summary = decontaminate_documents(paths, config(against_val=False), base_dir=tmp_path)
+    rows = pq.read_table(paths.rejects / CONTAMINATED_FILE).column("uri").to_pylist()
+    assert rows == ["zz_quotes_eval.py"]
+    assert summary["contaminated_by_reference"] == {"val": 0, "eval": 1}
+    with pytest.raises(ConfigError, match=r"eval_files: evals/missing\.jsonl does not exist"):
+        decontaminate_documents(paths, DecontaminateConfig(enabled=True, eval_files=["evals/missing.jsonl"]),
+                                base_dir=tmp_path)
+
+
+def test_boilerplate_ngrams_shared_by_many_train_documents_do_not_contaminate(corpus: dict, tmp_path: Path) -> None:
+    header = ("# This file is part of the example project and is distributed under the terms of the example "
+              "licence, version two, without any warranty of any kind, express or implied.")
+    folder = corpus["folder"]
+    (folder / "zz_header_val.py").write_text(train_text(f"{header}\nvalue = 'val'", split="val"), encoding="utf-8")
+    for number in range(4):  # distinct bodies, so dedupe keeps all four
+        body = " ".join(f"word{(number * 7919 + i * 104729) % 1000003}" for i in range(200))
+        (folder / f"zz_header_{number}.py").write_text(train_text(f"{header}\n{body}"), encoding="utf-8")
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    plain = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    flagged = set(pq.read_table(paths.rejects / CONTAMINATED_FILE).column("uri").to_pylist())
+    assert {f"zz_header_{number}.py" for number in range(4)} <= flagged
+    summary = decontaminate_documents(paths, config(max_ngram_train_docs=3), base_dir=tmp_path)
+    kept_flagged = set(pq.read_table(paths.rejects / CONTAMINATED_FILE).column("uri").to_pylist())
+    assert not any(uri.startswith("zz_header_") for uri in kept_flagged)
+    assert {"zz_quotes_val.py", "zz_quotes_eval.py"} <= kept_flagged < flagged
+    assert summary["num_boilerplate_ngrams"] > 0 == plain["num_boilerplate_ngrams"]
