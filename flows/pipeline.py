@@ -12,6 +12,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.artifacts import publish_funnel, publish_training
 from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
 from flows.tasks import (
+    decontaminate_task,
     dedupe_task,
     ingest_part_task,
     pack_task,
@@ -39,11 +40,13 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
         parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
         ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root)).result()
         deduped = dedupe_task(str(root), loaded.dedupe)
+        decontaminated = decontaminate_task(str(root), loaded.dedupe.decontaminate, str(base))
         tokenizer = tokenizer_task(str(root), loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
         splits, sources = _split_source_pairs(manifests)
         pack_task.map(unmapped(str(root)), splits, sources, unmapped(loaded.pack)).result()
         shards = shard_index_task(str(root))
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
+               "decontaminate": decontaminated,
                "tokenizer": tokenizer, "num_shards": len(shards),
                "num_tokens": sum(info.num_tokens for info in shards)}
     publish_funnel(root, summary)

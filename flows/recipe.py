@@ -101,6 +101,28 @@ def source_weights(recipe: RunRecipe, base: Path) -> dict[str, float]:
             for source in load_manifest(path).sources}
 
 
+def _recorded_recipe(path: Path) -> RunRecipe:
+    """The recipe recorded in ``run.yaml``, re-validated so keys added in later versions get their defaults."""
+    recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        return RunRecipe.model_validate({key: recorded[key] for key in RunRecipe.model_fields if key in recorded})
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err, path) + "; the run dir was written by an "
+                          "incompatible tokenmill: use another --run-dir.") from None
+
+
+def changed_data_keys(previous: RunRecipe, current: RunRecipe) -> list[str]:
+    """Dotted keys of the data sections whose values differ (e.g. ``pack.seq_len``)."""
+    def flatten(value: object, prefix: str) -> dict[str, object]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flatten(item, f"{prefix}.{key}").items()}
+        return {prefix: value}
+
+    old = flatten(previous.model_dump(mode="json", include=set(DATA_SECTIONS)), "")
+    new = flatten(current.model_dump(mode="json", include=set(DATA_SECTIONS)), "")
+    return sorted(key.lstrip(".") for key in set(old) | set(new) if old.get(key) != new.get(key))
+
+
 def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool = False) -> None:
     """Write ``run.yaml`` (resolved recipe, source mixture weights, code version).
 
@@ -112,12 +134,8 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool =
     from pipeline.rundir import CODE_VERSION
 
     path = run_dir / "run.yaml"
-    current = recipe.model_dump(mode="json", exclude={"run_dir"})
     if path.is_file() and not fresh:
-        previous = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        changed = [f"{section}.{key}" for section in DATA_SECTIONS
-                   for key in sorted(set(current.get(section, {})) | set(previous.get(section, {}) or {}))
-                   if current.get(section, {}).get(key) != (previous.get(section) or {}).get(key)]
+        changed = changed_data_keys(_recorded_recipe(path), recipe)
         if changed:
             raise ConfigError(
                 f"{path}: the recipe changed since this run dir was prepared ({', '.join(changed)}); "

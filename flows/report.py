@@ -128,11 +128,11 @@ def _plot_throughput(axes: Any, data: dict[str, Any]) -> None:
 
 
 def _plot_funnel(axes: Any, data: dict[str, Any]) -> None:
-    stages = ["records_read", "rejected", "exact_duplicates", "near_duplicates", "kept"]
+    stages = ["records_read", "rejected", "exact_duplicates", "near_duplicates", "contaminated", "kept"]
     width = 0.8 / max(1, len(data["funnel"]))
     for offset, row in enumerate(data["funnel"]):
         axes.bar([i + offset * width for i in range(len(stages))], [row[s] for s in stages], width, label=row["source"])
-    axes.set_xticks(range(len(stages)), ["read", "rejected", "exact dups", "near dups", "kept"])
+    axes.set_xticks(range(len(stages)), ["read", "rejected", "exact dups", "near dups", "contaminated", "kept"])
     axes.set_yscale("symlog")  # rejects and duplicates are often 1% of what was read: keep them visible
     axes.set_ylabel("records")
     axes.legend()

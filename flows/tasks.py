@@ -12,7 +12,8 @@ from flows.progress import reports_progress
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.subprocess_log import run_streaming
-from pipeline.config import DedupeConfig
+from pipeline.config import DecontaminateConfig, DedupeConfig
+from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
 from pipeline.rundir import RunPaths
 from pipeline.shards import ShardInfo
@@ -41,6 +42,12 @@ def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) ->
 @reports_progress("dedupe")
 def dedupe_task(run_dir: str, config: DedupeConfig) -> dict[str, Any]:
     return dedupe_stage(RunPaths(Path(run_dir)), config)
+
+
+@task(name="decontaminate")
+@reports_progress("decontaminate")
+def decontaminate_task(run_dir: str, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
+    return decontaminate_documents(RunPaths(Path(run_dir)), config, base_dir=Path(recipe_dir))
 
 
 @task(name="tokenizer")

@@ -9,7 +9,8 @@ from pipeline.query import connect
 
 FUNNEL_SQL = """
 WITH read_docs AS (SELECT source, count(*) AS n FROM _docs GROUP BY source),
-     rej AS (SELECT source, count(*) AS n FROM rejects GROUP BY source),
+     rej AS (SELECT source, count(*) AS n FROM rejects WHERE reason <> 'contaminated' GROUP BY source),
+     contaminated AS (SELECT source, count(*) AS n FROM rejects WHERE reason = 'contaminated' GROUP BY source),
      dup AS (SELECT source, count(*) FILTER (WHERE kind = 'exact') AS exact,
                     count(*) FILTER (WHERE kind = 'near') AS near FROM duplicates GROUP BY source),
      kept AS (SELECT source, count(*) AS n FROM documents GROUP BY source)
@@ -18,10 +19,11 @@ SELECT s.source,
        coalesce(j.n, 0) AS rejected,
        coalesce(d.exact, 0) AS exact_duplicates,
        coalesce(d.near, 0) AS near_duplicates,
+       coalesce(c.n, 0) AS contaminated,
        coalesce(k.n, 0) AS kept
 FROM (SELECT source FROM read_docs UNION SELECT source FROM rej) s
 LEFT JOIN read_docs r USING (source) LEFT JOIN rej j USING (source)
-LEFT JOIN dup d USING (source) LEFT JOIN kept k USING (source)
+LEFT JOIN dup d USING (source) LEFT JOIN contaminated c USING (source) LEFT JOIN kept k USING (source)
 ORDER BY s.source
 """
 REJECTS_BY_REASON_SQL = "SELECT source, reason, count(*) AS records FROM rejects GROUP BY ALL ORDER BY source, reason"
@@ -55,7 +57,10 @@ def _rows(run_dir: Path, sql: str) -> list[dict[str, Any]]:
 
 
 def data_funnel(run_dir: Path) -> list[dict[str, Any]]:
-    """Per source: ``source, records_read, rejected, exact_duplicates, near_duplicates, kept``."""
+    """Per source: ``source, records_read, rejected, exact_duplicates, near_duplicates, contaminated, kept``.
+
+    ``records_read`` counts every record once: a contaminated document is in ``docs`` and in ``rejects``.
+    """
     return _rows(run_dir, FUNNEL_SQL)
 
 

@@ -44,11 +44,13 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     _register(con, "_docs", _parquet_dataset(document_part_files(paths), DOCUMENTS_SCHEMA))
     _register(con, "duplicates", _parquet_dataset(_existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA))
-    _register(con, "rejects", _parquet_dataset(sorted(paths.rejects.glob("part-*.parquet")), REJECTS_SCHEMA))
+    _register(con, "rejects", _parquet_dataset(sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA))
     _register(con, "shards", _parquet_dataset(_existing([paths.shard_index]), SHARD_INDEX_SCHEMA))
     _register(con, "train_metrics", _jsonl_table(paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA))
     _register(con, "eval_metrics", _jsonl_table(paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA))
-    con.execute("CREATE VIEW documents AS SELECT * FROM _docs WHERE doc_id NOT IN (SELECT doc_id FROM duplicates)")
+    # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
+    con.execute("CREATE VIEW documents AS SELECT * FROM _docs WHERE doc_id NOT IN (SELECT doc_id FROM duplicates) "
+                "AND (source, uri) NOT IN (SELECT source, uri FROM rejects WHERE reason = 'contaminated')")
     _create_sequences_view(con, run_dir)
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

@@ -1,0 +1,46 @@
+"""flows.recipe: loading, run.yaml recording, and refusing a changed data recipe on an existing run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.recipe import changed_data_keys, load_recipe, record_recipe
+from pipeline.errors import ConfigError
+from tests.flows.conftest import write_small_recipe
+
+
+def test_run_yaml_holds_defaults_mixture_and_no_absolute_paths(tmp_path: Path) -> None:
+    recipe, base = load_recipe(write_small_recipe(tmp_path))
+    record_recipe(recipe, base, tmp_path / "run")
+    recorded = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
+    assert recorded["train"]["grad_accum_steps"] == 1 and recorded["dedupe"]["exact"] is True
+    assert recorded["mixture"] == {"stdlib": 1.0} and "run_dir" not in recorded
+    assert str(tmp_path) not in (tmp_path / "run" / "run.yaml").read_text()
+
+
+def test_changed_data_section_is_refused_naming_the_keys(tmp_path: Path) -> None:
+    path = write_small_recipe(tmp_path)
+    recipe, base = load_recipe(path)
+    record_recipe(recipe, base, tmp_path / "run")
+    data = yaml.safe_load(path.read_text())
+    data["pack"]["seq_len"] = 128
+    data["train"]["max_steps"] = 99  # training settings may change
+    path.write_text(yaml.safe_dump(data))
+    changed, _ = load_recipe(path)
+    with pytest.raises(ConfigError, match=r"pack\.seq_len\); use another --run-dir"):
+        record_recipe(changed, base, tmp_path / "run")
+    record_recipe(changed, base, tmp_path / "run", fresh=True)
+
+
+def test_keys_added_by_a_later_version_are_not_a_change(tmp_path: Path) -> None:
+    recipe, base = load_recipe(write_small_recipe(tmp_path))
+    record_recipe(recipe, base, tmp_path / "run")
+    run_yaml = tmp_path / "run" / "run.yaml"
+    recorded = yaml.safe_load(run_yaml.read_text())
+    del recorded["dedupe"]["decontaminate"]  # as written by a version that did not have the key
+    run_yaml.write_text(yaml.safe_dump(recorded))
+    record_recipe(recipe, base, tmp_path / "run")  # no error: the default is what the old version did
+    assert changed_data_keys(recipe, recipe.model_copy(update={"name": "other"})) == []
