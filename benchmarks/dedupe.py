@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import re
-import sysconfig
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.corpus import stdlib_texts
 
 NGRAM = 5
 NUM_PERM = 128
@@ -57,25 +58,6 @@ class PlantedDoc:
 
 
 # ---- corpus -------------------------------------------------------------------------------------
-
-
-def stdlib_texts(max_bytes: int, min_words: int = 0, max_words: int = 10**9) -> list[str]:
-    """Standard-library ``.py`` files (no site-packages, UTF-8 only) in path order until ``max_bytes``."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    texts, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # a few test files are deliberately not UTF-8
-        if min_words <= len(text.split()) <= max_words:
-            texts.append(text)
-            total += len(text.encode("utf-8"))
-            if total >= max_bytes:
-                break
-    return texts
 
 
 def choose_distinct(texts: list[str], count: int, rng: np.random.Generator, max_jaccard: float = 0.3) -> list[str]:

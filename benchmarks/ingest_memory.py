@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.dedupe import stdlib_texts
+from benchmarks.corpus import stdlib_texts
 
 CHUNK_LINES = 60
 SHARD_BYTES = 32 << 20

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +25,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> None:
     _use_repo_imports()
+    from benchmarks.corpus import stdlib_texts
+
     args = _parse_args(argv)
     texts = stdlib_texts(args.max_mb * 1_000_000)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
@@ -55,24 +56,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.max_mb = args.max_mb or (4 if args.quick else 32)
     args.rounds = args.rounds or (3 if args.quick else 2)
     return args
-
-
-def stdlib_texts(max_bytes: int) -> list[str]:
-    """Standard-library ``.py`` files (no site-packages) in path order until ``max_bytes`` of UTF-8."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    texts, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # a few test files are deliberately not UTF-8
-        texts.append(text)
-        total += len(text.encode("utf-8"))
-        if total >= max_bytes:
-            break
-    return texts
 
 
 def run_benchmark(run_dir: Path, texts: list[str], rounds: int, batch_docs: int) -> dict:

@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks.corpus import stdlib_texts
 from benchmarks.dedupe import (
     THRESHOLD,
     exact_similar_pairs,
@@ -23,7 +24,6 @@ from benchmarks.dedupe import (
     run_ours,
     score,
     shingle_set,
-    stdlib_texts,
     write_jsonl,
 )
 

@@ -1,0 +1,25 @@
+"""The benchmarks' shared corpus: the running interpreter's standard-library source, real text on every machine."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+
+def stdlib_texts(max_bytes: int, min_words: int = 0, max_words: int = 10**9) -> list[str]:
+    """Standard-library ``.py`` files (no site-packages, UTF-8 only) in path order until ``max_bytes``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # a few test files are deliberately not UTF-8
+        if min_words <= len(text.split()) <= max_words:
+            texts.append(text)
+            total += len(text.encode("utf-8"))
+            if total >= max_bytes:
+                break
+    return texts
