@@ -26,16 +26,12 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
 from trainer.data import ArrayRows, BatchLayout, TrainLoader, make_batch
 from trainer.evaluate import Evaluator
-from trainer.loop import (
-    LoopCounters,
-    TrainingLoop,
-    build_accelerator,
-    build_lr_scheduler,
-    build_optimizer,
-    seed_everything,
-)
+from trainer.loop import LoopCounters, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
-from trainer.model import ModelShape, build_model
+from trainer.model import ModelShape, build_model, flops_per_token
+from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.parallel import build_accelerator
+from trainer.telemetry import device_peak
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,6 +124,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     for name, values in times.items():
         print(f"{name:40} {statistics.median(values):14.3f} {rate[name]:10,.0f}")
     baseline, ours = rate["bare PyTorch loop"], rate["tokenmill TrainingLoop (Accelerate)"]
+    peak = device_peak(torch.device("cpu"), args.precision, None, None)
+    model_flops = flops_per_token(shape, build_model(shape, 0).num_parameters()) * ours / 1e12
+    print(f"MFU {model_flops / peak.tflops:.1%} ({model_flops * 1e3:.1f} model GFLOP/s of a {peak.tflops * 1e3:.0f} "
+          f"GFLOP/s matmul peak, {peak.source})")
     result = {"name": "train_step", "ours": round(ours, 1), "baseline": round(baseline, 1), "unit": "tokens/s",
               "ratio": round(ours / baseline, 3)}
     print(json.dumps(result))

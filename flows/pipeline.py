@@ -22,9 +22,10 @@ from flows.tasks import (
     tokenizer_task,
     train_task,
 )
+from pipeline.errors import ShardFormatError
 from pipeline.manifest import load_manifest
 from pipeline.rundir import RunLock
-from pipeline.shards import read_shard_index
+from pipeline.shards import read_shard_index, verify_shards
 
 SPLITS = ("train", "val")
 
@@ -63,7 +64,7 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
     loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
     with RunLock(root):
-        read_shard_index(root)  # fails with "run `tokenmill prepare` first" when there are no shards
+        _refuse_corrupt_shards(root)  # also fails with "run `tokenmill prepare` first" when there are no shards
         record_recipe(loaded, base, root)
         until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
@@ -101,10 +102,23 @@ def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
     return [split for split, _ in pairs], [name for _, name in pairs]
 
 
+def _refuse_corrupt_shards(root: Path) -> None:
+    """Raise ShardFormatError naming the first shard that does not match the index (sha256, schema, ids < vocab).
+
+    The trainer memory-maps shards without checking them, so a flipped byte would train silently. This reads
+    every shard once per training launch, about what one epoch reads.
+    """
+    faults = verify_shards(root)
+    if faults:
+        more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
+        raise ShardFormatError(f"{root / 'shards'}: {faults[0]}{more}; training refuses corrupt shards: see "
+                               f"`tokenmill shards verify {root}`, then re-run `tokenmill prepare` in a fresh run dir.")
+
+
 def _until_step(root: Path, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
     current = _latest_checkpoint_step(root)
     if refresh and steps_per_refresh is not None and current is not None:
-        return min(max_steps, current + steps_per_refresh)
+        return current + steps_per_refresh
     return max_steps
 
 

@@ -52,11 +52,13 @@ def load_recipe(path: str | Path) -> tuple[RunRecipe, Path]:
     base = path.resolve().parent
     for manifest in manifest_paths(recipe, base):
         if not manifest.is_file():
-            raise ConfigError(f"{path}: data.manifests: {manifest} does not exist; fix the path "
+            problem = "is a folder, not a manifest file" if manifest.is_dir() else "does not exist"
+            raise ConfigError(f"{path}: data.manifests: {manifest} {problem}; fix the path "
                               "(relative to the recipe's folder).")
     tokenizer_path = tokenizer_file(recipe, base)
     if tokenizer_path is not None and not tokenizer_path.is_file():
-        raise ConfigError(f"{path}: tokenizer.path: {tokenizer_path} does not exist; fix the path.")
+        problem = "is a folder, not a tokenizer.json file" if tokenizer_path.is_dir() else "does not exist"
+        raise ConfigError(f"{path}: tokenizer.path: {tokenizer_path} {problem}; fix the path.")
     return recipe, base
 
 

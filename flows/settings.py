@@ -56,5 +56,6 @@ def hide_user_error_tracebacks() -> None:
 
 
 def retry_unless_user_error(task: object, task_run: object, state: State) -> bool:
-    """Prefect ``retry_condition_fn``: retry I/O and crashes, never a TokenmillError (bad input stays bad)."""
-    return not isinstance(state.result(raise_on_failure=False), TokenmillError)
+    """Prefect ``retry_condition_fn``: retry I/O, crashes and killed children, never bad input (it stays bad)."""
+    error = state.result(raise_on_failure=False)
+    return not isinstance(error, TokenmillError) or getattr(error, "retryable", False)

@@ -14,7 +14,9 @@ from pipeline.errors import TokenmillError
 
 
 class ChildProcessFailed(TokenmillError):
-    """The child process failed or ran past its deadline."""
+    """The child process failed or ran past its deadline; worth a retry (training resumes from a checkpoint)."""
+
+    retryable = True
 
 
 def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAdapter, *,

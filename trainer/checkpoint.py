@@ -1,7 +1,9 @@
 """Checkpoints: live training state -> ``checkpoints/step-NNNNNNN/`` (+ ``latest``); the newest valid one on resume.
 
 A checkpoint folder holds what ``accelerator.save_state`` writes (``model.safetensors``,
-``optimizer.bin``, ``scheduler.bin``, ``random_states_<rank>.pkl``), then ``trainer_state.json``
+``optimizer.bin``, ``scheduler.bin``, ``random_states_<rank>.pkl``; under FSDP the weights and AdamW
+state are sharded torch.distributed.checkpoint folders instead, ``pytorch_model_fsdp_0/`` and
+``optimizer_0/``, one ``__<rank>_0.distcp`` file per rank plus ``.metadata``), then ``trainer_state.json``
 (every registered Stateful's ``state_dict()`` as JSON: loop counters, loader position, …) and,
 written LAST, ``manifest.json`` with the sha256 of every other file. A folder whose manifest is
 missing or does not verify is not a checkpoint. The folder is assembled under a temporary name and
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import DistributedType, broadcast_object_list
 
 from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
 from pipeline.errors import CheckpointError
@@ -31,7 +33,11 @@ CHECKPOINT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 LATEST_NAME = "latest"
-REQUIRED_FILES = ("model.safetensors", "optimizer.bin", TRAINER_STATE_NAME)
+FSDP_MODEL_METADATA = "pytorch_model_fsdp_0/.metadata"
+FSDP_OPTIMIZER_METADATA = "optimizer_0/.metadata"
+REQUIRED_FILES = (("model.safetensors", FSDP_MODEL_METADATA), ("optimizer.bin", FSDP_OPTIMIZER_METADATA),
+                  (TRAINER_STATE_NAME,))
+"""Each group needs one of its files: the weights and optimizer state whole (DDP) or sharded (FSDP)."""
 STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 
 
@@ -76,7 +82,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         files = manifest["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         return f"unreadable manifest.json ({err})"
-    missing = [name for name in REQUIRED_FILES if name not in files]
+    missing = [" or ".join(group) for group in REQUIRED_FILES if not any(name in files for name in group)]
     if missing:
         return f"manifest lacks {missing}"
     for name, entry in files.items():
@@ -106,18 +112,45 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(staging))
-        self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
+        try:
+            self.accelerator.save_state(str(staging))
+            self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
+            if self.accelerator.is_main_process:
+                trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
+                                 "states": {name: obj.state_dict() for name, obj in self.states.items()}}
+                write_json_atomic(staging / TRAINER_STATE_NAME, trainer_state)
+                write_manifest(staging, step)
+        except Exception as err:
+            # A full disk shows up as OSError, torch.save's "iostream error" RuntimeError or a SafetensorError:
+            # drop the half-written folder (the previous checkpoint stays the newest) and say where and how much.
+            if self.accelerator.is_main_process:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(self._save_failed_message(target, err)) from err
         if self.accelerator.is_main_process:
-            trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
-                             "states": {name: obj.state_dict() for name, obj in self.states.items()}}
-            write_json_atomic(staging / TRAINER_STATE_NAME, trainer_state)
-            write_manifest(staging, step)
             replace_dir(staging, target)
             write_json_atomic(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
             self._prune()
         self.accelerator.wait_for_everyone()
         return target
+
+    def _save_failed_message(self, target: Path, err: Exception) -> str:
+        """One line: the checkpoint that could not be saved, why, the room one takes (the previous one's size)."""
+        previous = list_checkpoints(self.checkpoints_dir)
+        room = ""
+        if previous:
+            num_bytes = sum(path.stat().st_size for path in previous[-1][1].rglob("*") if path.is_file())
+            room = f"a checkpoint of this run takes about {num_bytes:,} bytes, "
+        free = shutil.disk_usage(self.checkpoints_dir).free
+        reason = " ".join(str(err).split())[:200]
+        resume = f"step {previous[-1][0]}" if previous else "step 0"
+        return (f"{target}: saving the checkpoint failed ({type(err).__name__}: {reason}); {room}{free:,} bytes are "
+                f"free there. Free space (or lift the file-size limit, `ulimit -f`) and re-run: training resumes "
+                f"from {resume}.")
+
+    def latest_name(self) -> str | None:
+        """``checkpoints/step-NNNNNNN`` of the newest checkpoint folder (relative to the run dir), or None."""
+        found = list_checkpoints(self.checkpoints_dir)
+        return f"{self.checkpoints_dir.name}/{found[-1][1].name}" if found else None
 
     def _prune(self) -> None:
         for _, folder in list_checkpoints(self.checkpoints_dir)[:-self.keep_last]:
@@ -174,12 +207,21 @@ class Checkpointer:
         if missing:
             raise CheckpointError(f"{folder}: trainer_state.json lacks {missing}; it was written by another "
                                   "trainer version: delete checkpoints/ to start over.")
+        self._check_sharding(folder)
         for name, obj in self.states.items():  # validate our own state before touching the weights
             obj.load_state_dict(trainer_state["states"][name])
         self.accelerator.load_state(str(folder))
         # Checkpoints sit on optimizer-step boundaries; reset Accelerate's micro-step counter so a resume
         # with another grad_accum_steps (e.g. fewer processes) syncs on the right micro-batch.
         self.accelerator.step = 0
+
+    def _check_sharding(self, folder: Path) -> None:
+        saved_sharded = (folder / FSDP_MODEL_METADATA).is_file()
+        sharded_now = self.accelerator.distributed_type == DistributedType.FSDP
+        if saved_sharded != sharded_now:
+            saved, now = ("FSDP", "unsharded") if saved_sharded else ("unsharded", "FSDP")
+            raise CheckpointError(f"{folder} holds {saved} weights but this run is {now}; set train.fsdp back to "
+                                  f"{str(saved_sharded).lower()} to resume, or delete checkpoints/ to start over.")
 
 
 def set_aside(folder: Path) -> Path:

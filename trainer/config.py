@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import FrozenConfig
 
@@ -81,7 +81,9 @@ class TrainConfig(FrozenConfig):
     grad_clip: float = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this value."""
     precision: Precision = "fp32"
-    """fp32 | bf16 (autocast) | fp16 (dynamic loss scaling; GPU only)."""
+    """fp32 | bf16 (autocast, fp32 master weights) | fp16 (autocast + dynamic loss scaling)."""
+    loss_scale_growth_interval: int = Field(default=2000, ge=1)
+    """fp16 only: successful steps after which the loss scale doubles (it halves on every overflow)."""
     checkpoint_every: int = Field(default=50, ge=1)
     """Save a checkpoint every this many steps (and at the end)."""
     keep_last: int = Field(default=2, ge=1)
@@ -98,3 +100,30 @@ class TrainConfig(FrozenConfig):
     """Write a train_metrics row every this many steps."""
     deadline_minutes: float | None = Field(default=None, gt=0)
     """Stop a training launch that runs longer than this (the flow's retry then resumes it); None = no limit."""
+    max_nonfinite_steps: int = Field(default=5, ge=1)
+    """Stop with an error after this many optimizer steps in a row with a NaN/inf loss or gradient norm."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."""
+    compile: bool = False
+    """torch.compile each decoder block (inductor); the first step then takes minutes on a CPU."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state across processes (FSDP2 = ZeRO-3, Accelerate's plugin)."""
+    deepspeed_config: str | None = None
+    """DeepSpeed JSON config (absolute, or relative to the run dir) handed to Accelerate; GPU only, not with fsdp."""
+    peak_tflops: float | None = Field(default=None, gt=0)
+    """Peak TFLOP/s of one device for MFU; None = known-GPU table, else a matmul probe on CPU."""
+    profile_steps: list[Annotated[int, Field(ge=1)]] = []
+    """Optimizer steps to trace with torch.profiler into metrics/profile/ (Chrome trace JSON)."""
+    tensorboard: bool = True
+    """Also log the metrics to TensorBoard (metrics/tensorboard/) through Accelerate's tracker."""
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _sorted_unique(cls, steps: list[int]) -> list[int]:
+        return sorted(set(steps))
+
+    @model_validator(mode="after")
+    def _one_sharding_engine(self) -> TrainConfig:
+        if self.fsdp and self.deepspeed_config is not None:
+            raise ValueError("train.fsdp and train.deepspeed_config both shard the model; set only one of them")
+        return self

@@ -4,7 +4,8 @@ The flow runs this argv as a subprocess (never through a shell). Facts behind th
 ``--num_processes 2`` alone, or with ``--cpu``, silently starts ONE process; ``--multi_gpu`` goes
 through torchrun and, on a machine without GPUs, forms a gloo group (MULTI_CPU). The other flags only
 pin Accelerate's defaults so it does not print a warning for each; ``--mixed_precision no`` does not
-override the recipe, because the script passes ``train.precision`` to ``Accelerator`` explicitly.
+override the recipe: the trainer does mixed precision itself (``trainer.precision``), and FSDP or
+DeepSpeed come from the recipe through Accelerate's plugins (``trainer.parallel``), not from flags here.
 """
 
 from __future__ import annotations
@@ -17,15 +18,25 @@ from pathlib import Path
 
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
-                   allow_data_change: bool = False) -> list[str]:
-    """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1."""
+                   allow_data_change: bool = False, *, num_machines: int = 1, machine_rank: int = 0,
+                   main_process_ip: str | None = None, main_process_port: int = 29500) -> list[str]:
+    """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1.
+
+    Several machines: run the same argv on each with its own ``machine_rank`` (0 on the machine at
+    ``main_process_ip``); ``num_processes`` counts the processes of ALL machines (Accelerate's convention).
+    """
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    if num_machines > 1 and main_process_ip is None:
+        raise ValueError("several machines need main_process_ip (the address of the machine with machine_rank 0)")
     command = [sys.executable, "-m", "accelerate.commands.launch"]
     if num_processes > 1:
         command.append("--multi_gpu")
-    command += ["--num_processes", str(num_processes), "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no",
+    command += ["--num_processes", str(num_processes), "--num_machines", str(num_machines)]
+    if num_machines > 1:
+        command += ["--machine_rank", str(machine_rank), "--main_process_ip", str(main_process_ip),
+                    "--main_process_port", str(main_process_port)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no",
                 "-m", "trainer.train", "--run-dir", str(run_dir)]
     if until_step is not None:
         command += ["--until-step", str(until_step)]

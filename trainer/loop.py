@@ -1,17 +1,16 @@
 """Training loop: loader batches -> optimizer steps on Accelerate, with evaluation, metrics and checkpoints on schedule.
 
 ``TrainingLoop`` only composes collaborators built elsewhere from the configs (model, AdamW, warmup +
-cosine LambdaLR, TrainLoader, Evaluator, Checkpointer, MetricsSink); this module also holds the small
-builders for the optimizer, the schedule and the Accelerator.
+cosine LambdaLR, TrainLoader, MixedPrecision, NonFiniteGuard, Evaluator, Checkpointer, MetricsSink,
+Telemetry, callbacks). One step = load the step's micro-batches (``data_wait_s``), forward/backward
+each under autocast with gradients synced on the last (``fwd_bwd_s``), then unscale, clip and apply
+or skip the update (``optimizer_s``).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,43 +18,18 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
-from pipeline.errors import CheckpointError, ConfigError
+from pipeline.errors import CheckpointError
+from trainer.callbacks import Callback
 from trainer.checkpoint import Checkpointer
 from trainer.config import TrainConfig
-from trainer.data import TrainLoader
+from trainer.data import Batch, TrainLoader
 from trainer.evaluate import Evaluator
+from trainer.guard import NonFiniteGuard, state_counts
 from trainer.metrics import MetricsSink
 from trainer.model import ModelShape
-
-ADAM_BETAS = (0.9, 0.95)
-"""The usual LLM-pretraining betas (GPT-3, Llama): a shorter second-moment memory than 0.999 is more stable."""
-
-
-def mixed_precision_for(precision: str, on_gpu: bool) -> str:
-    """Accelerate's ``mixed_precision`` for ``train.precision``; refuses fp16 and warns about bf16 on CPU."""
-    if precision == "fp32":
-        return "no"
-    if precision == "fp16" and not on_gpu:
-        raise ConfigError("train.precision=fp16 needs a GPU (on CPU Accelerate silently runs fp32 instead); "
-                          "set train.precision: fp32.")
-    if precision == "bf16" and not on_gpu:
-        warnings.warn("train.precision=bf16 on CPU: without AVX512-BF16/AMX bf16 matmuls run ~20x slower than "
-                      "fp32; set train.precision: fp32 for CPU runs.", stacklevel=2)
-    return precision
-
-
-def build_accelerator(train: TrainConfig) -> Accelerator:
-    """The Accelerator for this run: precision from the recipe, our own scheduler stepping (see below)."""
-    on_gpu = torch.cuda.is_available()
-    mixed = mixed_precision_for(train.precision, on_gpu=on_gpu)
-    # cpu=True on a GPU-less machine: without it Accelerate 1.15 ignores torchrun's WORLD_SIZE there and
-    # every launched process trains alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU).
-    # step_scheduler_with_optimizer=False: Accelerate would otherwise step the schedule once per
-    # *process* each optimizer step; ours counts optimizer steps, whatever the number of processes.
-    return Accelerator(cpu=not on_gpu, mixed_precision=mixed, gradient_accumulation_steps=train.grad_accum_steps,
-                       step_scheduler_with_optimizer=False)
+from trainer.precision import MixedPrecision
+from trainer.telemetry import PhaseTimer, Telemetry
 
 
 def seed_everything(seed: int) -> None:
@@ -66,46 +40,22 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on the projection matrices only.
-
-    Norm gains and the (tied) embedding are not decayed: decay pulls gains away from 1 for no benefit,
-    and it would shrink the rows of rare tokens on every step although their gradients are rare.
-    """
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (decay if param.ndim >= 2 and "embed_tokens" not in name else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=train.lr, betas=ADAM_BETAS, eps=1e-8)
-
-
-def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak LR for optimizer step ``step`` (0-based): linear warmup, then cosine to the floor."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> LambdaLR:
-    """Warmup + cosine as a LambdaLR; the schedule comes from the recipe, so a raised max_steps takes effect."""
-    schedule = functools.partial(lr_factor, warmup_steps=train.warmup_steps, max_steps=train.max_steps,
-                                 min_lr_ratio=train.min_lr_ratio)
-    return LambdaLR(optimizer, schedule)
-
-
 @dataclass
 class LoopCounters:
-    """Optimizer steps taken and tokens processed (all ranks, padding included)."""
+    """Optimizer steps taken, tokens processed (all ranks, padding included), and skipped updates."""
 
     step: int = 0
     tokens_seen: int = 0
+    skipped_steps: int = 0
+    nonfinite_in_a_row: int = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.skipped_steps, self.nonfinite_in_a_row = state_counts(state)
 
 
 @dataclass(frozen=True)
@@ -127,12 +77,22 @@ class ModelSignature:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one optimizer step measured on this rank (loss is the mean over its micro-batches)."""
+    """What one optimizer step measured: loss averaged over all ranks, global grad norm, phase seconds."""
 
-    loss: torch.Tensor
-    grad_norm: float
+    loss: float
+    grad_norm: float | None
     lr: float
-    seconds: float
+    phase_seconds: dict[str, float]
+    applied: bool
+
+
+def as_float(value: Any) -> float | None:
+    """A Python float from a norm that may be a tensor, a DTensor (FSDP) or None (DeepSpeed before its step)."""
+    if value is None:
+        return None
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value)
 
 
 @dataclass
@@ -149,63 +109,116 @@ class TrainingLoop:
     metrics: MetricsSink
     train: TrainConfig
     counters: LoopCounters
-    flops_per_token: float = 0.0
+    precision: MixedPrecision | None = None
+    telemetry: Telemetry | None = None
+    callbacks: list[Callback] = field(default_factory=list)
     _window: list[StepResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            self.precision = MixedPrecision(self.train.precision, self.accelerator.device.type,
+                                            self.train.loss_scale_growth_interval)
+        self.guard = NonFiniteGuard(self.train.max_nonfinite_steps, self.counters)
 
     @property
     def tokens_per_step(self) -> int:
         return self.loader.layout.global_batch_size * self.loader.rows.seq_len
 
     def train_step(self) -> StepResult:
-        """One optimizer step over ``grad_accum_steps`` micro-batches (gradients synced on the last one)."""
-        start = time.perf_counter()
+        """One optimizer step over ``grad_accum_steps`` micro-batches; the update is skipped when non-finite."""
+        step = self.counters.step + 1
+        for callback in self.callbacks:
+            callback.on_step_begin(step)
+        timer = PhaseTimer(self.accelerator.device)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        loss_sum, grad_norm = torch.zeros((), dtype=torch.float64, device=self.accelerator.device), math.nan
-        batches = self.loader.next_step()
+        with timer.phase("data_wait_s"):
+            batches = self.loader.next_step()
+        with timer.phase("fwd_bwd_s"):
+            local_loss = self.forward_backward(batches)
+        with timer.phase("optimizer_s"):
+            loss, grad_norm, applied = self.optimizer_step(local_loss)
+        self.counters.step = step
+        self.counters.tokens_seen += self.tokens_per_step
+        for callback in self.callbacks:
+            callback.on_step_end(step)
+        return StepResult(loss, grad_norm, lr, timer.seconds, applied)
+
+    def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
+        """This rank's mean micro-batch loss; gradients accumulate, synced across ranks on the last micro-batch."""
+        device = self.accelerator.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for batch in batches:
             with self.accelerator.accumulate(self.model):
-                loss = self.model(batch.input_ids.to(self.accelerator.device), batch.labels.to(self.accelerator.device))
-                self.accelerator.backward(loss)
+                with self.precision.autocast():
+                    loss = self.model(batch.input_ids.to(device), batch.labels.to(device))
+                self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
-                if self.accelerator.sync_gradients:
-                    grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip))
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
         assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"
-        if not self.optimizer.step_was_skipped:  # fp16 loss scaling skips steps with inf/nan gradients
+        return loss_sum / len(batches)
+
+    def optimizer_step(self, local_loss: torch.Tensor) -> tuple[float, float | None, bool]:
+        """Unscale, clip, then apply the update unless the loss/grad norm is non-finite or fp16 overflowed.
+
+        Returns (loss averaged over ranks, global gradient norm before clipping, whether the update was applied).
+        """
+        loss = float(self.accelerator.reduce(local_loss, reduction="mean"))  # collective: all ranks decide alike
+        self.precision.unscale_(self.optimizer)
+        grad_norm = as_float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip))
+        finite = self.guard.is_finite(loss, grad_norm, loss_scaled=self.precision.scaler is not None)
+        applied = self.precision.step(self.optimizer, allowed=finite)
+        self.optimizer.zero_grad(set_to_none=True)
+        if applied:  # the schedule counts applied updates, as Accelerate's own fp16 skipping does
             self.scheduler.step()
-        self.counters.step += 1
-        self.counters.tokens_seen += self.tokens_per_step
-        return StepResult(loss_sum / len(batches), grad_norm, lr, time.perf_counter() - start)
+        self.guard.record(finite, applied)
+        return loss, grad_norm, applied
 
     def run(self, target_step: int) -> None:
-        """Train until ``counters.step == target_step``; evaluates at step 0, on schedule and at the end."""
+        """Train until ``counters.step == target_step``; evaluates at step 0, on schedule and at the end.
+
+        Raises TrainingDivergedError after ``train.max_nonfinite_steps`` non-finite steps in a row.
+        """
         if self.counters.step == 0:
             self.evaluate()
         while self.counters.step < target_step:
+            if not self._window and self.telemetry is not None:
+                self.telemetry.start_window()
             self._window.append(self.train_step())
             step = self.counters.step
-            if step % self.train.log_every == 0 or step in (1, target_step):
+            if step % self.train.log_every == 0 or step in (1, target_step) or self.guard.should_stop:
                 self.log_window(target_step)
+            if self.guard.should_stop:
+                raise self.guard.stop_error(step, self.checkpointer.latest_name())
             if step % self.train.eval_every == 0 or step == target_step:
                 self.evaluate()
             if step % self.train.checkpoint_every == 0 or step == target_step:
-                self.checkpointer.save(step)
+                self.save_checkpoint(step, final=step == target_step)
+
+    def save_checkpoint(self, step: int, final: bool) -> None:
+        """Checkpoint ``step``, except on schedule during a non-finite streak (keep the last good one newest)."""
+        if self.guard.in_streak and not final:
+            self.accelerator.print(f"checkpoint at step {step} skipped: {self.counters.nonfinite_in_a_row} "
+                                   "non-finite step(s) in a row", flush=True)
+            return
+        self.checkpointer.save(step)
 
     def log_window(self, target_step: int) -> None:
-        """Write one train row (and a progress line) for the steps since the last row; collective (loss mean)."""
-        last = self._window[-1]
-        loss = float(self.accelerator.reduce(last.loss, reduction="mean"))
-        seconds = sum(result.seconds for result in self._window)
-        tokens_per_s = self.tokens_per_step * len(self._window) / max(seconds, 1e-9)
-        row = {"step": self.counters.step, "loss": loss, "lr": last.lr, "grad_norm": last.grad_norm,
-               "tokens_seen": self.counters.tokens_seen, "tokens_per_s": tokens_per_s,
-               "step_time_s": seconds / len(self._window), "epoch": self.loader.epoch,
-               "model_tflops_per_s": tokens_per_s * self.flops_per_token / 1e12}
-        self._window.clear()
+        """Write one train row (and a progress line) for the steps since the last row."""
+        last, window = self._window[-1], self._window
+        row = {"step": self.counters.step, "loss": last.loss, "lr": last.lr, "grad_norm": last.grad_norm,
+               "tokens_seen": self.counters.tokens_seen, "epoch": self.loader.epoch,
+               "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
+        tokens = self.tokens_per_step * len(window)
+        if self.telemetry is not None:
+            row.update(self.telemetry.window_columns([result.phase_seconds for result in window], tokens))
+        else:
+            seconds = sum(sum(result.phase_seconds.values()) for result in window)
+            row.update(tokens_per_s=tokens / max(seconds, 1e-9), step_time_s=seconds / len(window))
+        self._window = []
         self.metrics.log_train(row)
-        self.accelerator.print(f"step {row['step']}/{target_step} | loss {loss:.4f} | lr {last.lr:.2e} | "
-                               f"grad_norm {last.grad_norm:.3f} | {tokens_per_s:,.0f} tokens/s", flush=True)
+        mfu = f" | mfu {row['mfu']:.1%}" if math.isfinite(row.get("mfu") or math.nan) else ""
+        grad_norm = math.nan if last.grad_norm is None else last.grad_norm
+        self.accelerator.print(f"step {row['step']}/{target_step} | loss {last.loss:.4f} | lr {last.lr:.2e} | "
+                               f"grad_norm {grad_norm:.3f} | {row['tokens_per_s']:,.0f} tokens/s{mfu}", flush=True)
 
     def evaluate(self) -> dict[str, float] | None:
         """Validation on the fixed subset; writes an eval row and prints it."""

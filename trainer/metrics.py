@@ -2,12 +2,15 @@
 
 Rows are appended and flushed as they happen, so a killed run keeps what it measured. On resume the
 rows past the resumed step are dropped first: steps replayed after a restart are never counted twice.
+The numeric columns also go to a tracker when one is given (TensorBoard through ``accelerator.log``,
+as ``train/<column>`` and ``eval/<column>``); the JSONL files stay the record DuckDB reads.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +20,17 @@ TRAIN_FILE = "train.jsonl"
 EVAL_FILE = "eval.jsonl"
 
 
+Tracker = Callable[..., None]
+"""``tracker(values: dict[str, float], step=int)``, e.g. ``accelerator.log``."""
+
+
 class MetricsSink:
     """Writes metric rows when ``enabled`` (rank 0); a no-op on the other ranks."""
 
-    def __init__(self, metrics_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, metrics_dir: Path, enabled: bool = True, tracker: Tracker | None = None) -> None:
         self.metrics_dir = Path(metrics_dir)
         self.enabled = enabled
+        self.tracker = tracker
 
     def drop_rows_after(self, step: int | None) -> None:
         """Keep only rows with ``step <= step``; ``None`` (a fresh start) drops every row."""
@@ -36,9 +44,18 @@ class MetricsSink:
 
     def log_train(self, row: dict[str, Any]) -> None:
         self._append(TRAIN_FILE, row)
+        self._track("train", row)
 
     def log_eval(self, row: dict[str, Any]) -> None:
         self._append(EVAL_FILE, row)
+        self._track("eval", row)
+
+    def _track(self, prefix: str, row: dict[str, Any]) -> None:
+        if not self.enabled or self.tracker is None:
+            return
+        values = {f"{prefix}/{key}": value for key, value in row.items() if key != "step"
+                  and isinstance(value, int | float) and math.isfinite(value)}
+        self.tracker(values, step=row["step"])
 
     def _append(self, name: str, row: dict[str, Any]) -> None:
         if not self.enabled:

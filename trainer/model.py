@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelDims
 
@@ -38,7 +39,7 @@ class ModelShape:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 whatever the input dtype (as HF Llama does)."""
+    """Root-mean-square norm, computed in at least fp32 whatever the input dtype (as HF Llama does)."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -46,8 +47,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 for half inputs, float64 stays float64
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
 
@@ -133,12 +134,16 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(shape) for _ in range(shape.dims.num_layers))
         self.norm = RMSNorm(shape.dims.hidden_size, shape.dims.rms_norm_eps)
         self.head_dim, self.rope_theta = shape.head_dim, shape.dims.rope_theta
+        self.activation_checkpointing = False
+        """Recompute each block's activations during backward instead of keeping them (set by the trainer)."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(input_ids.shape[1], self.head_dim, self.rope_theta, input_ids.device)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
+            # Non-reentrant checkpointing: works with DDP/FSDP hooks and inputs that need no grad.
+            hidden = checkpoint(layer, hidden, cos, sin, use_reentrant=False) if recompute else layer(hidden, cos, sin)
         return self.norm(hidden)
 
 

@@ -1,6 +1,6 @@
 """Train entry point: run dir (run.yaml + shards) -> checkpoints/, metrics/, model/; ``accelerate launch`` starts it.
 
-``python -m trainer.train --run-dir RUN [--until-step N]`` trains to min(train.max_steps, N) optimizer
+``python -m trainer.train --run-dir RUN [--until-step N]`` trains to N (default train.max_steps) optimizer
 steps, resuming from the newest valid checkpoint, then exports ``RUN/model``. Use
 :func:`trainer.launch.launch_command` to build the ``accelerate launch`` argv for several processes.
 """
@@ -10,44 +10,52 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Annotated
 
 from accelerate import Accelerator
-from pydantic import ValidationError
+from accelerate.utils import broadcast_object_list
+from pydantic import Field, ValidationError
 
 from pipeline.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from pipeline.errors import ConfigError, ShardFormatError, TokenmillError
 from pipeline.rundir import RunPaths
+from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer
 from trainer.config import ModelConfig, TrainConfig
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.export import export_model, exported_step
 from trainer.launch import exit_with_parent
-from trainer.loop import (
-    LoopCounters,
-    ModelSignature,
-    TrainingLoop,
-    build_accelerator,
-    build_lr_scheduler,
-    build_optimizer,
-    seed_everything,
-)
+from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
+from trainer.mixture import MixtureOrder, resolve_weights
 from trainer.model import ModelShape, build_model, flops_per_token
+from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.parallel import TRACKER_PROJECT, apply_model_options, build_accelerator, is_sharded
+from trainer.precision import MixedPrecision
+from trainer.telemetry import DevicePeak, Telemetry, device_peak
+
+PROFILE_DIR = Path("metrics") / "profile"
+"""Where ``train.profile_steps`` traces go, relative to the run dir."""
+
+DEVICE_PEAK_FILE = "device_peak.json"
+"""Cached matmul probe (in ``metrics/``): every resume of a run divides MFU by the same peak."""
 
 
 class TrainerSections(FrozenConfig):
-    """The two recipe sections the trainer reads (the rest of run.yaml belongs to other stages)."""
+    """The recipe sections the trainer reads (the rest of run.yaml belongs to other stages)."""
 
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    mixture: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    """Sampling weight per source name (from the corpus manifests); None = every train row equally likely."""
 
 
 def read_trainer_config(run_dir: Path) -> TrainerSections:
-    """Validate ``model`` and ``train`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
+    """Validate ``model``, ``train`` and ``mixture`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
     path = RunPaths(Path(run_dir)).recipe
     recipe = load_yaml_mapping(path, "run recipe")
-    sections = {key: recipe[key] for key in ("model", "train") if recipe.get(key) is not None}
+    sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
     try:
         config = TrainerSections.model_validate(sections)
         config.model.resolved_dims()
@@ -69,6 +77,31 @@ def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
     return train_rows, val_rows
 
 
+def build_mixture(train_rows: SplitRows, weights: dict[str, float] | None, seed: int) -> MixtureOrder | None:
+    """The weighted source interleave for run.yaml's ``mixture`` section, or None without one."""
+    if weights is None:
+        return None
+    source_rows = train_rows.rows_by_source()
+    resolved = resolve_weights(weights, {name: len(rows) for name, rows in source_rows.items()})
+    return MixtureOrder(source_rows, resolved, seed)
+
+
+def build_telemetry(accelerator: Accelerator, train: TrainConfig, paths: RunPaths, flops: float) -> Telemetry:
+    """Rank 0 measures (its peak is probed once per device and cached in metrics/); other ranks never log."""
+    if accelerator.is_main_process:
+        peak = device_peak(accelerator.device, train.precision, train.peak_tflops, paths.metrics / DEVICE_PEAK_FILE)
+    else:
+        peak = DevicePeak(float("nan"), "not measured on this rank")
+    return Telemetry(accelerator.device, accelerator.num_processes, flops, peak)
+
+
+def build_callbacks(accelerator: Accelerator, train: TrainConfig, paths: RunPaths) -> list[Callback]:
+    if not train.profile_steps:
+        return []
+    return [ProfilerCallback(train.profile_steps, paths.root / PROFILE_DIR, accelerator.process_index,
+                             accelerator.device)]
+
+
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
                         allow_data_change: bool = False) -> TrainingLoop:
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
@@ -76,35 +109,62 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
     shape = ModelShape(config.model.resolved_dims(), train_rows.vocab_size, train_rows.seq_len)
-    model = build_model(shape, train.seed)
+    model = apply_model_options(build_model(shape, train.seed), train)
     num_params = model.num_parameters()
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, accelerator.num_processes,
                          accelerator.process_index)
-    loader = TrainLoader(train_rows, layout, train.seed, allow_data_change)
+    loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
+                         build_mixture(train_rows, config.mixture, train.seed))
+    precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
+                               sharded=is_sharded(accelerator))
     counters = LoopCounters()
     states = {"signature": ModelSignature(shape), "loop": counters, "loader": loader}
+    if precision.scaler is not None:
+        states["precision"] = precision
+    tracker = accelerator.log if train.tensorboard else None
     return TrainingLoop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
-                            accelerator),
+                            accelerator, precision.autocast),
         checkpointer=Checkpointer(accelerator, paths.checkpoints, train.keep_last, states),
-        metrics=MetricsSink(paths.metrics, enabled=accelerator.is_main_process),
-        train=train, counters=counters, flops_per_token=flops_per_token(shape, num_params))
+        metrics=MetricsSink(paths.metrics, enabled=accelerator.is_main_process, tracker=tracker),
+        train=train, counters=counters, precision=precision,
+        telemetry=build_telemetry(accelerator, train, paths, flops_per_token(shape, num_params)),
+        callbacks=build_callbacks(accelerator, train, paths))
 
 
 def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool = False) -> int:
-    """Train (resuming when a checkpoint exists) to min(max_steps, until_step), export model/; returns the step."""
+    """Train (resuming when a checkpoint exists) to ``until_step`` (default max_steps), export model/; returns the step.
+
+    ``until_step`` may pass ``max_steps``: an incremental refresh keeps training on new data, and the
+    learning rate stays at its cosine floor past ``max_steps``.
+
+    Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row.
+    """
     run_dir = Path(run_dir)
     config = read_trainer_config(run_dir)
-    accelerator = build_accelerator(config.train)
-    loop = build_training_loop(run_dir, config, accelerator, allow_data_change)
-    resumed_step = loop.checkpointer.load_latest()
-    if resumed_step is not None:
-        accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
-    loop.metrics.drop_rows_after(resumed_step)
-    target_step = min(config.train.max_steps, until_step if until_step is not None else config.train.max_steps)
+    accelerator = build_accelerator(config.train, run_dir)
+    try:
+        if config.train.tensorboard:
+            accelerator.init_trackers(TRACKER_PROJECT)
+        loop = build_training_loop(run_dir, config, accelerator, allow_data_change)
+        resumed_step = loop.checkpointer.load_latest()
+        if resumed_step is not None:
+            accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
+        loop.metrics.drop_rows_after(resumed_step)
+        target_step = until_step if until_step is not None else config.train.max_steps
+        run_to(loop, target_step)
+        export_if_stale(loop, RunPaths(run_dir))
+    finally:
+        accelerator.end_training()  # flushes TensorBoard even when training stops with an error
+    return loop.counters.step
+
+
+def run_to(loop: TrainingLoop, target_step: int) -> None:
+    """Train to ``target_step``, or say that the checkpoint is already there."""
+    accelerator = loop.accelerator
     if loop.counters.step < target_step:
         accelerator.print(f"training to step {target_step} on {accelerator.num_processes} process(es), "
                           f"{loop.tokens_per_step:,} tokens/step", flush=True)
@@ -112,26 +172,30 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     else:
         accelerator.print(f"already at step {loop.counters.step} (target {target_step}); nothing to train",
                           flush=True)
-    export_if_stale(loop, RunPaths(run_dir))
-    accelerator.end_training()
-    return loop.counters.step
 
 
 def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
-    """Write model/ from the current weights unless it already holds this step (rank 0 writes)."""
+    """Write model/ from the current weights unless it already holds this step (rank 0 writes).
+
+    Collective: under FSDP every rank sends its shards to rank 0 for the full state dict.
+    """
     accelerator = loop.accelerator
-    if accelerator.is_main_process and exported_step(paths.model) != loop.counters.step:
-        module = accelerator.unwrap_model(loop.model)
-        export_model(module.state_dict(), module.shape, paths.model, paths.tokenizer,
-                     {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen})
-        accelerator.print(f"exported step {loop.counters.step} to {paths.model}", flush=True)
+    stale = [accelerator.is_main_process and exported_step(paths.model) != loop.counters.step]
+    broadcast_object_list(stale)
+    if stale[0]:
+        state_dict = accelerator.get_state_dict(loop.model)
+        if accelerator.is_main_process:
+            module = accelerator.unwrap_model(loop.model)
+            export_model(state_dict, module.shape, paths.model, paths.tokenizer,
+                         {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen})
+            accelerator.print(f"exported step {loop.counters.step} to {paths.model}", flush=True)
     accelerator.wait_for_everyone()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="run directory holding run.yaml and shards/")
-    parser.add_argument("--until-step", type=int, default=None, help="stop at this step (capped by max_steps)")
+    parser.add_argument("--until-step", type=int, default=None, help="stop at this step (default: max_steps)")
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume although the train shards changed since the checkpoint (incremental refresh)")
     return parser.parse_args(argv)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from tests.flows.conftest import write_small_recipe
 
@@ -33,7 +34,10 @@ def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_se
 
     from flows.pipeline import prepare_data, train_model
 
-    recipe = write_small_recipe(tmp_path, max_steps=80)
+    recipe = write_small_recipe(tmp_path, max_steps=200)
+    data = yaml.safe_load(recipe.read_text())  # a model big enough that training lasts seconds after step 10
+    data["model"]["dims"].update(hidden_size=128, intermediate_size=256)
+    recipe.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
     prepare_data(str(recipe))
     killer = threading.Thread(target=kill_trainer_after_first_checkpoint, args=(run_dir,), daemon=True)
@@ -41,7 +45,7 @@ def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_se
     summary = train_model(str(recipe))
     killer.join(timeout=5)
 
-    assert summary["final_step"] == 80
+    assert summary["final_step"] == 200
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics" / "train.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)), "steps replayed after the restart must not be logged twice"
     with get_client(sync_client=True) as client:

@@ -13,13 +13,15 @@ import pytest
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from pipeline.atomic import sha256_file
 from pipeline.shards import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import TrainConfig
 from trainer.data import EOS_ID, PAD_ID
-from trainer.loop import build_accelerator
+from trainer.metrics import read_metric_rows
+from trainer.parallel import build_accelerator
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = {"email": ("email",), "web": ("json", "http")}
@@ -146,3 +148,20 @@ def _reset_accelerate_state() -> None:
     """trainer.train builds its own Accelerator; start every test from a clean process-wide state."""
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def metric_steps(run_dir: Path, name: str) -> list[int]:
+    """Steps of the rows in ``metrics/<name>``."""
+    return [row["step"] for row in read_metric_rows(run_dir / "metrics" / name)]
+
+
+def exported_weights(run_dir: Path) -> dict[str, Any]:
+    """The exported model's tensors by name."""
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def edit_recipe(run_dir: Path, section: str, **changes: object) -> None:
+    """Change keys of one section of ``run.yaml`` (as a user editing the recipe between runs)."""
+    recipe = yaml.safe_load((run_dir / "run.yaml").read_text())
+    recipe[section] = {**(recipe.get(section) or {}), **changes}
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(recipe))

@@ -13,8 +13,9 @@ from pipeline.errors import CheckpointError
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
 from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
 from trainer.config import ModelDims, TrainConfig
-from trainer.loop import LoopCounters, build_lr_scheduler, build_optimizer
+from trainer.loop import LoopCounters
 from trainer.model import ModelShape, build_model
+from trainer.optim import build_lr_scheduler, build_optimizer
 
 SHAPE = ModelShape(ModelDims(**TEST_DIMS), vocab_size=64, max_seq_len=SEQ_LEN)
 TRAIN = TrainConfig(lr=1e-2, warmup_steps=1, max_steps=10)
@@ -61,7 +62,8 @@ def test_save_writes_the_documented_layout(tmp_path: Path) -> None:
                      "scheduler.bin", "trainer_state.json"]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert sorted(manifest["files"]) == [n for n in names if n != "manifest.json"]
-    assert json.loads((folder / "trainer_state.json").read_text())["states"]["loop"] == {"step": 1, "tokens_seen": 0}
+    assert json.loads((folder / "trainer_state.json").read_text())["states"]["loop"] == {
+        "step": 1, "tokens_seen": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0}
     assert json.loads((tmp_path / "checkpoints" / "latest").read_text()) == {"path": "step-0000001", "step": 1}
     assert verify_checkpoint(folder) is None
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")] == []

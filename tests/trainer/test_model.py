@@ -1,4 +1,4 @@
-"""trainer/model.py and trainer/export.py: HF parameter names, deterministic init, export that transformers loads."""
+"""trainer/model.py and trainer/export.py: HF names, float64 gradient checks, deterministic init, HF-loadable export."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, VOCAB_SIZE, Corpus, write_corpus_shards
-from trainer.config import ModelDims
+from trainer.config import ModelDims, TrainConfig
 from trainer.data import PAD_ID, SplitRows, make_batch
 from trainer.export import export_model, exported_step, hf_llama_config
-from trainer.model import IGNORE_INDEX, ModelShape, build_model, next_token_loss
+from trainer.model import IGNORE_INDEX, ModelShape, RMSNorm, build_model, next_token_loss, rotary_cos_sin
+from trainer.parallel import apply_model_options
 
 
 def shape_for(tied: bool = True) -> ModelShape:
@@ -115,3 +116,57 @@ def test_export_replaces_an_older_export_whole(tmp_path: Path) -> None:
     assert exported_step(tmp_path / "model") == 2
     assert torch.equal(load_file(tmp_path / "model" / "model.safetensors")["model.norm.weight"],
                        newer["model.norm.weight"])
+
+
+GRADCHECK_SHAPE = ModelShape(ModelDims(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                                       intermediate_size=12), vocab_size=16, max_seq_len=5)
+"""Small enough for finite differences in float64; 2 query heads over 1 kv head keeps GQA in the check."""
+
+
+def gradcheck_module(module: torch.nn.Module, *inputs: torch.Tensor) -> bool:
+    """torch.autograd.gradcheck of ``module`` in float64 w.r.t. its input and every parameter."""
+    module = module.double()
+    names = [name for name, _ in module.named_parameters()]
+    params = [param.detach().clone().requires_grad_(True) for _, param in module.named_parameters()]
+    x = inputs[0].double().requires_grad_(True)
+
+    def run(x: torch.Tensor, *flat: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(module, dict(zip(names, flat, strict=True)), (x, *inputs[1:]))
+
+    return torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_gradients_of_rmsnorm_rotary_attention_and_swiglu_match_finite_differences() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, GRADCHECK_SHAPE.max_seq_len, 8, generator=generator, dtype=torch.float64)
+    norm = RMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(8, generator=generator) + 0.5)  # not all ones: the gain's gradient counts
+    assert gradcheck_module(norm, x)
+    cos, sin = rotary_cos_sin(GRADCHECK_SHAPE.max_seq_len, GRADCHECK_SHAPE.head_dim, 10000.0, torch.device("cpu"))
+    attention = build_model(GRADCHECK_SHAPE, seed=0).model.layers[0].self_attn
+    assert gradcheck_module(attention, x, cos.double(), sin.double())
+    mlp = build_model(GRADCHECK_SHAPE, seed=1).model.layers[0].mlp
+    assert gradcheck_module(mlp, x)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
+    shape = shape_for()
+    tokens = torch.randint(0, VOCAB_SIZE, (3, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    results = []
+    for recompute in (False, True):
+        model = apply_model_options(build_model(shape, seed=4), TrainConfig(activation_checkpointing=recompute))
+        loss = model(tokens, tokens)
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
+    (plain_loss, plain_grads), (recomputed_loss, recomputed_grads) = results
+    assert torch.equal(plain_loss, recomputed_loss)
+    assert all(torch.allclose(plain_grads[name], recomputed_grads[name], rtol=0, atol=1e-7) for name in plain_grads)
+    with torch.no_grad():  # no backward coming: the flag is ignored and nothing is recomputed
+        assert torch.equal(model(tokens), build_model(shape, seed=4)(tokens))
+
+
+def test_compile_flag_compiles_each_block_in_place() -> None:
+    model = apply_model_options(build_model(shape_for(), seed=0), TrainConfig(compile=True))
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    assert set(model.state_dict()) == expected_hf_names(TEST_DIMS["num_layers"], tied=True)  # names unchanged

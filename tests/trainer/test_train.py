@@ -5,41 +5,23 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from safetensors.torch import load_file
 
 from pipeline.errors import ConfigError
-from tests.trainer.conftest import MakeRunDir, fresh_accelerator
-from trainer.data import SplitRows
-from trainer.evaluate import Evaluator
+from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, metric_steps
+from trainer import precision
 from trainer.launch import launch_command
-from trainer.loop import lr_factor, mixed_precision_for
 from trainer.metrics import read_metric_rows
-from trainer.model import ModelShape, build_model
+from trainer.optim import lr_factor
+from trainer.precision import check_precision
 from trainer.train import main, read_trainer_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def metric_steps(run_dir: Path, name: str) -> list[int]:
-    return [row["step"] for row in read_metric_rows(run_dir / "metrics" / name)]
-
-
-def exported_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "model" / "model.safetensors")
-
-
-def edit_recipe(run_dir: Path, section: str, **changes: object) -> None:
-    recipe = yaml.safe_load((run_dir / "run.yaml").read_text())
-    recipe[section] = {**recipe[section], **changes}
-    (run_dir / "run.yaml").write_text(yaml.safe_dump(recipe))
 
 
 def test_recipe_errors_name_the_key(make_run_dir: MakeRunDir) -> None:
@@ -50,13 +32,18 @@ def test_recipe_errors_name_the_key(make_run_dir: MakeRunDir) -> None:
         read_trainer_config(run_dir / "missing")
 
 
-def test_precision_fp16_refused_and_bf16_warned_on_cpu() -> None:
-    assert mixed_precision_for("fp32", on_gpu=False) == "no"
-    with pytest.raises(ConfigError, match=r"train\.precision=fp16.*set train\.precision: fp32"):
-        mixed_precision_for("fp16", on_gpu=False)
-    with pytest.warns(UserWarning, match="slower than fp32"):
-        assert mixed_precision_for("bf16", on_gpu=False) == "bf16"
-    assert mixed_precision_for("fp16", on_gpu=True) == "fp16"
+def test_half_precisions_warn_on_cpus_without_native_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_precision("fp32", on_gpu=False)
+    monkeypatch.setattr(precision, "cpu_has_native", lambda name: False)
+    for name in ("bf16", "fp16"):
+        with pytest.warns(UserWarning, match=rf"train\.precision={name} on CPU.*set train\.precision: fp32"):
+            check_precision(name, on_gpu=False)
+    monkeypatch.setattr(precision, "cpu_has_native", lambda name: True)  # e.g. AVX512-BF16 / AMX
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_precision("bf16", on_gpu=False)
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
@@ -130,44 +117,3 @@ def test_launch_command_forms() -> None:
     assert one[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
     assert two[two.index("--num_processes") + 1] == "2" and "--multi_gpu" in two
     assert two[-2:] == ["--until-step", "7"]
-
-
-@pytest.mark.slow
-def test_two_process_launch_then_resume_on_one_process(make_run_dir: MakeRunDir,
-                                                       capsys: pytest.CaptureFixture) -> None:
-    run_dir = make_run_dir(train={"max_steps": 6, "checkpoint_every": 2, "eval_every": 2, "eval_batches": 3})
-    completed = subprocess.run(launch_command(run_dir, 2, until_step=4), cwd=REPO_ROOT, capture_output=True,
-                               text=True, timeout=300)
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert "on 2 process(es), 512 tokens/step" in completed.stdout
-    checkpoint = run_dir / "checkpoints" / "step-0000004"
-    assert {"random_states_0.pkl", "random_states_1.pkl", "manifest.json"} <= {p.name for p in checkpoint.iterdir()}
-    assert metric_steps(run_dir, "eval.jsonl") == [0, 2, 4]
-
-    # The 2-rank evaluation (gathered sums) equals a 1-process evaluation of the same weights.
-    config = read_trainer_config(run_dir)
-    rows = SplitRows(run_dir, "val")
-    model = build_model(ModelShape(config.model.resolved_dims(), rows.vocab_size, rows.seq_len), seed=1)
-    model.load_state_dict(exported_weights(run_dir))
-    single = Evaluator(rows, micro_batch_size=4, eval_batches=3, accelerator=fresh_accelerator()).evaluate(model)
-    two_rank = read_metric_rows(run_dir / "metrics" / "eval.jsonl")[-1]
-    assert single["val_loss"] == pytest.approx(two_rank["val_loss"], abs=1e-5)
-    assert single["val_tokens"] == two_rank["val_tokens"] == 3 * 4 * 63
-
-    # The same global batch on one process (grad accumulation doubled) resumes without complaint.
-    edit_recipe(run_dir, "train", grad_accum_steps=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        assert main(["--run-dir", str(run_dir)]) == 0
-    assert "Resuming from checkpoint at step 4" in capsys.readouterr().out
-    assert metric_steps(run_dir, "train.jsonl")[-1] == 6
-
-
-
-def test_bf16_run_trains_with_a_warning(make_run_dir: MakeRunDir) -> None:
-    run_dir = make_run_dir(train={"max_steps": 2, "precision": "bf16", "eval_every": 2})
-    with pytest.warns(UserWarning, match=r"train\.precision=bf16 on CPU"):
-        assert main(["--run-dir", str(run_dir)]) == 0
-    rows = read_metric_rows(run_dir / "metrics" / "eval.jsonl")
-    assert [row["step"] for row in rows] == [0, 2] and rows[-1]["val_loss"] < 7.0
-    assert exported_weights(run_dir)["model.norm.weight"].dtype == torch.float32

@@ -1,0 +1,36 @@
+"""Two "machines" on 127.0.0.1, one process each, started by Accelerate's multi-machine launch (gloo)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import MakeRunDir, metric_steps
+from trainer.launch import launch_command
+
+pytestmark = pytest.mark.slow
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_machines_with_one_process_each_train_together(make_run_dir: MakeRunDir) -> None:
+    run_dir = make_run_dir(train={"max_steps": 4, "checkpoint_every": 2, "eval_every": 2})
+    port = free_port()
+    machines = [subprocess.Popen(launch_command(run_dir, 2, num_machines=2, machine_rank=rank,
+                                                main_process_ip="127.0.0.1", main_process_port=port),
+                                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for rank in (0, 1)]
+    outputs = [machine.communicate(timeout=300)[0] for machine in machines]
+    assert [machine.returncode for machine in machines] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "on 2 process(es)" in outputs[0]  # one process group across both launches, not two lone runs
+    assert metric_steps(run_dir, "eval.jsonl")[-1] == 4
+    assert (run_dir / "checkpoints" / "step-0000004" / "manifest.json").is_file()
+    assert (run_dir / "model" / "model.safetensors").is_file()

@@ -1,0 +1,148 @@
+"""trainer/parallel.py, launch.py: 2 processes via a real ``accelerate launch`` (DDP, FSDP2) = 1 process, same math."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
+from trainer.checkpoint import verify_checkpoint
+from trainer.config import TrainConfig
+from trainer.data import SplitRows
+from trainer.evaluate import Evaluator
+from trainer.launch import launch_command
+from trainer.metrics import read_metric_rows
+from trainer.model import ModelShape, build_model
+from trainer.parallel import build_accelerator
+from trainer.train import main, read_trainer_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+FP32_ATOL = 2e-5
+"""Largest weight difference accepted between 2 processes and 1 (fp32 sums in another order); measured: 0.0."""
+
+
+def launch(run_dir: Path, num_processes: int, until_step: int | None = None) -> str:
+    """Run ``accelerate launch … -m trainer.train`` as the flow does; returns its stdout."""
+    completed = subprocess.run(launch_command(run_dir, num_processes, until_step), cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    return completed.stdout
+
+
+def max_weight_difference(first: Path, second: Path) -> float:
+    """Largest absolute difference between two exported models' weights."""
+    a, b = exported_weights(first), exported_weights(second)
+    assert a.keys() == b.keys()
+    return max((a[name] - b[name]).abs().max().item() for name in a)
+
+
+def one_process_reference(make_run_dir: MakeRunDir, settings: dict[str, object], until_step: int) -> Path:
+    """The same global batch on 1 process: gradient accumulation doubled, trained in this process."""
+    reference = make_run_dir("reference", train={**settings, "grad_accum_steps": 2})
+    assert main(["--run-dir", str(reference), "--until-step", str(until_step)]) == 0
+    return reference
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_with_doubled_accumulation_then_resume_on_one(
+        make_run_dir: MakeRunDir, capsys: pytest.CaptureFixture) -> None:
+    settings = {"max_steps": 6, "checkpoint_every": 2, "eval_every": 2, "eval_batches": 3}
+    run_dir = make_run_dir(train={**settings, "num_processes": 2})
+    assert read_trainer_config(run_dir).train.num_processes == 2  # what the flow hands to launch_command
+    stdout = launch(run_dir, 2, until_step=4)
+    assert "on 2 process(es), 512 tokens/step" in stdout
+    checkpoint = run_dir / "checkpoints" / "step-0000004"
+    assert {"random_states_0.pkl", "random_states_1.pkl", "manifest.json"} <= {p.name for p in checkpoint.iterdir()}
+    assert metric_steps(run_dir, "eval.jsonl") == [0, 2, 4]
+
+    # Data parallelism is the maths of gradient accumulation: same weights within fp32 rounding.
+    reference = one_process_reference(make_run_dir, settings, until_step=4)
+    difference = max_weight_difference(run_dir, reference)
+    assert difference < FP32_ATOL
+
+    # The 2-rank evaluation (gathered sums) equals a 1-process evaluation of the same weights.
+    config = read_trainer_config(run_dir)
+    rows = SplitRows(run_dir, "val")
+    model = build_model(ModelShape(config.model.resolved_dims(), rows.vocab_size, rows.seq_len), seed=1)
+    model.load_state_dict(exported_weights(run_dir))
+    single = Evaluator(rows, micro_batch_size=4, eval_batches=3, accelerator=fresh_accelerator()).evaluate(model)
+    two_rank = read_metric_rows(run_dir / "metrics" / "eval.jsonl")[-1]
+    assert single["val_loss"] == pytest.approx(two_rank["val_loss"], abs=1e-5)
+    assert single["val_tokens"] == two_rank["val_tokens"] == 3 * 4 * 63
+
+    # The same global batch on one process (grad accumulation doubled) resumes without complaint.
+    edit_recipe(run_dir, "train", grad_accum_steps=2, num_processes=1)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert main(["--run-dir", str(run_dir)]) == 0
+    assert "Resuming from checkpoint at step 4" in capsys.readouterr().out
+    assert metric_steps(run_dir, "train.jsonl")[-1] == 6
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_matches_one_process_and_resumes(make_run_dir: MakeRunDir,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    settings = {"max_steps": 4, "checkpoint_every": 2, "eval_every": 2, "eval_batches": 3}
+    run_dir = make_run_dir(train={**settings, "fsdp": True, "activation_checkpointing": True})
+    launch(run_dir, 2, until_step=2)
+    stdout = launch(run_dir, 2)  # resumes from the sharded checkpoint
+    assert "Resuming from checkpoint at step 2" in stdout
+    for step in (2, 4):
+        folder = run_dir / "checkpoints" / f"step-{step:07d}"
+        manifest = json.loads((folder / "manifest.json").read_text())["files"]
+        assert {"pytorch_model_fsdp_0/__0_0.distcp", "pytorch_model_fsdp_0/__1_0.distcp",
+                "optimizer_0/.metadata"} <= set(manifest)
+        assert "model.safetensors" not in manifest  # sharded: no rank holds the whole model
+        assert verify_checkpoint(folder) is None
+
+    # Sharding (and recomputing activations) changes where the maths runs, not the result.
+    reference = one_process_reference(make_run_dir, settings, until_step=4)
+    difference = max_weight_difference(run_dir, reference)
+    assert difference < FP32_ATOL
+    reference_eval = read_metric_rows(reference / "metrics" / "eval.jsonl")[-1]["val_loss"]
+    assert read_metric_rows(run_dir / "metrics" / "eval.jsonl")[-1]["val_loss"] == pytest.approx(reference_eval,
+                                                                                                abs=1e-4)
+
+    # An FSDP checkpoint is refused, with the fix, by a run that is not sharded.
+    edit_recipe(run_dir, "train", fsdp=False, max_steps=6)
+    assert main(["--run-dir", str(run_dir)]) == 2
+    assert "holds FSDP weights but this run is unsharded; set train.fsdp back to true" in capsys.readouterr().err
+
+
+def test_fsdp_on_one_process_warns_that_it_has_no_effect() -> None:
+    with pytest.warns(UserWarning, match=r"train\.fsdp has no effect on 1 process"):
+        build_accelerator(TrainConfig(fsdp=True))
+
+
+def test_deepspeed_config_is_validated_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train\.deepspeed_config: .*ds\.json does not exist"):
+        build_accelerator(TrainConfig(deepspeed_config="ds.json"), tmp_path)
+    (tmp_path / "ds.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        build_accelerator(TrainConfig(deepspeed_config="ds.json"), tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="DeepSpeed needs CUDA GPUs"):
+            build_accelerator(TrainConfig(deepspeed_config=str(tmp_path / "ds.json")))
+    with pytest.raises(ValueError, match="set only one of them"):
+        TrainConfig(fsdp=True, deepspeed_config="ds.json")
+
+
+def test_multi_node_launch_command() -> None:
+    argv = launch_command(Path("runs/x"), 16, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1")
+    flag = {name: argv[argv.index(name) + 1] for name in ("--num_processes", "--num_machines", "--machine_rank",
+                                                          "--main_process_ip", "--main_process_port")}
+    assert flag == {"--num_processes": "16", "--num_machines": "2", "--machine_rank": "1",
+                    "--main_process_ip": "10.0.0.1", "--main_process_port": "29500"}
+    assert "--multi_gpu" in argv and argv[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
+    assert "--machine_rank" not in launch_command(Path("runs/x"), 2)  # one machine: the flags stay as they were
+    with pytest.raises(ValueError, match="main_process_ip"):
+        launch_command(Path("runs/x"), 16, num_machines=2)
