@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -12,15 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import OutOfSpaceError
+
 TEMP_PREFIX = ".tmp-"
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``.
 
     Readers never see a half-written file: on an exception the temporary file is removed and
-    ``path`` keeps its previous content (or stays absent).
+    ``path`` keeps its previous content (or stays absent). A write that fails for lack of room raises
+    OutOfSpaceError naming ``path`` (and ``size_hint_bytes``, the writer's estimate of the room it needs).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -34,9 +39,19 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared with the data team
         os.replace(tmp, target)
         _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            raise OutOfSpaceError(no_space_message(target, err.errno, size_hint_bytes)) from err
         raise
+
+
+def no_space_message(target: Path, error_number: int, needed_bytes: int | None) -> str:
+    """One line: which file could not be written, the room it needs (when known), what is free, what to do."""
+    needs = f"it needs about {needed_bytes:,} bytes, " if needed_bytes is not None else ""
+    free = shutil.disk_usage(target.parent).free
+    return (f"{target}: no room to write it ({os.strerror(error_number)}): {needs}{free:,} bytes are free on that "
+            "file system; free space (or lift the file-size limit, `ulimit -f`) and re-run: finished work is kept.")
 
 
 @contextlib.contextmanager

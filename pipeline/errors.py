@@ -23,6 +23,13 @@ class ShardFormatError(TokenmillError):
     """A shard or the shard index does not match the documented format."""
 
 
+class OutOfSpaceError(TokenmillError, OSError):
+    """A write failed for lack of room (disk full, quota, file-size limit); the previous file is unchanged.
+
+    Also an OSError, so code that handles failed writes as OSError still does.
+    """
+
+
 class CheckpointError(TokenmillError):
     """A checkpoint is missing, corrupt or does not belong to this run."""
 

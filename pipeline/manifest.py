@@ -116,7 +116,13 @@ def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path
     path = Path(raw)
     if not path.is_absolute():
         path = Path(manifest_path).resolve().parent / path
-    path = path.resolve()
+    try:
+        path = path.resolve()
+    except (RuntimeError, OSError) as err:  # a symlink loop: RuntimeError up to Python 3.12, OSError (ELOOP) since
+        raise ManifestError(
+            f"{manifest_path}: sources[{source.name}].path {source.path!r} cannot be resolved ({err}); "
+            "fix the path or the symlink it goes through."
+        ) from None
     if not path.exists() and source.format in HF_FORMATS:
         raise ManifestError(
             f"{manifest_path}: sources[{source.name}].path {source.path!r} is not an existing local path "

@@ -208,13 +208,35 @@ def _decompressed_chunks(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as handle:
         if kind == "gzip":
             with gzip.GzipFile(fileobj=handle) as stream:
-                while chunk := stream.read(CHUNK_BYTES):
-                    yield chunk
+                yield from _gzip_chunks(stream)
         elif kind == "zstd":
             yield from _zstd_chunks(handle)
         else:
             while chunk := handle.read(CHUNK_BYTES):
                 yield chunk
+
+
+def _gzip_chunks(stream: gzip.GzipFile) -> Iterator[bytes]:
+    """Decompressed chunks of about CHUNK_BYTES; at a cut or corrupt spot, the data before it comes out first.
+
+    ``GzipFile.read(CHUNK_BYTES)`` raises at a cut without returning what it had decompressed, so a truncated
+    file smaller than a chunk lost all its complete lines; ``read1`` returns what each read decompresses.
+    """
+    pieces: list[bytes] = []
+    num_bytes = 0
+    try:
+        while piece := stream.read1(CHUNK_BYTES):
+            pieces.append(piece)
+            num_bytes += len(piece)
+            if num_bytes >= CHUNK_BYTES:
+                yield b"".join(pieces)
+                pieces, num_bytes = [], 0
+    except (OSError, EOFError, zlib.error) as err:
+        if pieces:
+            yield b"".join(pieces)  # the data before the cut: its complete lines are kept
+        raise err
+    if pieces:
+        yield b"".join(pieces)
 
 
 def _zstd_chunks(handle: BinaryIO) -> Iterator[bytes]:

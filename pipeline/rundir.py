@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.atomic import read_json, write_json_atomic
+from pipeline.atomic import read_json, remove_stale_temps, write_json_atomic
 from pipeline.errors import RunLockedError
 
 CODE_VERSION = "0.1.0"
@@ -131,6 +131,9 @@ class RunLock:
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
         self._fd = fd
         RunLock._held[self.path] = 1
+        # The holder is the run dir's only writer, so a temporary file in it was left by a writer killed
+        # mid-write (kill -9, OOM, power loss): remove it, so no half-written file outlives the next run.
+        remove_stale_temps(self.path.parent)
 
     def release(self) -> None:
         depth = RunLock._held.get(self.path, 0)

@@ -82,7 +82,8 @@ def write_shard(run_dir: Path, relpath: str, rows: ShardRows, *, split: str, sou
         schema=schema,
     )
     target = run_dir / relpath
-    with atomic_path(target) as tmp, ipc.new_file(tmp, schema, options=ipc.IpcWriteOptions(compression=None)) as out:
+    with (atomic_path(target, size_hint_bytes=batch.nbytes) as tmp,
+          ipc.new_file(tmp, schema, options=ipc.IpcWriteOptions(compression=None)) as out):
         out.write_batch(batch)
     return ShardInfo(relpath, split, source, num_rows, int(sum(rows.num_tokens)), sha256_file(target),
                      tokenizer_sha256, seq_len)
