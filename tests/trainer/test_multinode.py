@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -21,14 +23,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def clean_environment() -> dict[str, str]:
+    """This process's environment without distributed settings that in-process tests may have left behind."""
+    leftovers = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {key: value for key, value in os.environ.items()
+            if key not in leftovers and not key.startswith(("ACCELERATE_", "TORCHELASTIC_"))}
+
+
 def test_two_machines_with_one_process_each_train_together(make_run_dir: MakeRunDir) -> None:
     run_dir = make_run_dir(train={"max_steps": 4, "checkpoint_every": 2, "eval_every": 2})
     port = free_port()
     machines = [subprocess.Popen(launch_command(run_dir, 2, num_machines=2, machine_rank=rank,
                                                 main_process_ip="127.0.0.1", main_process_port=port),
-                                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 cwd=REPO_ROOT, env=clean_environment(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
                 for rank in (0, 1)]
-    outputs = [machine.communicate(timeout=300)[0] for machine in machines]
+    try:
+        outputs = [machine.communicate(timeout=300)[0] for machine in machines]
+    finally:
+        for machine in machines:
+            if machine.poll() is None:
+                os.killpg(machine.pid, signal.SIGKILL)
     assert [machine.returncode for machine in machines] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     assert "on 2 process(es)" in outputs[0]  # one process group across both launches, not two lone runs
     assert metric_steps(run_dir, "eval.jsonl")[-1] == 4
