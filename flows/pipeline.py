@@ -32,7 +32,7 @@ SPLITS = ("train", "val")
 
 @flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
 def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
-    """Corpus files -> documents -> dedupe -> tokenizer -> Arrow shards + index (each step skip-if-done)."""
+    """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done)."""
     loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
     with RunLock(root):
@@ -59,7 +59,7 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
     """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export) in a child process group.
 
     ``refresh=True`` (new data arrived) trains ``train.steps_per_refresh`` more steps from the newest
-    checkpoint, capped at ``train.max_steps``; otherwise training runs to ``max_steps``.
+    checkpoint (past ``max_steps`` if need be, at the schedule's floor LR); otherwise to ``max_steps``.
     """
     loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
