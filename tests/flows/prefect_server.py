@@ -51,12 +51,7 @@ def running_prefect_server(home: Path, startup_s: float = 120) -> Iterator[str]:
             raise RuntimeError("prefect server did not become healthy")
         yield api_url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        stop_group(process)
         log.close()
 
 
@@ -69,11 +64,16 @@ def background(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path |
     try:
         yield
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
         log.close()
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGINT the process group (Prefect's servers and workers stop cleanly on it), SIGKILL after 20 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
