@@ -72,6 +72,7 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import data_to_model
 
+    _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
         _print_summary(data_to_model(str(recipe_path), _optional(run_dir), dask_address))
 
@@ -85,6 +86,7 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import prepare_on
 
+    _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
         _print_summary(prepare_on(str(recipe_path), _optional(run_dir), dask_address))
 
@@ -98,6 +100,7 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import train_model
 
+    _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
         _print_summary(train_model(str(recipe_path), _optional(run_dir)))
 
@@ -217,6 +220,14 @@ def _checked_recipe(recipe: Path | None) -> Path:
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
     return path
+
+
+def _hide_user_error_tracebacks() -> None:
+    """Prefect's console logging exists once flows.pipeline is imported; unless --debug, filter it."""
+    if not STATE["debug"]:
+        from flows.settings import hide_user_error_tracebacks
+
+        hide_user_error_tracebacks()
 
 
 def _locked_run_dir(recipe_path: Path, run_dir: Path | None) -> RunLock:
