@@ -210,7 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Tear the process group down before exit: gloo threads alive at interpreter exit can abort a rank
+    ("terminate called without an active exception") after training has already finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

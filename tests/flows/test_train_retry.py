@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -33,9 +34,8 @@ def kill_trainer_after_first_checkpoint(run_dir: Path, timeout_s: float = 300) -
     raise AssertionError("no checkpoint appeared")
 
 
-def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_server: None) -> None:
-    from prefect.client.orchestration import get_client
-
+def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_server: None,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     from flows.pipeline import prepare_data, train_model
 
     recipe = write_small_recipe(tmp_path, max_steps=200)
@@ -46,12 +46,14 @@ def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_se
     prepare_data(str(recipe))
     killer = threading.Thread(target=kill_trainer_after_first_checkpoint, args=(run_dir,), daemon=True)
     killer.start()
-    summary = train_model(str(recipe))
+    with caplog.at_level(logging.INFO):
+        summary = train_model(str(recipe))
     killer.join(timeout=5)
 
     assert summary["final_step"] == 200
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics" / "train.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)), "steps replayed after the restart must not be logged twice"
-    with get_client(sync_client=True) as client:
-        train_runs = [run for run in client.read_task_runs() if run.name.startswith("train-")]
-    assert max(run.run_count for run in train_runs) == 2, "the train task should have run twice (one retry)"
+    # The train task's own log (the trainer's lines are streamed into it): one failure, then a resume.
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("ChildProcessFailed" in m and "SIGKILL" in m for m in messages), "the killed attempt failed"
+    assert any("Resuming from checkpoint at step 10" in m for m in messages), "the retry resumed"
