@@ -16,7 +16,6 @@ tokens/s the ``tiny`` preset trains on this CPU, to say how far ahead of the tra
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.result import print_result
 from benchmarks.train_step import bare_pytorch_step, token_rows
 from pipeline.atomic import sha256_file
 from pipeline.shards import ShardRows, shard_relpath, write_shard, write_shard_index
@@ -160,10 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ours, baseline = median[OURS], median[BASELINE]
     headroom = ours * tokens_per_batch / training_rate
     print(f"tiny preset trains {training_rate:,.0f} tokens/s on this CPU: the loader delivers {headroom:,.0f}x that")
-    result = {"name": "loader", "ours": round(ours, 1), "baseline": round(baseline, 1), "unit": "batches/s",
-              "ratio": round(ours / baseline, 3)}
-    print(json.dumps(result))
-    return result
+    return print_result("loader", ours, baseline, "batches/s")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ tokens/s comes from the median step time. The last line printed is JSON for the 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.result import print_result
 from trainer.checkpoint import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
 from trainer.data import ArrayRows, BatchLayout, TrainLoader, make_batch
@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     model_flops = flops_per_token(shape, build_model(shape, 0).num_parameters()) * ours / 1e12
     print(f"MFU {model_flops / peak.tflops:.1%} ({model_flops * 1e3:.1f} model GFLOP/s of a {peak.tflops * 1e3:.0f} "
           f"GFLOP/s matmul peak, {peak.source})")
-    result = {"name": "train_step", "ours": round(ours, 1), "baseline": round(baseline, 1), "unit": "tokens/s",
-              "ratio": round(ours / baseline, 3)}
-    print(json.dumps(result))
-    return result
+    return print_result("train_step", ours, baseline, "tokens/s")
 
 
 if __name__ == "__main__":
