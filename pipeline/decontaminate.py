@@ -165,7 +165,7 @@ def find_matches(parts: list[DocsPart], removed: pa.Array, reference: ReferenceN
             slots = reference.match_slots(ngrams)
             doc_of_ngram = np.repeat(np.arange(batch.num_rows), np.diff(offsets))
             doc_ids = batch.column("doc_id").to_pylist()
-            for row in np.unique(doc_of_ngram[slots >= 0]).tolist():
+            for row in minhash.sorted_unique(doc_of_ngram[slots >= 0]).tolist():
                 found = np.flatnonzero(slots[offsets[row] : offsets[row + 1]] >= 0)
                 matches.doc_ids.append(doc_ids[row])
                 matches.part_ids.append(part.part_id)
@@ -183,7 +183,7 @@ def choose_contaminated(matches: TrainMatches, reference: ReferenceNgrams, max_t
     """
     boilerplate = np.zeros(len(reference.hashes), dtype=bool)
     if max_train_docs is not None and matches.slots:
-        docs_per_slot = np.bincount(np.concatenate([np.unique(slots) for slots in matches.slots]),
+        docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),
                                     minlength=len(reference.hashes))
         boilerplate = docs_per_slot > max_train_docs
     chosen = {}

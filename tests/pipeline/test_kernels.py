@@ -1,0 +1,118 @@
+"""pipeline/kernels.py against plain-Python references, on real stdlib text and on generated edge cases."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import xxhash
+
+from pipeline import kernels, minhash
+from pipeline.filters import COMPILED_COLLAPSE_MIN_CHARS, content_hash
+
+MASK = 2**64 - 1
+UNICODE_WHITESPACE = [chr(code) for code in range(0x110000) if chr(code).isspace()]
+
+
+def fmix64(value: int) -> int:
+    value ^= value >> 33
+    value = value * 0xFF51AFD7ED558CCD & MASK
+    value ^= value >> 33
+    value = value * 0xC4CEB9FE1A85EC53 & MASK
+    return value ^ (value >> 33)
+
+
+def reference_word_hashes(text: str) -> list[int]:
+    """FNV-1a 64 of each word of ``text.encode().lower().split()``, then MurmurHash3's finaliser."""
+    hashes = []
+    for word in text.encode("utf-8").lower().split():
+        state = 0xCBF29CE484222325
+        for byte in word:
+            state = (state ^ byte) * 0x100000001B3 & MASK
+        hashes.append(fmix64(state))
+    return hashes
+
+
+def reference_shingles(words: list[int], ngram: int) -> list[int]:
+    multipliers = [int(value) for value in minhash._POSITION_MULTIPLIERS]
+    if len(words) < ngram:
+        return [fmix64((len(words) + sum(w * m for w, m in zip(words, multipliers, strict=False))) & MASK)]
+    return [fmix64((ngram + sum(words[start + k] * multipliers[k] for k in range(ngram))) & MASK)
+            for start in range(len(words) - ngram + 1)]
+
+
+def random_texts(count: int, seed: int) -> list[str]:
+    """Short texts mixing ASCII, accented and astral characters and every kind of whitespace."""
+    rng = random.Random(seed)
+    alphabet = [*UNICODE_WHITESPACE, *"abcXYZ09_(", "\u00e9", "\u00c9", "\u20ac", "\U0001f600", "\u200b", "\u2028x"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def stdlib_sample() -> list[str]:
+    import json
+    import pathlib
+
+    root = pathlib.Path(json.__file__).parent.parent
+    return [path.read_text(encoding="utf-8") for path in sorted(root.glob("*.py"))[:40]]
+
+
+def test_word_hashes_match_the_reference(stdlib_sample: list[str]) -> None:
+    texts = stdlib_sample + random_texts(300, seed=1) + ["", "   ", "one", "Two WORDS", "\x00nul\x00 byte"]
+    hashes, offsets = minhash.word_hashes(pa.array(texts, pa.large_string()))
+    assert offsets.dtype == np.int64 and len(offsets) == len(texts) + 1
+    for index, text in enumerate(texts):
+        assert hashes[offsets[index] : offsets[index + 1]].tolist() == reference_word_hashes(text), repr(text[:60])
+
+
+@pytest.mark.parametrize("ngram", [1, 3, 5, 13])
+def test_shingle_hashes_match_the_reference(stdlib_sample: list[str], ngram: int) -> None:
+    texts = [*stdlib_sample[:10], "", "a", "a b", "a b c d", "a b c d e", "a b c d e f"]
+    words, word_offsets = minhash.word_hashes(pa.array(texts))
+    shingles, offsets = minhash.shingle_hashes(words, word_offsets, ngram)
+    for index, text in enumerate(texts):
+        expected = reference_shingles(reference_word_hashes(text), ngram)
+        assert shingles[offsets[index] : offsets[index + 1]].tolist() == expected
+
+
+def test_every_arrow_layout_gives_the_same_words(stdlib_sample: list[str]) -> None:
+    texts = stdlib_sample[:6]
+    expected = minhash.word_hashes(pa.array(texts, pa.large_string()))
+    layouts = [pa.array(texts, pa.string()),  # int32 offsets
+               pa.array(["skip me", *texts], pa.large_string()).slice(1),  # a slice: offsets do not start at 0
+               pa.chunked_array([pa.array(texts[:2]), pa.array(texts[2:], pa.string())]),
+               pa.chunked_array([pa.array(texts, pa.large_string())])]
+    for layout in layouts:
+        hashes, offsets = minhash.word_hashes(layout)
+        assert np.array_equal(hashes, expected[0]) and np.array_equal(offsets, expected[1])
+    empty_hashes, empty_offsets = minhash.word_hashes(pa.array([], pa.large_string()))
+    assert len(empty_hashes) == 0 and empty_offsets.tolist() == [0]
+
+
+def test_the_densest_text_fits_the_word_buffer() -> None:
+    """One-byte texts and 'a b a b ...' are the most words per byte the preallocated buffer must hold."""
+    texts = ["a"] * 5000 + ["a b " * 2000 + "a"] + ["x"] * 3
+    hashes, offsets = minhash.word_hashes(pa.array(texts))
+    assert len(hashes) == 5000 + 4001 + 3 and offsets[-1] == len(hashes)
+
+
+def test_collapse_is_str_split_join_for_every_whitespace(stdlib_sample: list[str]) -> None:
+    texts = stdlib_sample + random_texts(3000, seed=2) + [ws for ws in UNICODE_WHITESPACE] + [
+        "\u2028", "a\u3000\u3000b", "x\xa0", "\u0085y", "tail \xe2"[:-1] + "\u2003"]
+    for text in texts:
+        assert bytes(kernels.collapse_whitespace(text.encode("utf-8"))) == " ".join(text.split()).encode("utf-8")
+
+
+def test_collapse_keeps_truncated_and_lookalike_sequences() -> None:
+    """Bytes that only start like a multi-byte space (U+2030, U+3001, a cut-off NBSP) are text, not space."""
+    for raw in [b"a\xe2\x80\xb0b", b"a\xe3\x80\x81b", b"a \xc2", b"\xe2\x80", b"\xc2\xa1 x"]:
+        assert bytes(kernels.collapse_whitespace(raw)) == raw
+
+
+def test_content_hash_is_the_same_on_both_paths(stdlib_sample: list[str]) -> None:
+    long_texts = [text for text in stdlib_sample if len(text) >= COMPILED_COLLAPSE_MIN_CHARS]
+    assert long_texts
+    for text in long_texts + random_texts(50, seed=3):
+        assert content_hash(text) == xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
