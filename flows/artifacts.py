@@ -13,6 +13,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from flows.progress import TrainingBar
 from pipeline.queries import data_funnel, eval_history, rejects_by_reason
 
 
@@ -53,15 +54,21 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
 
 
 class TrainingProgress:
-    """A Prefect progress artifact fed by the trainer's ``step N/M`` log lines (updated every 2%)."""
+    """A Prefect progress artifact fed by the trainer's ``step N/M`` log lines (updated every 2%).
+
+    Every line also goes on to ``bar`` (the terminal's training bar), when there is one.
+    """
 
     STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
 
-    def __init__(self) -> None:
+    def __init__(self, bar: TrainingBar | None = None) -> None:
         self._artifact_id = None
         self._shown = -1.0
+        self._bar = bar
 
     def update(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.update(line)
         match = self.STEP_LINE.match(line)
         if match is None:
             return

@@ -48,7 +48,8 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
-          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-stage progress lines.")] = False,
+          quiet: Annotated[bool, typer.Option("--quiet", "-q",
+                                               help="No progress bars and no per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"] = debug
@@ -71,10 +72,13 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
     """
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import data_to_model
+    from flows.progress import live_progress
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
-        _print_summary(data_to_model(str(recipe_path), _optional(run_dir), dask_address))
+        with live_progress():
+            summary = data_to_model(str(recipe_path), _optional(run_dir), dask_address)
+        _print_summary(summary)
 
 
 @app.command()
@@ -85,10 +89,13 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
     """
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import prepare_on
+    from flows.progress import live_progress
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
-        _print_summary(prepare_on(str(recipe_path), _optional(run_dir), dask_address))
+        with live_progress():
+            summary = prepare_on(str(recipe_path), _optional(run_dir), dask_address)
+        _print_summary(summary)
 
 
 @app.command()
@@ -99,10 +106,13 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     """
     recipe_path = _checked_recipe(recipe)
     from flows.pipeline import train_model
+    from flows.progress import live_progress
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
-        _print_summary(train_model(str(recipe_path), _optional(run_dir)))
+        with live_progress():
+            summary = train_model(str(recipe_path), _optional(run_dir))
+        _print_summary(summary)
 
 
 @app.command()

@@ -1,22 +1,42 @@
-"""One progress line per finished stage call, with rates: readable in CI logs, Prefect's UI and a terminal."""
+"""Stage progress: one line per finished stage call (CI, Prefect UI), and live rich bars on a terminal.
+
+The lines come from :func:`reports_progress`. The bars exist only inside :func:`live_progress` (the CLI
+enters it when stderr is a terminal and ``--quiet`` is off); elsewhere, e.g. in a Dask worker,
+:func:`stage_meter` hands out a meter that does nothing, so stage code never has to ask.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import re
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
+from prefect.logging.handlers import PrefectConsoleHandler
+from rich.console import Console
+from rich.default_styles import DEFAULT_STYLES
+from rich.progress import Progress, Task, TaskID
+from rich.theme import Theme
+
+from flows.progress_columns import build_progress
 
 P = ParamSpec("P")
 R = TypeVar("R")
 QUIET_ENV = "TOKENMILL_QUIET"
 COUNTERS = (("num_records", "records"), ("num_documents", "docs"), ("num_documents_in", "docs"),
             ("num_bytes", "bytes"), ("num_tokens", "tokens"), ("num_rows", "rows"))
+
+
+# ---- one line per stage call ------------------------------------------------------------------------
 
 
 def describe_rates(label: str, summary: Any, seconds: float, rates: bool = True) -> str:
@@ -67,3 +87,204 @@ def reports_progress(label: str, rates: bool = True) -> Callable[[Callable[P, R]
         return wrapper
 
     return decorate
+
+
+# ---- live bars ----------------------------------------------------------------------------------------
+
+
+class Meter:
+    """What a stage call feeds its bar with; without live bars every method does nothing."""
+
+    def __init__(self, board: _Board | None = None, bar: _Bar | None = None) -> None:
+        self._board, self._bar = board, bar
+        self.advanced = 0
+        self.counted: Counter[str] = Counter()
+
+    def advance(self, amount: int, **counts: int) -> None:
+        """``amount`` more units of the bar done, plus side counts shown with their rates (``docs=120``)."""
+        if self._board is not None and self._bar is not None:
+            self.advanced += amount
+            self.counted.update(counts)
+            self._board.advance(self._bar, amount, counts)
+
+    def update(self, *, completed: int | None = None, total: int | None = None, note: str | None = None) -> None:
+        """Set the bar's position, total or note (e.g. ``loss 3.21``) outright."""
+        if self._board is not None and self._bar is not None:
+            fields = {} if note is None else {"note": note}
+            self._board.progress.update(self._bar.task_id, completed=completed, total=total, **fields)
+
+    def restart(self, completed: int) -> None:
+        """Start the clock again at ``completed`` (a resumed run): rates count only what this run does."""
+        if self._board is not None and self._bar is not None:
+            task = self._board.task(self._bar)
+            fields = {**task.fields, "resumed_from": completed}
+            self._board.progress.reset(self._bar.task_id, completed=completed, total=task.total, **fields)
+
+
+@dataclass
+class _Bar:
+    """One rich task; a shared bar is fed by ``calls_left`` concurrent stage calls (e.g. every ingest part)."""
+
+    task_id: TaskID
+    calls_left: int = 1
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+class _Board:
+    """The live bars of this process, by stage name; safe to feed from the task runner's threads."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self._shared: dict[str, _Bar] = {}
+        self._lock = threading.Lock()
+
+    def task(self, bar: _Bar) -> Task:
+        return next(task for task in self.progress.tasks if task.id == bar.task_id)
+
+    def open_shared(self, name: str, unit: str, total: int, num_calls: int) -> None:
+        with self._lock:
+            task_id = self.progress.add_task(name, total=total, unit=unit, counts={}, note="")
+            self._shared[name] = _Bar(task_id, num_calls)
+
+    def join(self, name: str, unit: str | None, total: int | None) -> _Bar:
+        """The shared bar ``name`` if one is open, else a new bar of the caller's own."""
+        with self._lock:
+            if name in self._shared:
+                return self._shared[name]
+        return _Bar(self.progress.add_task(name, total=total, unit=unit, counts={}, note=""))
+
+    def advance(self, bar: _Bar, amount: int, counts: dict[str, int]) -> None:
+        with self._lock:
+            bar.counts.update(counts)
+            self.progress.update(bar.task_id, advance=amount, counts=dict(bar.counts))
+
+    def leave(self, name: str, bar: _Bar, meter: Meter, failed: bool) -> None:
+        """A call is over: a failed one takes back what it counted (its retry counts again); the last one ends."""
+        if failed:
+            self.advance(bar, -meter.advanced, {key: -value for key, value in meter.counted.items()})
+            if bar.calls_left == 1 and self._shared.get(name) is not bar:
+                self.progress.update(bar.task_id, description=f"{name} (failed)")
+                self.progress.stop_task(bar.task_id)
+            return
+        with self._lock:
+            bar.calls_left -= 1
+            if bar.calls_left > 0:
+                return
+            self._shared.pop(name, None)
+        completed = self.task(bar).completed
+        self.progress.update(bar.task_id, total=completed, completed=completed)
+        self.progress.stop_task(bar.task_id)
+
+
+_LIVE: dict[str, _Board] = {}
+"""The process's board while :func:`live_progress` runs (a dict, so no ``global`` statement is needed)."""
+
+
+def open_shared_bar(name: str, unit: str, total: int, num_calls: int) -> None:
+    """Announce one bar that ``num_calls`` stage calls named ``name`` will feed together (a no-op if none live)."""
+    board = _LIVE.get("board")
+    if board is not None and num_calls > 0:
+        board.open_shared(name, unit, total, num_calls)
+
+
+@contextlib.contextmanager
+def stage_meter(name: str, unit: str | None = None, total: int | None = None) -> Iterator[Meter]:
+    """A meter for one stage call: it joins the shared bar ``name`` if one is open, else gets a bar of its own.
+
+    ``unit`` is ``bytes`` (shown as MB), another plural noun (``tokens``, ``steps``) or None (a spinner).
+    """
+    board = _LIVE.get("board")
+    if board is None:
+        yield Meter()
+        return
+    bar = board.join(name, unit, total)
+    meter = Meter(board, bar)
+    try:
+        yield meter
+    except BaseException:
+        board.leave(name, bar, meter, failed=True)
+        raise
+    board.leave(name, bar, meter, failed=False)
+
+
+def shows_bar(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator: a spinner with the elapsed time while a stage without finer progress runs."""
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with stage_meter(name):
+                return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+class TrainingBar:
+    """Feeds the training bar from the trainer's output lines (``step N/M | loss L | … | T tokens/s``).
+
+    ``Resuming from checkpoint at step N`` restarts the bar's clock there, so steps/s and the ETA count only
+    this run's steps; the note shows the latest loss, tokens/s and ``val_loss``.
+    """
+
+    RESUME = re.compile(r"^Resuming from checkpoint at step (\d+)")
+    TARGET = re.compile(r"^training to step (\d+)")
+    NOTHING_TO_DO = re.compile(r"^already at step (\d+) \(target (\d+)\)")
+    EVAL = re.compile(r"^eval step \d+ \| val_loss (\S+)")
+    STEP = re.compile(r"^step (\d+)/(\d+) \| loss (\S+) \|.*?\| ([\d,]+) tokens/s")
+
+    def __init__(self, meter: Meter) -> None:
+        self._meter = meter
+        self._notes = {"loss": "", "tokens": "", "val_loss": ""}
+
+    def update(self, line: str) -> None:
+        if match := self.RESUME.match(line):
+            self._meter.restart(int(match[1]))
+        elif match := self.TARGET.match(line):
+            self._meter.update(total=int(match[1]))
+        elif match := self.NOTHING_TO_DO.match(line):
+            self._meter.update(completed=int(match[1]), total=int(match[2]), note="nothing to train")
+        elif match := self.EVAL.match(line):
+            self._notes["val_loss"] = f"val_loss {match[1]}"
+            self._meter.update(note=self._note())
+        elif match := self.STEP.match(line):
+            self._notes.update(loss=f"loss {match[3]}", tokens=f"{match[4]} tokens/s")
+            self._meter.update(completed=int(match[1]), total=int(match[2]), note=self._note())
+
+    def _note(self) -> str:
+        return " · ".join(note for note in self._notes.values() if note)
+
+
+@contextlib.contextmanager
+def live_progress(console: Console | None = None,
+                  get_time: Callable[[], float] | None = None) -> Iterator[Progress | None]:
+    """Show stage bars while the block runs, when the console is a terminal and not ``--quiet``.
+
+    Yields the bars (None when there are none). They draw on the console of Prefect's console handler, so
+    Prefect's log lines (and anything else written to stderr meanwhile) print above them, not through them.
+    """
+    console = console or _prefect_console() or Console(stderr=True)
+    if os.environ.get(QUIET_ENV) or not console.is_terminal or console.is_dumb_terminal or "board" in _LIVE:
+        yield None
+        return
+    # Prefect's console has a theme of its own (inherit=False): lend it rich's bar and progress styles.
+    console.push_theme(Theme({name: style for name, style in DEFAULT_STYLES.items()
+                              if name.startswith(("bar.", "progress."))}, inherit=False))
+    try:
+        with build_progress(console, get_time) as progress:
+            _LIVE["board"] = _Board(progress)
+            try:
+                yield progress
+            finally:
+                del _LIVE["board"]
+    finally:
+        console.pop_theme()
+
+
+def _prefect_console() -> Console | None:
+    """The rich console Prefect's console handler prints log lines with (None when logging is configured away)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            return handler.console
+    return None

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from flows.artifacts import TrainingProgress
-from flows.progress import reports_progress
+from flows.progress import TrainingBar, open_shared_bar, reports_progress, shows_bar, stage_meter
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.subprocess_log import run_streaming
@@ -28,6 +28,7 @@ from trainer.launch import launch_command, parent_watch_env
 @reports_progress("plan-ingest")
 def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -> list[dict[str, Any]]:
     parts = plan_ingest([Path(m) for m in manifests], RunPaths(Path(run_dir)), part_size_bytes)
+    open_shared_bar("ingest", "bytes", total=sum(part.num_bytes for part in parts), num_calls=len(parts))
     return [part.to_dict() for part in parts]
 
 
@@ -35,17 +36,21 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
       task_run_name="ingest-part-{part[part_id]}")
 @reports_progress("ingest-part")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) -> dict[str, Any]:
-    return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)))
+    with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
+        return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)),
+                           on_progress=lambda num_records, num_bytes: meter.advance(num_bytes, records=num_records))
 
 
 @task(name="dedupe")
 @reports_progress("dedupe")
+@shows_bar("dedupe")
 def dedupe_task(run_dir: str, config: DedupeConfig) -> dict[str, Any]:
     return dedupe_stage(RunPaths(Path(run_dir)), config)
 
 
 @task(name="decontaminate")
 @reports_progress("decontaminate")
+@shows_bar("decontaminate")
 def decontaminate_task(run_dir: str, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
     return decontaminate_documents(RunPaths(Path(run_dir)), config, base_dir=Path(recipe_dir))
 
@@ -53,14 +58,17 @@ def decontaminate_task(run_dir: str, config: DecontaminateConfig, recipe_dir: st
 @task(name="tokenizer")
 @reports_progress("tokenizer")
 def tokenizer_task(run_dir: str, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
-    return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None)
+    with stage_meter("tokenizer", "bytes") as meter:
+        return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None,
+                                 on_progress=lambda fed, total: meter.update(completed=fed, total=total))
 
 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="pack-{split}-{source}")
 @reports_progress("pack")
 def pack_task(run_dir: str, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
-    return pack_split_source(RunPaths(Path(run_dir)), split, source, config)
+    with stage_meter(f"pack {split}/{source}", "tokens") as meter:
+        return pack_split_source(RunPaths(Path(run_dir)), split, source, config, on_progress=meter.advance)
 
 
 @task(name="shard-index")
@@ -73,10 +81,12 @@ def shard_index_task(run_dir: str) -> list[ShardInfo]:
 def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
     argv = launch_command(Path(run_dir), num_processes, until_step)
-    progress = TrainingProgress()
-    run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env(), on_line=progress.update)
+    with stage_meter("train", "steps") as meter:
+        progress = TrainingProgress(TrainingBar(meter))
+        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env(), on_line=progress.update)
 
 
 @task(name="report")
+@shows_bar("report")
 def report_task(run_dir: str) -> str:
     return str(write_report(Path(run_dir)))

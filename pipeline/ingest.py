@@ -11,8 +11,8 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ ROW_GROUP_CHARS = 8 << 20
 """A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
 here, and for every later reader (a row group is the least a Parquet reader decompresses)."""
 DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
+PROGRESS_EVERY_RECORDS = 1_000
+"""``ingest_part`` reports progress after each file and every this many records within a file."""
 
 
 @dataclass(frozen=True)
@@ -45,15 +47,18 @@ class IngestPart:
     source: str
     manifest_path: str
     files: tuple[str, ...]
+    num_bytes: int = field(default=0, compare=False)
+    """Size of its files at plan time (bytes): the total a progress bar counts towards."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (Prefect parameters)."""
         return {"part_id": self.part_id, "source": self.source, "manifest_path": self.manifest_path,
-                "files": list(self.files)}
+                "files": list(self.files), "num_bytes": self.num_bytes}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IngestPart:
-        return cls(int(data["part_id"]), str(data["source"]), str(data["manifest_path"]), tuple(data["files"]))
+        return cls(int(data["part_id"]), str(data["source"]), str(data["manifest_path"]), tuple(data["files"]),
+                   int(data.get("num_bytes", 0)))
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,8 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
     if repr(plan) != before:
         write_json_atomic(plan_path, plan)
     return [
-        IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]))
+        IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
+                   sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
         for part in plan["parts"]
         if part["source"] in sources and not part_marker(paths, part["part_id"]).is_file()
     ]
@@ -228,12 +234,15 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
 # ---- ingesting one part -------------------------------------------------------------------------
 
 
-def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths) -> dict[str, Any]:
+def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
+                on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Read, normalise and filter one part; write its documents, rejects and (last) its marker.
 
     Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
     "redactions_by_kind", "num_bytes"}`` (redactions are counted in every record that reached the filters);
     a part already done with the same settings returns its recorded summary at once.
+    ``on_progress(num_records, num_bytes)`` is told what was read since its last call (a file's bytes count
+    once the file is read), so a caller can show rates; the totals add up to the summary's.
     Raises SourceReadError for an unreadable file of an ``on_error: fail`` source.
     """
     manifest_path = Path(part.manifest_path)
@@ -245,7 +254,7 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths) -> dict[
     if marker.is_file() and (done := read_json(marker)).get("fingerprint") == part_fingerprint:
         return done["summary"]
     root = source_root(source, manifest_path)
-    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths)
+    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore)
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
     write_json_atomic(marker, {"fingerprint": part_fingerprint, "part": record, "summary": summary})
     return summary
@@ -261,7 +270,7 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
 
 
 def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path, val_fraction: float,
-                paths: RunPaths) -> dict[str, Any]:
+                paths: RunPaths, on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     name = f"part-{part.part_id:05d}.parquet"
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
@@ -269,7 +278,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
         docs, rejects = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA), _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         for rel in part.files:
-            for item in read_file(root / rel, rel, source):
+            for item in _reporting(read_file(root / rel, rel, source), on_progress, _file_size(root / rel)):
                 row = (_document_row(item, source.name, filters, val_fraction, redactions)
                        if isinstance(item, Record) else item)
                 if isinstance(row, Reject):
@@ -285,7 +294,28 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
             "num_documents": num_documents, "num_rejects": num_rejects,
             "rejects_by_reason": dict(sorted(reasons.items())),
             "redactions_by_kind": dict(sorted(redactions.items())),
-            "num_bytes": sum(_stat_file(root / rel, rel).size for rel in part.files if (root / rel).exists())}
+            "num_bytes": sum(_file_size(root / rel) for rel in part.files)}
+
+
+def _file_size(path: Path) -> int:
+    return _stat_file(path, path.name).size if path.exists() else 0
+
+
+def _reporting(items: Iterator[Record | Reject], on_progress: Callable[[int, int], None],
+               num_bytes: int) -> Iterator[Record | Reject]:
+    """Pass the items through, telling ``on_progress`` every PROGRESS_EVERY_RECORDS records and at the end."""
+    num_unreported = 0
+    for item in items:
+        yield item
+        num_unreported += 1
+        if num_unreported == PROGRESS_EVERY_RECORDS:
+            on_progress(num_unreported, 0)
+            num_unreported = 0
+    on_progress(num_unreported, num_bytes)
+
+
+def _ignore(*_: int) -> None:
+    """The progress callback when nobody listens."""
 
 
 def _document_row(record: Record, source: str, filters: FilterConfig, val_fraction: float,

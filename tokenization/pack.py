@@ -45,6 +45,11 @@ class Packer:
         """Tokens added (EOS included) and not yet returned in a row."""
         return self._num_pending
 
+    @property
+    def num_added_tokens(self) -> int:
+        """Tokens added so far (EOS included), returned in rows or not."""
+        return self._position + self._num_pending
+
     def add(self, doc_id: int, tokens: np.ndarray) -> None:
         """Append one document's ids followed by EOS; ConfigError when an id does not fit the row dtype."""
         tokens = self._as_row_dtype(np.asarray(tokens))

@@ -8,6 +8,7 @@ new document parts into new shards, so an incremental run appends without rewrit
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,14 @@ STATE_VERSION = 1
 """Bumped when state.json changes incompatibly; a state of another version is refused."""
 
 
-def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
+def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig,
+                      on_progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
     """Encode and pack the not-yet-packed documents of (split, source); return every shard of the pair.
 
     Shards hold ``config.rows_per_shard`` rows (the last one of a call fewer, its last row padded).
-    Same input -> byte-identical shards. Raises ConfigError when the tokenizer is missing and
-    StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
+    Same input -> byte-identical shards. ``on_progress(num_tokens)`` hears of each encoded batch (EOS
+    included: the calls add up to the new shards' ``num_tokens``). Raises ConfigError when the tokenizer
+    is missing and StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
     """
     folder = shard_folder(paths, split, source)
     if not paths.tokenizer.is_file():
@@ -45,7 +48,7 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     remove_stale_temps(folder)
     _remove_unrecorded_shards(folder, state["next_part"])
     writer = _ShardWriter(paths, split, source, tokenizer_sha256, state["next_part"])
-    num_documents = _pack_parts(paths, split, source, config, new_parts, writer)
+    num_documents = _pack_parts(paths, split, source, config, new_parts, writer, on_progress)
     infos.extend(writer.infos)
     state.update(
         split=split, source=source, tokenizer_sha256=tokenizer_sha256, seq_len=config.seq_len,
@@ -91,7 +94,7 @@ class _ShardWriter:
 
 
 def _pack_parts(paths: RunPaths, split: str, source: str, config: PackConfig, parts: list[Path],
-                writer: _ShardWriter) -> int:
+                writer: _ShardWriter, on_progress: Callable[[int], None] | None) -> int:
     """Stream the parts' documents through encode -> Packer -> shards; return how many documents were packed."""
     tokenizer = load_tokenizer(paths.tokenizer)
     eos_id, pad_id = special_token_ids(tokenizer)
@@ -102,9 +105,12 @@ def _pack_parts(paths: RunPaths, split: str, source: str, config: PackConfig, pa
                              batch_rows=config.encode_batch_docs)
     for batch in batches:
         doc_ids = batch.column("doc_id").to_pylist()
+        num_tokens_before = packer.num_added_tokens
         for doc_id, tokens in zip(doc_ids, encode_texts(tokenizer, batch.column("text").to_pylist()), strict=True):
             packer.add(doc_id, tokens)
         num_documents += len(doc_ids)
+        if on_progress is not None:
+            on_progress(packer.num_added_tokens - num_tokens_before)
         # Only whole shards mid-stream, so shard boundaries do not depend on the batch size.
         while packer.num_full_rows >= config.rows_per_shard:
             writer.write(packer.take_rows(config.rows_per_shard))

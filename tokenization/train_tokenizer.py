@@ -7,7 +7,7 @@ records the settings fingerprint, so a re-run with the same settings is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,13 @@ EOS_TOKEN, PAD_TOKEN = SPECIAL_TOKENS
 META_FILE = "meta.json"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+                    on_progress: Callable[[int], None] | None = None) -> Tokenizer:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials get ids 0, 1); deterministic for the same texts.
 
     Every byte has a token (initial alphabet = the 256 byte symbols), so any text encodes without unknowns.
+    ``on_progress(num_bytes)`` hears of each text's UTF-8 bytes once the trainer has taken it; the merges
+    that follow the last text report nothing.
     """
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -41,7 +44,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
         show_progress=False,
     )
     # Long texts are cut where the pre-tokenizer splits anyway: same word counts, bounded memory.
-    tokenizer.train_from_iterator(_pieces(texts), trainer=trainer)
+    tokenizer.train_from_iterator(_pieces(texts, on_progress), trainer=trainer)
     return tokenizer
 
 
@@ -77,14 +80,16 @@ def tokenizer_vocab_size(tokenizer: Tokenizer) -> int:
     return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
 
-def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path | None) -> dict[str, Any]:
+def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path | None,
+                      on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write ``paths.tokenizer`` (copied from ``given_path``, or trained) and return its summary.
 
     Returns ``{"tokenizer_sha256", "vocab_size", "trained", "sample_bytes"}``. Skipped when ``meta.json``
     records the same settings fingerprint and the file is unchanged. The documents are deliberately not
     part of the fingerprint: an incremental run with new documents keeps the tokenizer its shards were
     written with (delete ``tokenizer/`` and ``shards/`` to retrain). Raises ConfigError for an invalid
-    given file or when there is no train-split text to train on.
+    given file or when there is no train-split text to train on. When it trains, ``on_progress(num_bytes_fed,
+    num_bytes_total)`` follows the trainer through the sample.
     """
     given = Path(given_path) if given_path is not None else None
     if given is not None and not given.is_file():
@@ -94,7 +99,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path
     done = _recorded_summary(paths, stage_fingerprint)
     if done is not None:
         return done
-    summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config)
+    summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config, on_progress)
     write_json_atomic(paths.tokenizer.parent / META_FILE, {"fingerprint": stage_fingerprint, "summary": summary})
     return summary
 
@@ -131,7 +136,8 @@ def _copy_given(paths: RunPaths, given_path: Path) -> dict[str, Any]:
             "trained": False, "sample_bytes": 0}
 
 
-def _train_from_documents(paths: RunPaths, config: TokenizerConfig) -> dict[str, Any]:
+def _train_from_documents(paths: RunPaths, config: TokenizerConfig,
+                          on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
     assert config.vocab_size is not None  # checked by _training_settings
     sample = list(sample_texts(paths, config.sample_bytes))
     sample_bytes = sum(len(text.encode("utf-8")) for text in sample)
@@ -140,7 +146,8 @@ def _train_from_documents(paths: RunPaths, config: TokenizerConfig) -> dict[str,
             f"{paths.docs}: no train-split text to train a tokenizer on; run ingest first, or set "
             "tokenizer.path to an existing tokenizer.json."
         )
-    tokenizer = train_tokenizer(sample, config.vocab_size, config.min_frequency)
+    tokenizer = train_tokenizer(sample, config.vocab_size, config.min_frequency,
+                                _fed_of(sample_bytes, on_progress) if on_progress else None)
     write_text_atomic(paths.tokenizer, tokenizer.to_str(pretty=True))
     return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
             "trained": True, "sample_bytes": sample_bytes}
@@ -159,6 +166,20 @@ def sample_texts(paths: RunPaths, sample_bytes: int) -> Iterator[str]:
             yield text
 
 
-def _pieces(texts: Iterable[str]) -> Iterator[str]:
+def _fed_of(num_bytes_total: int, on_progress: Callable[[int, int], None]) -> Callable[[int], None]:
+    """Turn per-text byte counts into ``on_progress(num_bytes_fed, num_bytes_total)``."""
+    num_bytes_fed = 0
+
+    def report(num_bytes: int) -> None:
+        nonlocal num_bytes_fed
+        num_bytes_fed += num_bytes
+        on_progress(num_bytes_fed, num_bytes_total)
+
+    return report
+
+
+def _pieces(texts: Iterable[str], on_progress: Callable[[int], None] | None) -> Iterator[str]:
     for text in texts:
         yield from split_text(text, PIECE_CHARS) if len(text) > PIECE_CHARS else (text,)
+        if on_progress is not None:
+            on_progress(len(text.encode("utf-8")))

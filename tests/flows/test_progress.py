@@ -1,13 +1,42 @@
-"""flows.progress: one readable line per finished stage call."""
+"""flows.progress: one readable line per finished stage call, and live bars on a terminal."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import os
+import pty
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.progress import Progress
 
-from flows.progress import QUIET_ENV, describe_rates, reports_progress
+from flows.progress import (
+    QUIET_ENV,
+    TrainingBar,
+    describe_rates,
+    live_progress,
+    open_shared_bar,
+    reports_progress,
+    stage_meter,
+)
+from flows.recipe import load_recipe, manifest_paths
+from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.rundir import RunPaths
 from pipeline.shards import ShardInfo
+from tests.flows.conftest import write_small_recipe
+from tests.flows.test_cli import TOKENMILL
+from tokenization.config import PackConfig, TokenizerConfig
+from tokenization.stage import pack_split_source
+from tokenization.train_tokenizer import prepare_tokenizer
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+BAR = "━"
 
 
 def test_counts_and_rates_from_a_summary() -> None:
@@ -36,3 +65,210 @@ def test_decorator_logs_once_and_quiet_silences_it(caplog: pytest.LogCaptureFixt
         stage(5)
     lines = [record.getMessage() for record in caplog.records if record.name == "tokenmill.progress"]
     assert len(lines) == 1 and lines[0].startswith("demo: 4 rows in ")
+
+
+# ---- live bars, rendered to an in-memory terminal -----------------------------------------------------
+
+
+class FakeClock:
+    """Progress timestamps under the test's control: rates and ETAs become exact numbers."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=160, color_system=None)
+
+
+def rows(progress: Progress) -> dict[str, str]:
+    """The bars as plain text, one row per stage, keyed by stage name."""
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(progress.make_tasks_table(progress.tasks))
+    lines = [line.strip() for line in console.file.getvalue().splitlines() if line.strip()]
+    return {task.description: next(line for line in lines if line.startswith(task.description))
+            for task in progress.tasks}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def bars(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Progress]:
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    with live_progress(terminal(), get_time=clock) as progress:
+        assert progress is not None
+        yield progress
+
+
+def test_ingest_parts_share_one_bar_with_mb_per_s_docs_per_s_and_eta(bars: Progress, clock: FakeClock) -> None:
+    open_shared_bar("ingest", "bytes", total=4_000_000, num_calls=2)
+    with stage_meter("ingest", "bytes") as first, stage_meter("ingest", "bytes") as second:
+        for meter, docs in ((first, 100), (second, 50)):  # 1 MB every 0.5 s, from either part
+            clock.now += 0.5
+            meter.advance(1_000_000, docs=docs)
+        running = rows(bars)["ingest"]
+        assert "2.0/4.0 MB" in running and "2.0 MB/s" in running and "eta 0:01" in running
+        assert "150 docs (150 docs/s)" in running
+        for meter, docs in ((first, 100), (second, 50)):
+            clock.now += 0.5
+            meter.advance(1_000_000, docs=docs)
+    [task] = bars.tasks
+    assert task.finished and task.completed == task.total == 4_000_000
+    done = rows(bars)["ingest"]
+    assert "4.0 MB 2.0 MB/s 0:02" in done and "eta" not in done and "300 docs (150 docs/s)" in done
+
+
+def test_failed_call_takes_back_its_share_so_the_retry_counts_once(bars: Progress) -> None:
+    open_shared_bar("ingest", "bytes", total=3_000, num_calls=2)
+    with stage_meter("ingest", "bytes") as meter:
+        meter.advance(1_000, docs=1)
+    with pytest.raises(OSError), stage_meter("ingest", "bytes") as meter:
+        meter.advance(1_500, docs=7)
+        raise OSError("disk went away")
+    assert bars.tasks[0].completed == 1_000 and bars.tasks[0].fields["counts"] == {"docs": 1}
+    with stage_meter("ingest", "bytes") as meter:  # the retry
+        meter.advance(2_000, docs=2)
+    assert bars.tasks[0].finished and bars.tasks[0].completed == 3_000
+    assert bars.tasks[0].fields["counts"] == {"docs": 3}
+
+
+def test_pack_counts_tokens_per_second_without_a_total(bars: Progress, clock: FakeClock) -> None:
+    with stage_meter("pack train/s", "tokens") as meter:
+        for _ in range(4):
+            clock.now += 1.0
+            meter.advance(250_000)
+        assert "1.0M tokens" in rows(bars)["pack train/s"] and "250k tokens/s" in rows(bars)["pack train/s"]
+    with stage_meter("dedupe"):
+        clock.now += 2.0
+    assert bars.tasks[0].finished and bars.tasks[0].completed == 1_000_000
+    assert rows(bars)["dedupe"].endswith("0:02")  # a spinner: just the time it took
+
+
+def test_training_bar_follows_trainer_lines(bars: Progress, clock: FakeClock) -> None:
+    lines = ["Resuming from checkpoint at step 100", "training to step 200 on 1 process(es), 4,096 tokens/step",
+             "step 110/200 | loss 3.2100 | lr 3.00e-03 | grad_norm 0.512 | 40,960 tokens/s",
+             "step 120/200 | loss 3.1000 | lr 3.00e-03 | grad_norm 0.498 | 41,000 tokens/s",
+             "eval step 120 | val_loss 3.3000 | val_ppl 27.11"]
+    with stage_meter("train", "steps") as meter:
+        bar = TrainingBar(meter)
+        for line in lines:
+            clock.now += 2.0
+            bar.update(line)
+        row = rows(bars)["train"]
+        assert "120/200 steps" in row and "5.0 steps/s" in row and "eta 0:16" in row
+        assert "loss 3.1000 · 41,000 tokens/s · val_loss 3.3000" in row
+        clock.now += 2.0
+        bar.update("step 200/200 | loss 2.9000 | lr 3.00e-04 | grad_norm 0.4 | 41,000 tokens/s")
+    assert bars.tasks[0].finished and bars.tasks[0].completed == bars.tasks[0].total == 200
+    assert "200 steps 10 steps/s 0:10" in rows(bars)["train"]  # 100 steps since the resume, 10 s ago
+
+
+def test_no_bars_off_a_terminal_or_when_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = Console(file=io.StringIO(), width=160)
+    with live_progress(plain) as progress, stage_meter("pack train/s", "tokens") as meter:
+        meter.advance(10)  # a meter without bars does nothing, and does not fail
+    assert progress is None and plain.file.getvalue() == ""
+    monkeypatch.setenv(QUIET_ENV, "1")
+    with live_progress(terminal()) as progress:
+        assert progress is None
+
+
+# ---- the stages' callbacks add up to their summaries --------------------------------------------------
+
+
+def test_stage_callbacks_add_up_to_the_summaries(tmp_path: Path) -> None:
+    recipe = write_small_recipe(tmp_path, packages=("json",))
+    loaded, base = load_recipe(recipe)
+    paths = RunPaths(tmp_path / "run")
+    [part] = plan_ingest(manifest_paths(loaded, base), paths, loaded.data.part_size_bytes)
+    read: list[tuple[int, int]] = []
+    summary = ingest_part(part, 0.1, paths, on_progress=lambda records, num_bytes: read.append((records, num_bytes)))
+    assert sum(r for r, _ in read) == summary["num_records"] > 0
+    assert sum(b for _, b in read) == summary["num_bytes"] == part.num_bytes
+
+    fed: list[tuple[int, int]] = []
+    tokenizer = prepare_tokenizer(paths, TokenizerConfig(vocab_size=300), None,
+                                  on_progress=lambda done, total: fed.append((done, total)))
+    assert fed[-1] == (tokenizer["sample_bytes"], tokenizer["sample_bytes"])
+    assert [done for done, _ in fed] == sorted(done for done, _ in fed)
+
+    packed: list[int] = []
+    config = PackConfig(seq_len=64, rows_per_shard=32, encode_batch_docs=1)
+    infos = pack_split_source(paths, "train", "stdlib", config, on_progress=packed.append)
+    assert len(packed) > 1 and sum(packed) == sum(info.num_tokens for info in infos)
+
+
+# ---- the real CLI: bars on a terminal, one line per stage elsewhere --------------------------------------
+
+
+def run_in_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run with stderr on a pseudo-terminal (stdout stays a pipe); returns (status, terminal text, stdout)."""
+    main, child = pty.openpty()
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=child, env=env)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert process.stdout is not None
+    stdout = process.stdout.read().decode()
+    return process.wait(timeout=300), b"".join(chunks).decode(errors="replace"), stdout
+
+
+@pytest.fixture(scope="module")
+def cli_env(prefect_server: None) -> dict[str, str]:
+    """The session's Prefect test server (no temporary server per command) and a known terminal width."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {key: value for key, value in os.environ.items() if key != QUIET_ENV}
+    return {**env, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "COLUMNS": "120", "TERM": "xterm"}
+
+
+@pytest.mark.slow
+def test_prepare_on_a_terminal_shows_bars_with_rates(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    recipe = write_small_recipe(tmp_path)
+    status, screen, stdout = run_in_pty([TOKENMILL, "prepare", str(recipe), "--run-dir", str(tmp_path / "run")],
+                                        cli_env)
+    assert status == 0, screen[-3000:]
+    summary = json.loads(stdout)
+    text = ANSI.sub("", screen)
+    final = text[text.rindex("ingest "):]  # the last frame the bars left on screen
+    ingest = next(line for line in final.splitlines() if line.startswith("ingest "))
+    assert BAR in ingest and " MB/s" in ingest and " records/s)" in ingest
+    for split in ("train", "val"):
+        pack = next(line for line in final.splitlines() if line.startswith(f"pack {split}/stdlib"))
+        assert " tokens " in pack and " tokens/s" in pack
+    assert "tokenizer" in final and summary["num_tokens"] > 0
+    assert "Task run 'dedupe" in text, "Prefect's log lines still reach the terminal, above the bars"
+
+    quiet, screen, _ = run_in_pty([TOKENMILL, "--quiet", "prepare", str(recipe), "--run-dir", str(tmp_path / "run")],
+                                  cli_env)
+    assert quiet == 0 and BAR not in screen and "ingest-part:" not in screen and "pack:" not in screen
+
+
+@pytest.mark.slow
+def test_prepare_without_a_terminal_logs_one_line_per_stage(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    recipe = write_small_recipe(tmp_path)
+    result = subprocess.run([TOKENMILL, "prepare", str(recipe), "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, env=cli_env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert BAR not in result.stderr and "\x1b[" not in result.stderr
+    lines = result.stderr.splitlines()
+    ingest = [line for line in lines if " - ingest-part: " in line]
+    pack = [line for line in lines if " - pack: " in line]
+    assert len(ingest) == summary["parts_ingested"] and all(" MB/s)" in line for line in ingest)
+    assert len(pack) == 2 and all(" tokens/s" in line for line in pack)  # train and val of the one source
+    assert sum(" - tokenizer: " in line for line in lines) == 1
