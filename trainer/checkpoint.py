@@ -3,7 +3,9 @@
 A checkpoint folder holds what ``accelerator.save_state`` writes (``model.safetensors``,
 ``optimizer.bin``, ``scheduler.bin``, ``random_states_<rank>.pkl``; under FSDP the weights and AdamW
 state are sharded torch.distributed.checkpoint folders instead, ``pytorch_model_fsdp_0/`` and
-``optimizer_0/``, one ``__<rank>_0.distcp`` file per rank plus ``.metadata``), then ``trainer_state.json``
+``optimizer_0/``, one ``__<rank>_0.distcp`` file per rank plus ``.metadata``; under tensor parallelism
+``tensor_parallel/tp_rank_<t>.safetensors``, one per TP slice, plus ``tensor_parallel/layout.json``,
+see :mod:`trainer.tensor_parallel_checkpoint`), then ``trainer_state.json``
 (every registered Stateful's ``state_dict()`` as JSON: loop counters, loader position, …) and,
 written LAST, ``manifest.json`` with the sha256 of every other file. A folder whose manifest is
 missing or does not verify is not a checkpoint. The folder is assembled under a temporary name and
@@ -28,6 +30,12 @@ from accelerate.utils import DistributedType, broadcast_object_list
 
 from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
 from pipeline.errors import CheckpointError
+from trainer.tensor_parallel_checkpoint import (
+    TENSOR_PARALLEL_DIR,
+    TENSOR_PARALLEL_LAYOUT,
+    TensorParallelShards,
+    model_and_optimizer_hidden,
+)
 
 CHECKPOINT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -35,9 +43,9 @@ TRAINER_STATE_NAME = "trainer_state.json"
 LATEST_NAME = "latest"
 FSDP_MODEL_METADATA = "pytorch_model_fsdp_0/.metadata"
 FSDP_OPTIMIZER_METADATA = "optimizer_0/.metadata"
-REQUIRED_FILES = (("model.safetensors", FSDP_MODEL_METADATA), ("optimizer.bin", FSDP_OPTIMIZER_METADATA),
-                  (TRAINER_STATE_NAME,))
-"""Each group needs one of its files: the weights and optimizer state whole (DDP) or sharded (FSDP)."""
+REQUIRED_FILES = (("model.safetensors", FSDP_MODEL_METADATA, f"{TENSOR_PARALLEL_DIR}/tp_rank_0.safetensors"),
+                  ("optimizer.bin", FSDP_OPTIMIZER_METADATA, TENSOR_PARALLEL_LAYOUT), (TRAINER_STATE_NAME,))
+"""Each group needs one of its files: weights and optimizer state whole (DDP), sharded (FSDP) or split (TP)."""
 STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 
 
@@ -98,11 +106,13 @@ class Checkpointer:
     """Saves and restores the accelerator's objects plus ``states`` ({name: Stateful}); rank 0 writes shared files."""
 
     def __init__(self, accelerator: Accelerator, checkpoints_dir: Path, keep_last: int,
-                 states: dict[str, Stateful]) -> None:
+                 states: dict[str, Stateful], shards: TensorParallelShards | None = None) -> None:
+        """``shards``: the model and optimizer of a tensor-parallel run, which Accelerate cannot save."""
         self.accelerator = accelerator
         self.checkpoints_dir = Path(checkpoints_dir)
         self.keep_last = keep_last
         self.states = states
+        self.shards = shards
 
     def save(self, step: int) -> Path:
         """Write the checkpoint of ``step`` and return its folder; all ranks must call this together."""
@@ -113,7 +123,7 @@ class Checkpointer:
             staging.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
         try:
-            self.accelerator.save_state(str(staging))
+            self._save_training_state(staging)
             self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
             if self.accelerator.is_main_process:
                 trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
@@ -132,6 +142,22 @@ class Checkpointer:
             self._prune()
         self.accelerator.wait_for_everyone()
         return target
+
+    def _save_training_state(self, folder: Path) -> None:
+        if self.shards is None:
+            self.accelerator.save_state(str(folder))
+            return
+        with model_and_optimizer_hidden(self.accelerator):
+            self.accelerator.save_state(str(folder))  # the LR schedule and the RNG states
+        self.shards.save(folder)
+
+    def _load_training_state(self, folder: Path) -> None:
+        if self.shards is None:
+            self.accelerator.load_state(str(folder))
+            return
+        with model_and_optimizer_hidden(self.accelerator):
+            self.accelerator.load_state(str(folder))
+        self.shards.load(folder)
 
     def _save_failed_message(self, target: Path, err: Exception) -> str:
         """One line: the checkpoint that could not be saved, why, the room one takes (the previous one's size)."""
@@ -210,7 +236,7 @@ class Checkpointer:
         self._check_sharding(folder)
         for name, obj in self.states.items():  # validate our own state before touching the weights
             obj.load_state_dict(trainer_state["states"][name])
-        self.accelerator.load_state(str(folder))
+        self._load_training_state(folder)
         # Checkpoints sit on optimizer-step boundaries; reset Accelerate's micro-step counter so a resume
         # with another grad_accum_steps (e.g. fewer processes) syncs on the right micro-batch.
         self.accelerator.step = 0
@@ -222,6 +248,13 @@ class Checkpointer:
             saved, now = ("FSDP", "unsharded") if saved_sharded else ("unsharded", "FSDP")
             raise CheckpointError(f"{folder} holds {saved} weights but this run is {now}; set train.fsdp back to "
                                   f"{str(saved_sharded).lower()} to resume, or delete checkpoints/ to start over.")
+        layout = folder / TENSOR_PARALLEL_LAYOUT
+        saved_size = read_json(layout)["tensor_parallel_size"] if layout.is_file() else 1
+        size_now = 1 if self.shards is None else self.shards.tensor_parallel_size
+        if saved_size != size_now:
+            raise CheckpointError(f"{folder} was saved with train.tensor_parallel_size {saved_size}, this run has "
+                                  f"{size_now}; set it back to {saved_size} (and launch a multiple of that many "
+                                  "processes) to resume, or delete checkpoints/ to start over.")
 
 
 def set_aside(folder: Path) -> Path:

@@ -110,6 +110,8 @@ class TrainConfig(FrozenConfig):
     """Shard parameters, gradients and optimizer state across processes (FSDP2 = ZeRO-3, Accelerate's plugin)."""
     deepspeed_config: str | None = None
     """DeepSpeed JSON config (absolute, or relative to the run dir) handed to Accelerate; GPU only, not with fsdp."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Processes that split every attention/MLP matmul (Megatron-style TP); must divide num_processes; 1 = off."""
     peak_tflops: float | None = Field(default=None, gt=0)
     """Peak TFLOP/s of one device for MFU; None = known-GPU table, else a matmul probe on CPU."""
     profile_steps: list[Annotated[int, Field(ge=1)]] = []
@@ -126,4 +128,33 @@ class TrainConfig(FrozenConfig):
     def _one_sharding_engine(self) -> TrainConfig:
         if self.fsdp and self.deepspeed_config is not None:
             raise ValueError("train.fsdp and train.deepspeed_config both shard the model; set only one of them")
+        if self.tensor_parallel_size > 1:
+            check_tensor_parallel_options(self)
         return self
+
+
+def check_tensor_parallel_options(train: TrainConfig) -> None:
+    """ValueError naming ``train.tensor_parallel_size`` when it cannot run with the other train settings."""
+    tp = train.tensor_parallel_size
+    if train.num_processes % tp:
+        raise ValueError(f"train.tensor_parallel_size {tp} must divide train.num_processes {train.num_processes} "
+                         f"(data-parallel replicas = num_processes / tensor_parallel_size); set num_processes to a "
+                         f"multiple of {tp}")
+    refusals = {"train.fsdp": (train.fsdp, "remove train.fsdp"),
+                "train.deepspeed_config": (train.deepspeed_config is not None, "remove train.deepspeed_config"),
+                "train.precision fp16": (train.precision == "fp16", "use train.precision: bf16 or fp32")}
+    for key, (combined, fix) in refusals.items():
+        if combined:
+            raise ValueError(f"train.tensor_parallel_size {tp} cannot be combined with {key} (not supported by "
+                             f"tokenmill's tensor parallelism); set tensor_parallel_size: 1 or {fix}")
+
+
+def check_tensor_parallel_dims(dims: ModelDims, tensor_parallel_size: int) -> None:
+    """ValueError naming ``train.tensor_parallel_size`` unless it divides the heads and the MLP width."""
+    sizes = {"model num_heads": dims.num_heads, "model num_kv_heads": dims.num_kv_heads,
+             "model intermediate_size": dims.intermediate_size}
+    for name, size in sizes.items():
+        if size % tensor_parallel_size:
+            raise ValueError(f"train.tensor_parallel_size {tensor_parallel_size} must divide the {name} ({size}): "
+                             "each process holds whole heads and an equal slice of the MLP; choose a divisor "
+                             f"of {dims.num_heads}, {dims.num_kv_heads} and {dims.intermediate_size}")

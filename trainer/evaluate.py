@@ -1,10 +1,12 @@
 """Evaluation: validation shards -> val loss and perplexity on a fixed subset, comparable across steps and runs.
 
 The subset is the first ``eval_batches * micro_batch_size`` val rows in index order (never shuffled).
-Each rank scores a contiguous share; the summed token losses and token counts are gathered, so the
-result is the token-weighted mean over the whole subset whatever the number of processes. Under FSDP
-every forward all-gathers parameters, so there a rank with a smaller share runs (and discards) extra
-forwards until every rank has run as many as the largest share needs.
+Each data-parallel replica scores a contiguous share; the summed token losses and token counts are
+gathered, so the result is the token-weighted mean over the whole subset whatever the number of
+processes. Under FSDP every forward all-gathers parameters, so there a rank with a smaller share runs
+(and discards) extra forwards until every rank has run as many as the largest share needs. Under
+tensor parallelism the processes of a TP group are one replica: they score the same rows together,
+and only the group's first process counts them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 
 from trainer.data import TokenRows, make_batch
 from trainer.model import IGNORE_INDEX, next_token_loss
-from trainer.parallel import is_sharded
+from trainer.parallel import data_parallel_coordinates, is_sharded, tensor_parallel_rank
 
 
 class Evaluator:
@@ -34,8 +36,10 @@ class Evaluator:
         self.rows, self.micro_batch_size, self.accelerator = rows, micro_batch_size, accelerator
         self.autocast = autocast
         self.num_rows = 0 if rows is None else min(rows.num_rows, eval_batches * micro_batch_size)
-        shares = np.array_split(np.arange(self.num_rows, dtype=np.int64), accelerator.num_processes)
-        self.rank_rows = shares[accelerator.process_index]
+        num_replicas, replica = data_parallel_coordinates(accelerator)
+        shares = np.array_split(np.arange(self.num_rows, dtype=np.int64), num_replicas)
+        self.rank_rows = shares[replica]
+        self.reports_totals = tensor_parallel_rank(accelerator) == 0  # one process per TP group reports
         # array_split puts the larger shares first: shares[0] is the largest.
         share = len(shares[0]) if is_sharded(accelerator) else len(self.rank_rows)
         self.num_forwards = -(-share // micro_batch_size)
@@ -45,7 +49,8 @@ class Evaluator:
 
         Runs on the unwrapped module: a DDP forward may broadcast buffers, and ranks can hold a
         different number of val batches, so only the final gather is collective (and, under FSDP,
-        every forward, which is why ranks then run the same number of them).
+        every forward, which is why ranks then run the same number of them; under TP every forward
+        within a TP group, whose processes score the same rows).
         """
         if self.num_rows == 0:
             return None
@@ -61,6 +66,8 @@ class Evaluator:
                 else:  # FSDP lockstep: take part in the all-gathers, count nothing
                     self._score(module, np.zeros(1, dtype=np.int64))
         module.train(was_training)
+        if not self.reports_totals:
+            totals.zero_()
         loss_sum, num_tokens = self.accelerator.gather(totals).view(-1, 2).sum(dim=0).tolist()
         val_loss = loss_sum / max(num_tokens, 1.0)
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)), "val_tokens": int(num_tokens)}

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from pipeline.atomic import TEMP_PREFIX, read_json, write_json_atomic
 from trainer.checkpoint import replace_dir
@@ -57,7 +58,13 @@ def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_d
     """Write ``model_dir`` atomically (replacing an older export) from an unwrapped model's state dict.
 
     Weights are saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists.
+    The state dict must hold whole tensors: gather a tensor-parallel model's slices first
+    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError.
     """
+    split = [name for name, tensor in state_dict.items() if isinstance(tensor, DTensor)]
+    if split:
+        raise TypeError(f"export_model got tensor-parallel slices ({split[0]}, ...); pass "
+                        "trainer.parallel.full_state_dict(accelerator, model), called on every rank")
     model_dir = Path(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))

@@ -4,8 +4,8 @@ The flow runs this argv as a subprocess (never through a shell). Facts behind th
 ``--num_processes 2`` alone, or with ``--cpu``, silently starts ONE process; ``--multi_gpu`` goes
 through torchrun and, on a machine without GPUs, forms a gloo group (MULTI_CPU). The other flags only
 pin Accelerate's defaults so it does not print a warning for each; ``--mixed_precision no`` does not
-override the recipe: the trainer does mixed precision itself (``trainer.precision``), and FSDP or
-DeepSpeed come from the recipe through Accelerate's plugins (``trainer.parallel``), not from flags here.
+override the recipe: the trainer does mixed precision itself (``trainer.precision``), and FSDP, tensor
+parallelism or DeepSpeed come from the recipe (``trainer.parallel``), not from flags here.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from trainer.evaluate import Evaluator
 from trainer.guard import NonFiniteGuard, state_counts
 from trainer.metrics import MetricsSink
 from trainer.model import ModelShape
+from trainer.parallel import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
 from trainer.telemetry import PhaseTimer, Telemetry
 
@@ -144,7 +145,10 @@ class TrainingLoop:
         return StepResult(loss, grad_norm, lr, timer.seconds, applied)
 
     def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
-        """This rank's mean micro-batch loss; gradients accumulate, synced across ranks on the last micro-batch."""
+        """This rank's mean micro-batch loss; gradients accumulate, synced across replicas on the last micro-batch.
+
+        DDP syncs inside the last backward; a tensor-parallel run averages its replicas' gradients after it.
+        """
         device = self.accelerator.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for batch in batches:
@@ -154,6 +158,7 @@ class TrainingLoop:
                 self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
         assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"
+        sync_data_parallel_gradients(self.model, self.accelerator)
         return loss_sum / len(batches)
 
     def optimizer_step(self, local_loss: torch.Tensor) -> tuple[float, float | None, bool]:
@@ -161,7 +166,9 @@ class TrainingLoop:
 
         Returns (loss averaged over ranks, global gradient norm before clipping, whether the update was applied).
         """
-        loss = float(self.accelerator.reduce(local_loss, reduction="mean"))  # collective: all ranks decide alike
+        # Collective: all ranks decide alike. The ranks of a TP group hold the same loss, so the mean over
+        # all ranks is the mean over the data-parallel replicas.
+        loss = float(self.accelerator.reduce(local_loss, reduction="mean"))
         self.precision.unscale_(self.optimizer)
         grad_norm = as_float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip))
         finite = self.guard.is_finite(loss, grad_norm, loss_scaled=self.precision.scaler is not None)

@@ -86,11 +86,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts come from the projections' widths: under tensor parallelism each process holds
+        # num_heads / tp query heads and num_kv_heads / tp kv heads (whole heads, same grouping).
+        q = self.q_proj(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        groups = self.num_heads // self.num_kv_heads
+        groups = q.shape[1] // k.shape[1]
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)

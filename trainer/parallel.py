@@ -1,8 +1,10 @@
-"""Parallelism and memory options: TrainConfig -> the Accelerator (DDP, FSDP2, DeepSpeed) and model transforms.
+"""Parallelism and memory options: TrainConfig -> the Accelerator (DDP, FSDP2, TP, DeepSpeed) and model transforms.
 
 Data parallelism is the default: ``accelerate launch`` starts ``train.num_processes`` processes and
 Accelerate wraps the model in DDP. ``train.fsdp`` shards parameters, gradients and AdamW state
 (FSDP2, the ZeRO-3 layout) through Accelerate's FSDP plugin, one unit per decoder block.
+``train.tensor_parallel_size`` splits every attention and MLP matmul over a group of processes
+(DTensor, a 2-D ``dp x tp`` device mesh); the groups are data-parallel replicas of each other.
 ``train.deepspeed_config`` hands a DeepSpeed JSON to Accelerate's DeepSpeed plugin instead (GPUs only).
 Activation checkpointing and ``torch.compile`` act on the model before ``accelerator.prepare``.
 See docs/parallelism.md for when each pays.
@@ -17,9 +19,15 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.parallelism_config import ParallelismConfig
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, ProjectConfiguration
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from pipeline.errors import ConfigError
 from trainer.config import TrainConfig
@@ -53,6 +61,8 @@ def build_accelerator(train: TrainConfig, run_dir: Path | None = None) -> Accele
         deepspeed_plugin=deepspeed_plugin(train, run_dir, on_gpu), **tracking_options(train, run_dir))
     if fsdp is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
         route_cpu_processes_to_fsdp(accelerator, fsdp)
+    if train.tensor_parallel_size > 1:
+        route_processes_to_tensor_parallel(accelerator, train.tensor_parallel_size)
     return accelerator
 
 
@@ -135,3 +145,112 @@ def apply_model_options(model: LlamaForCausalLM, train: TrainConfig) -> LlamaFor
 def is_sharded(accelerator: Accelerator) -> bool:
     """True when parameters are split across processes (FSDP): every rank must then run every forward."""
     return accelerator.distributed_type == DistributedType.FSDP
+
+
+def tensor_parallel_plan() -> dict[str, ParallelStyle]:
+    """Megatron's split of one decoder block: column-parallel in, row-parallel out (one all-reduce each).
+
+    q/k/v and gate/up are split by output rows (whole heads, an equal slice of the MLP width), o_proj and
+    down_proj by input columns; their partial outputs are summed by an all-reduce. Norms and the (tied)
+    embedding stay whole on every process.
+    """
+    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+
+
+def route_processes_to_tensor_parallel(accelerator: Accelerator, tensor_parallel_size: int) -> DeviceMesh:
+    """Build the ``("dp", "tp")`` device mesh and tell Accelerate the model arrives tensor-parallel.
+
+    Accelerate 1.15's own route, ``Accelerator(parallelism_config=ParallelismConfig(tp_size=...))``,
+    refuses CPU processes ("only compatible with ... Multi{Device}", MULTI_CPU is not one) and refuses
+    tensor parallelism next to plain data-parallel replicas (it composes TP only with FSDP's
+    ``dp_shard``). So the mesh is torch's ``init_device_mesh`` (consecutive ranks form a TP group), and
+    the config is handed to the state afterwards, which makes ``prepare`` skip DDP and check the
+    model's ``tp_size`` instead. Gradients of the replicas are averaged by
+    :func:`sync_data_parallel_gradients`. Raises ConfigError when the processes do not divide evenly.
+    """
+    world_size = accelerator.num_processes
+    if world_size % tensor_parallel_size:
+        raise ConfigError(f"train.tensor_parallel_size {tensor_parallel_size} must divide the {world_size} launched "
+                          f"process(es); launch a multiple of {tensor_parallel_size} processes "
+                          "(train.num_processes) or set tensor_parallel_size: 1.")
+    mesh = init_device_mesh(accelerator.device.type, (world_size // tensor_parallel_size, tensor_parallel_size),
+                            mesh_dim_names=("dp", "tp"))
+    accelerator.state.parallelism_config = ParallelismConfig(tp_size=tensor_parallel_size)
+    accelerator.state.device_mesh = mesh
+    return mesh
+
+
+def tensor_parallel_mesh(accelerator: Accelerator) -> DeviceMesh | None:
+    """The ``("dp", "tp")`` mesh of a tensor-parallel run, None otherwise."""
+    config = accelerator.parallelism_config
+    if config is None or not config.tp_enabled:
+        return None
+    return accelerator.torch_device_mesh
+
+
+def data_parallel_coordinates(accelerator: Accelerator) -> tuple[int, int]:
+    """(data-parallel replicas, this process's replica): the processes of one TP group read the same batch."""
+    mesh = tensor_parallel_mesh(accelerator)
+    if mesh is None:
+        return accelerator.num_processes, accelerator.process_index
+    return mesh["dp"].size(), mesh.get_local_rank("dp")
+
+
+def tensor_parallel_rank(accelerator: Accelerator) -> int:
+    """This process's slice within its TP group (0 without tensor parallelism)."""
+    mesh = tensor_parallel_mesh(accelerator)
+    return 0 if mesh is None else mesh.get_local_rank("tp")
+
+
+def parallelize_model(model: LlamaForCausalLM, accelerator: Accelerator) -> LlamaForCausalLM:
+    """Split every decoder block over the TP group (in place; parameter names do not change). No-op without TP.
+
+    Every process built the same full weights from the seed; each keeps its slice as a DTensor.
+    """
+    mesh = tensor_parallel_mesh(accelerator)
+    if mesh is None:
+        return model
+    model.to(accelerator.device)  # prepare leaves a model holding DTensors where it is, norms included
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh["tp"], tensor_parallel_plan())
+    model.tp_size = mesh["tp"].size()  # what Accelerate's prepare checks (accelerate.utils.get_model_tp_size)
+    return model
+
+
+def sync_data_parallel_gradients(model: nn.Module, accelerator: Accelerator) -> None:
+    """Average the gradients over the data-parallel replicas of a TP run (DDP's job elsewhere); else a no-op.
+
+    Collective over each ``dp`` group: one all-reduce of all this process's local gradient slices.
+    """
+    mesh = tensor_parallel_mesh(accelerator)
+    if mesh is None or mesh["dp"].size() == 1:
+        return
+    with torch.no_grad():
+        grads = [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, group=mesh["dp"].get_group())
+        flat /= mesh["dp"].size()
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's slice of a DTensor (the tensor itself otherwise); call under ``torch.no_grad()``.
+
+    Without autograd ``to_local`` returns the DTensor's own storage, so in-place writes reach the DTensor.
+    """
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def full_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain tensors; collective: every process must call it.
+
+    Under FSDP rank 0 receives the gathered weights (Accelerate); under TP every process gathers each
+    DTensor's slices (``full_tensor``).
+    """
+    state_dict = accelerator.get_state_dict(model)
+    return {name: t.full_tensor() if isinstance(t, DTensor) else t for name, t in state_dict.items()}

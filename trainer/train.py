@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
@@ -21,7 +21,7 @@ from pipeline.errors import ConfigError, ShardFormatError, TokenmillError
 from pipeline.rundir import RunPaths
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.export import export_model, exported_step
@@ -31,9 +31,19 @@ from trainer.metrics import MetricsSink
 from trainer.mixture import MixtureOrder, resolve_weights
 from trainer.model import ModelShape, build_model, flops_per_token
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import TRACKER_PROJECT, apply_model_options, build_accelerator, is_sharded
+from trainer.parallel import (
+    TRACKER_PROJECT,
+    apply_model_options,
+    build_accelerator,
+    data_parallel_coordinates,
+    full_state_dict,
+    is_sharded,
+    parallelize_model,
+    tensor_parallel_mesh,
+)
 from trainer.precision import MixedPrecision
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
+from trainer.tensor_parallel_checkpoint import TensorParallelShards
 
 PROFILE_DIR = Path("metrics") / "profile"
 """Where ``train.profile_steps`` traces go, relative to the run dir."""
@@ -58,7 +68,7 @@ def read_trainer_config(run_dir: Path) -> TrainerSections:
     sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
     try:
         config = TrainerSections.model_validate(sections)
-        config.model.resolved_dims()
+        check_tensor_parallel_dims(config.model.resolved_dims(), config.train.tensor_parallel_size)
     except (ValidationError, ValueError) as err:
         message = describe_validation_error(err, path) if isinstance(err, ValidationError) else f"{path}: {err}"
         raise ConfigError(message) from None
@@ -109,12 +119,12 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
     shape = ModelShape(config.model.resolved_dims(), train_rows.vocab_size, train_rows.seq_len)
-    model = apply_model_options(build_model(shape, train.seed), train)
-    num_params = model.num_parameters()
+    model = apply_model_options(parallelize_model(build_model(shape, train.seed), accelerator), train)
+    num_params = model.num_parameters()  # a DTensor counts its full size
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
-    layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, accelerator.num_processes,
-                         accelerator.process_index)
+    # The processes of one tensor-parallel group are one data-parallel replica: they read the same batch.
+    layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, *data_parallel_coordinates(accelerator))
     loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
                          build_mixture(train_rows, config.mixture, train.seed))
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
@@ -128,11 +138,17 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
                             accelerator, precision.autocast),
-        checkpointer=Checkpointer(accelerator, paths.checkpoints, train.keep_last, states),
+        checkpointer=Checkpointer(accelerator, paths.checkpoints, train.keep_last, states,
+                                  build_shards(accelerator, model, optimizer)),
         metrics=MetricsSink(paths.metrics, enabled=accelerator.is_main_process, tracker=tracker),
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, flops_per_token(shape, num_params)),
         callbacks=build_callbacks(accelerator, train, paths))
+
+
+def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> TensorParallelShards | None:
+    """The split model and optimizer a tensor-parallel checkpoint writes itself; None otherwise."""
+    return None if tensor_parallel_mesh(accelerator) is None else TensorParallelShards(accelerator, model, optimizer)
 
 
 def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool = False) -> int:
@@ -177,13 +193,13 @@ def run_to(loop: TrainingLoop, target_step: int) -> None:
 def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
     """Write model/ from the current weights unless it already holds this step (rank 0 writes).
 
-    Collective: under FSDP every rank sends its shards to rank 0 for the full state dict.
+    Collective: under FSDP every rank sends its shards to rank 0, under TP every rank gathers every slice.
     """
     accelerator = loop.accelerator
     stale = [accelerator.is_main_process and exported_step(paths.model) != loop.counters.step]
     broadcast_object_list(stale)
     if stale[0]:
-        state_dict = accelerator.get_state_dict(loop.model)
+        state_dict = full_state_dict(accelerator, loop.model)
         if accelerator.is_main_process:
             module = accelerator.unwrap_model(loop.model)
             export_model(state_dict, module.shape, paths.model, paths.tokenizer,
