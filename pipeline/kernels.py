@@ -145,6 +145,23 @@ def _collapse_whitespace(data: np.ndarray, single: np.ndarray, leads: np.ndarray
     return out[:count]
 
 
+@njit(cache=True, nogil=True)
+def sorted_set_jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """Jaccard of two sorted arrays of distinct values, by one merge (no temporary arrays)."""
+    i = j = common = 0
+    while i < len(first) and j < len(second):
+        if first[i] == second[j]:
+            common += 1
+            i += 1
+            j += 1
+        elif first[i] < second[j]:
+            i += 1
+        else:
+            j += 1
+    union = len(first) + len(second) - common
+    return common / union if union else 1.0
+
+
 def utf8_buffers(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy ``(bytes, int64 offsets)`` of a string array; ``bytes[offsets[i]:offsets[i+1]]`` is text i."""
     if isinstance(texts, pa.ChunkedArray):
@@ -189,3 +206,4 @@ def compile_all() -> None:
     words, offsets = word_hashes(pa.array(["warm up"]))
     shingle_hashes(words, offsets, 1, np.ones(1, dtype=np.uint64))
     collapse_whitespace(b"warm up")
+    sorted_set_jaccard(np.arange(2, dtype=np.uint32), np.arange(3, dtype=np.uint32))

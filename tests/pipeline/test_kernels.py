@@ -116,3 +116,13 @@ def test_content_hash_is_the_same_on_both_paths(stdlib_sample: list[str]) -> Non
     assert long_texts
     for text in long_texts + random_texts(50, seed=3):
         assert content_hash(text) == xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
+
+
+def test_sorted_set_jaccard_matches_python_sets() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        first = np.unique(rng.integers(0, 60, rng.integers(0, 40))).astype(np.uint32)
+        second = np.unique(rng.integers(0, 60, rng.integers(0, 40))).astype(np.uint32)
+        union = set(first.tolist()) | set(second.tolist())
+        expected = len(set(first.tolist()) & set(second.tolist())) / len(union) if union else 1.0
+        assert kernels.sorted_set_jaccard(first, second) == pytest.approx(expected)
