@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -44,6 +45,23 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
         if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
             raise OutOfSpaceError(no_space_message(target, err.errno, size_hint_bytes)) from err
         raise
+
+
+_OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")
+
+
+def out_of_space(err: BaseException, target: Path, needed_bytes: int | None = None) -> OutOfSpaceError | None:
+    """The OutOfSpaceError for ``err`` when it is a failed write for lack of room, else None.
+
+    Native writers report it in their own exception types: safetensors raises ``SafetensorError("... File
+    too large (os error 27)")``, so the errno is read from the text when the exception has none.
+    """
+    number = err.errno if isinstance(err, OSError) else None
+    if number is None and (match := _OS_ERROR_IN_TEXT.search(str(err))):
+        number = int(match.group(1))
+    if number not in NO_SPACE_ERRNOS:
+        return None
+    return OutOfSpaceError(no_space_message(Path(target), number, needed_bytes))
 
 
 def no_space_message(target: Path, error_number: int, needed_bytes: int | None) -> str:

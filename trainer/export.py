@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from pipeline.atomic import TEMP_PREFIX, read_json, write_json_atomic
+from pipeline.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
@@ -77,8 +77,10 @@ def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_d
             write_json_atomic(staging / "tokenizer_config.json", tokenizer_config(Path(tokenizer_json)))
         write_json_atomic(staging / EXPORT_STATE_NAME, training_state or {})
         replace_dir(staging, model_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if (no_space := out_of_space(err, model_dir, 4 * sum(t.numel() for t in state_dict.values()))) is not None:
+            raise no_space from err
         raise
     return model_dir
 

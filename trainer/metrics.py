@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import write_text_atomic
+from pipeline.atomic import out_of_space, write_text_atomic
 
 TRAIN_FILE = "train.jsonl"
 EVAL_FILE = "eval.jsonl"
@@ -61,9 +61,15 @@ class MetricsSink:
         if not self.enabled:
             return
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_dir / name, "a", encoding="utf-8") as handle:
-            handle.write(_to_line(row))
-            handle.flush()
+        line = _to_line(row)
+        try:
+            with open(self.metrics_dir / name, "a", encoding="utf-8") as handle:
+                handle.write(line)
+                handle.flush()
+        except OSError as err:  # a torn last line is skipped by read_metric_rows; the error must name the file
+            if (no_space := out_of_space(err, self.metrics_dir / name, len(line))) is not None:
+                raise no_space from err
+            raise
 
 
 def read_metric_rows(path: Path) -> list[dict[str, Any]]:

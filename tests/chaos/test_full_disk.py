@@ -161,3 +161,50 @@ def test_checkpoint_write_out_of_space_keeps_the_previous_checkpoint_then_a_reru
     steps = [row["step"] for row in read_metric_rows(limited / "metrics" / "train.jsonl")]
     assert steps == list(range(1, 11))
     assert temp_leftovers(limited) == []
+
+
+EXPORT_AND_LOG_UNDER_LIMIT = """
+import sys
+from pathlib import Path
+
+from pipeline.errors import TokenmillError
+from tests.trainer.conftest import TEST_DIMS
+from trainer.export import export_model
+from trainer.metrics import MetricsSink
+from trainer.model import LlamaForCausalLM, ModelDims, ModelShape
+
+run_dir = Path(sys.argv[2])
+try:
+    if sys.argv[1] == "export":
+        shape = ModelShape(ModelDims(**TEST_DIMS), vocab_size=64, max_seq_len=16)
+        export_model(LlamaForCausalLM(shape).state_dict(), shape, run_dir / "model")
+    else:
+        MetricsSink(run_dir / "metrics").log_train({"step": 2, "loss": 1.0, "note": "x" * 8192})
+except TokenmillError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("what", ["export", "metrics"])
+def test_export_and_metrics_out_of_space_name_the_path_and_keep_what_was_there(tmp_path: Path, what: str) -> None:
+    """The exported model and the metrics files are written outside the atomic helpers (safetensors' own
+    writer, a JSONL append): out of room they still give one line naming the path, and keep what was there."""
+    run_dir = tmp_path / "run"
+    assert run_python(["-c", EXPORT_AND_LOG_UNDER_LIMIT, what, str(run_dir)]).returncode == 0  # room: fine
+    before = snapshot(run_dir)
+    line = error_line(run_python(["-c", EXPORT_AND_LOG_UNDER_LIMIT, what, str(run_dir)], limit_bytes=4096))
+    expected = "model" if what == "export" else "metrics/train.jsonl"
+    assert f"{run_dir}/{expected}" in line and "bytes" in line and "free" in line, line
+    after = snapshot(run_dir)
+    if what == "export":
+        assert after == before, "the previous export is untouched and no staging folder is left"
+        assert temp_leftovers(run_dir) == []
+    else:  # an append may leave a torn last line, which readers skip: the rows before it are intact
+        assert read_metric_rows(run_dir / "metrics" / "train.jsonl") == read_metric_rows_from(before)
+
+
+def read_metric_rows_from(files: dict[str, bytes]) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in files["metrics/train.jsonl"].decode().splitlines() if line]
