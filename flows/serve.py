@@ -35,9 +35,16 @@ def serve_deployments(recipe: str | None = None, run_dir: str | None = None, lim
             parameters["recipe"] = recipe
         if run_dir is not None:
             parameters["run_dir"] = run_dir
-        crons = [s["cron"] for s in spec.get("schedules") or [] if s.get("active", True)]
         deployments.append(data_to_model.to_deployment(
             name=spec["name"], description=spec.get("description"), parameters=parameters,
-            cron=crons[0] if crons else None,
+            schedules=cron_schedules(spec),
         ))
     serve(*deployments, limit=limit)
+
+
+def cron_schedules(spec: dict[str, Any]) -> list[Any]:
+    """The deployment's active cron schedules with their time zones (as `prefect deploy` reads them)."""
+    from prefect.schedules import Cron
+
+    return [Cron(schedule["cron"], timezone=schedule.get("timezone"), day_or=schedule.get("day_or", True))
+            for schedule in spec.get("schedules") or [] if "cron" in schedule and schedule.get("active", True)]

@@ -75,3 +75,14 @@ def test_deployed_to_a_process_work_pool_runs_on_a_worker(api: tuple[str, Path],
                          "-p", f"run_dir={run_dir}", "--watch", "--watch-interval", "2", env=env)
     assert result.returncode == 0, result.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
     assert final_eval_step(run_dir) == 10
+
+
+def test_served_schedules_keep_prefect_yaml_time_zones() -> None:
+    """`tokenmill serve` reads the same schedules as `prefect deploy`, time zone included, inactive ones left out."""
+    from flows.serve import cron_schedules, load_deployment_specs
+
+    nightly = next(spec for spec in load_deployment_specs() if spec["name"] == "nightly-refresh")
+    (schedule,) = cron_schedules(nightly)
+    assert (schedule.cron, schedule.timezone) == ("0 2 * * *", "UTC")
+    spec = {"schedules": [{"cron": "30 4 * * 1", "timezone": "Europe/Berlin"}, {"cron": "0 * * * *", "active": False}]}
+    assert [(s.cron, s.timezone) for s in cron_schedules(spec)] == [("30 4 * * 1", "Europe/Berlin")]

@@ -1,0 +1,538 @@
+"""Every command in the README, run for real on a real run; a README command that no test runs fails here.
+
+The commands are read from README.md: every line of a ```bash block (`#` starts a comment, a trailing `&`
+runs it in the background) and every row of the "Commands" table. `RUNNERS` names, for a pattern of each
+command, the test that runs it: `test_every_readme_command_has_a_runner` fails on a command that no pattern
+claims (one added later) and on a pattern that claims none (one edited or removed).
+
+Everything runs in a temporary copy of the repository's tracked files, like a fresh clone, with no runs/.
+Its `.venv` is a link to the virtual environment running pytest, and that venv's `bin` comes first on PATH,
+so `.venv/bin/...` and bare `tokenmill` lines run as written through `bash -c`. The only substitution is the
+Prefect server's port: 4200 may be taken on a shared machine.
+
+The quick start's first command is setup (`python3 -m venv .venv && .venv/bin/pip install -q -e .`) and then
+`.venv/bin/tokenmill run`. Only `tokenmill run` runs here, once for the module on the default recipe (about
+5 minutes on 2 cores). The setup needs the network, and a test must not install into the shared venv. CI
+covers it instead: `.ci/run` runs the README's second quick-start command on a fresh machine, and that
+command is the same setup plus the test extras. Two tests below check that `.ci/run` runs exactly that line
+and that the two setups differ only in `[test]`. Every later command reuses the quick start's `runs/tiny`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.query import run_query
+from pipeline.schemas import REJECT_REASONS
+from tests.flows.prefect_server import background, free_port
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+VENV = Path(sys.prefix)
+"""The virtual environment running pytest: the README's `.venv`."""
+README_PORT = 4200
+QUICK_START_TIMEOUT_S = 600
+"""The quick start takes about 5 minutes on 2 cores (400 steps at ~0.7 s); twice that means something hangs."""
+
+
+@dataclass(frozen=True)
+class ReadmeCommand:
+    section: str
+    text: str
+    """The command as written, without its comment or trailing `&`."""
+    background: bool
+    comment: str
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """``(command, comment)``: a ``#`` outside quotes that starts a word begins the comment."""
+    quote = ""
+    for position, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (position == 0 or line[position - 1].isspace()):
+            return line[:position].rstrip(), line[position + 1:].strip()
+    return line.rstrip(), ""
+
+
+def readme_sections(text: str) -> dict[str, str]:
+    """``{heading: body}`` for every ``## heading`` of the README."""
+    chunks = re.split(r"^## ", text, flags=re.M)[1:]
+    return {chunk.split("\n", 1)[0].strip(): chunk.split("\n", 1)[1] for chunk in chunks}
+
+
+def readme_bash_commands(text: str) -> list[ReadmeCommand]:
+    """Every command line of every ```bash block, in README order (``\\`` continues a line)."""
+    commands = []
+    for section, body in readme_sections(text).items():
+        for block in re.findall(r"^```bash\n(.*?)^```", body, re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                command, comment = split_comment(line)
+                if command:
+                    background = command.endswith("&") and not command.endswith("&&")
+                    commands.append(ReadmeCommand(section, command.removesuffix("&").rstrip(), background, comment))
+    return commands
+
+
+def readme_table_commands(text: str) -> list[str]:
+    """The first column of the "Commands" table: command syntax with placeholders (`RUN_DIR`, `[--seed S]`)."""
+    rows = re.findall(r"^\| `(tokenmill[^`]*)` \|", readme_sections(text)["Commands"], re.M)
+    return [row.replace("\\|", "|") for row in rows]
+
+
+README_TEXT = README.read_text(encoding="utf-8")
+BASH_COMMANDS = readme_bash_commands(README_TEXT)
+TABLE_COMMANDS = readme_table_commands(README_TEXT)
+
+QUICK_START = r"python3 -m venv \.venv && \.venv/bin/pip install -q -e \. && \.venv/bin/tokenmill run"
+TEST_COMMAND = (r'python3 -m venv \.venv && \.venv/bin/pip install -q -e "\.\[test\]" && \.venv/bin/ruff check \. '
+                r"&& \.venv/bin/pytest")
+QUERY = r'tokenmill query runs/tiny "[^"]+"( --format (table|csv|json))?'
+SERVER_START = r"\.venv/bin/prefect server start --host 127\.0\.0\.1 --port 4200"
+SERVER_EXPORT = r"export PREFECT_API_URL=http://127\.0\.0\.1:4200/api PREFECT_SERVER_ANALYTICS_ENABLED=false"
+SERVE = r"\.venv/bin/tokenmill serve --recipe configs/tiny\.yaml --run-dir runs/tiny"
+RUN_NIGHTLY = r"\.venv/bin/prefect deployment run data-to-model/nightly-refresh --watch"
+POOL_CREATE = r"\.venv/bin/prefect work-pool create tokenmill --type process"
+DEPLOY_ALL = r"\.venv/bin/prefect deploy --all --no-prompt"
+WORKER_START = r"\.venv/bin/prefect worker start --pool tokenmill"
+RUN_ONE_SHOT = r"\.venv/bin/prefect deployment run data-to-model/one-shot -p recipe=configs/tiny\.yaml --watch"
+
+RUNNERS = {
+    QUICK_START: "test_quick_start_runs_the_whole_path_into_runs_tiny",
+    TEST_COMMAND: "test_ci_runs_exactly_the_readme_test_command",
+    QUERY: "test_querying_a_run_prints_what_the_query_returns",
+    SERVER_START: "test_prefect_server_start_and_export_give_a_working_api",
+    SERVER_EXPORT: "test_prefect_server_start_and_export_give_a_working_api",
+    SERVE: "test_served_nightly_refresh_completes_on_the_finished_run",
+    RUN_NIGHTLY: "test_served_nightly_refresh_completes_on_the_finished_run",
+    POOL_CREATE: "test_deployed_one_shot_runs_on_a_process_worker",
+    DEPLOY_ALL: "test_deployed_one_shot_runs_on_a_process_worker",
+    WORKER_START: "test_deployed_one_shot_runs_on_a_process_worker",
+    RUN_ONE_SHOT: "test_deployed_one_shot_runs_on_a_process_worker",
+    # The "Commands" table (syntax with placeholders; each test runs it on runs/tiny).
+    r"tokenmill run \[RECIPE\] .*": "test_quick_start_runs_the_whole_path_into_runs_tiny",
+    r"tokenmill prepare RECIPE .*": "test_prepare_and_train_skip_finished_work",
+    r"tokenmill train RECIPE .*": "test_prepare_and_train_skip_finished_work",
+    r"tokenmill query RUN_DIR .*": "test_querying_a_run_prints_what_the_query_returns",
+    r"tokenmill shards verify RUN_DIR": "test_shards_verify_passes_on_the_quick_start_run",
+    r"tokenmill report RUN_DIR": "test_report_rewrites_the_html_report",
+    r"tokenmill generate RUN_DIR .*": "test_generate_continues_the_prompt",
+    r"tokenmill serve .*": "test_served_nightly_refresh_completes_on_the_finished_run",
+    r"tokenmill --version": "test_version_is_the_installed_version",
+}
+"""Pattern of a README command (whole command) -> the test that runs it."""
+
+
+def readme_commands(pattern: str) -> list[ReadmeCommand]:
+    found = [command for command in BASH_COMMANDS if re.fullmatch(pattern, command.text)]
+    assert found, f"no README ```bash command matches {pattern!r}: update the test with the README"
+    return found
+
+
+def readme_command(pattern: str) -> ReadmeCommand:
+    (command,) = readme_commands(pattern)
+    return command
+
+
+def test_every_readme_command_has_a_runner() -> None:
+    commands = [command.text for command in BASH_COMMANDS] + TABLE_COMMANDS
+    assert len(BASH_COMMANDS) >= 11 and len(TABLE_COMMANDS) >= 9, "the README parser found too few commands"
+    for command in commands:
+        claimed = [pattern for pattern in RUNNERS if re.fullmatch(pattern, command)]
+        assert len(claimed) == 1, f"README command {command!r} is run by {len(claimed)} runners here: " \
+                                  "add a test that runs it and a RUNNERS entry naming that test"
+    for pattern, test_name in RUNNERS.items():
+        assert any(re.fullmatch(pattern, command) for command in commands), f"{pattern!r} claims no README command"
+        assert callable(globals().get(test_name)), f"RUNNERS names {test_name}, which does not exist"
+
+
+def test_readme_command_parser_handles_comments_quotes_and_background() -> None:
+    first, second = readme_bash_commands('## S\n\n```bash\nx "a # b" &   # in the background\ny && \\\n  z\n```\n')
+    assert (first.section, first.text, first.background, first.comment) == ("S", 'x "a # b"', True, "in the background")
+    assert (second.text, second.background) == ("y &&    z", False)
+
+
+# ----- running commands --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def tail(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
+
+
+def run_shell(command: str, *, cwd: Path, env: dict[str, str], timeout_s: float = 180) -> Finished:
+    """Run a shell line with ``bash -c`` in its own process group; the group is killed afterwards.
+
+    Output goes to files, not pipes: a grandchild that outlives the command (a temporary Prefect server)
+    would otherwise hold a pipe open.
+    """
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{command!r} ran past {timeout_s} s") from None
+        finally:
+            kill_group(process)
+        stdout.seek(0)
+        stderr.seek(0)
+        return Finished(process.returncode, stdout.read(), stderr.read())
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def user_env(prefect_home: Path) -> dict[str, str]:
+    """A user's shell: the venv's bin first on PATH, no Prefect server configured, a wide terminal."""
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    return {**env, "PATH": f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}", "PREFECT_HOME": str(prefect_home),
+            "COLUMNS": "200"}
+
+
+def on_free_port(command: str, port: int) -> str:
+    """The README's Prefect commands with the port 4200 replaced (a shared machine may be using 4200)."""
+    return command.replace(f"--port {README_PORT}", f"--port {port}").replace(f"127.0.0.1:{README_PORT}",
+                                                                             f"127.0.0.1:{port}")
+
+
+def exported(command: str) -> dict[str, str]:
+    """``export A=1 B=2`` -> ``{"A": "1", "B": "2"}``."""
+    words = shlex.split(command)
+    assert words[0] == "export"
+    return dict(word.split("=", 1) for word in words[1:])
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+def http_text(url: str) -> str | None:
+    """The body of ``url``, or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def api_get(env: dict[str, str], path: str) -> dict | None:
+    """GET ``PREFECT_API_URL/path`` as JSON; None on 404."""
+    try:
+        with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/{path}", timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
+def eval_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics" / "eval.jsonl").read_text().splitlines()]
+
+
+def checkpoint_steps(run_dir: Path) -> list[str]:
+    return sorted(path.name for path in (run_dir / "checkpoints").glob("step-*"))
+
+
+def tiny_recipe() -> dict:
+    return yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+
+
+# ----- the quick start ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tracked files of this repository (a fresh clone) with ``.venv`` linked to the running venv."""
+    root = tmp_path_factory.mktemp("checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (REPO / name).is_file():  # a tracked file deleted in the working tree is not in a fresh clone either
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    (root / ".venv").symlink_to(VENV)
+    return root
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("prefect-home")
+
+
+@dataclass(frozen=True)
+class QuickStart:
+    result: Finished
+    new_entries: set[str]
+    """Top-level names the command added to the checkout."""
+    checkout: Path
+
+    @property
+    def run_dir(self) -> Path:
+        return self.checkout / "runs" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def quick_start(checkout: Path, prefect_home: Path) -> QuickStart:
+    """The README's first command, its `tokenmill run` half (see the module docstring for the setup half)."""
+    *_, run = readme_command(QUICK_START).text.split(" && ")
+    assert run == ".venv/bin/tokenmill run"
+    before = set(os.listdir(checkout))
+    result = run_shell(run, cwd=checkout, env=user_env(prefect_home), timeout_s=QUICK_START_TIMEOUT_S)
+    new_entries = set(os.listdir(checkout)) - before
+    return QuickStart(result, new_entries, checkout)
+
+
+def test_quick_start_runs_the_whole_path_into_runs_tiny(quick_start: QuickStart) -> None:
+    result, run_dir = quick_start.result, quick_start.run_dir
+    assert result.returncode == 0, result.tail()
+    summary, _ = json.JSONDecoder().raw_decode(result.stdout, result.stdout.index("{\n"))
+    assert summary["prepare"]["num_shards"] >= 2 and summary["prepare"]["num_tokens"] > 1_000_000, summary
+    assert quick_start.new_entries == {"runs"} and os.listdir(run_dir.parent) == ["tiny"], \
+        "the quick start writes everything under runs/tiny/"
+    recorded = yaml.safe_load((run_dir / "run.yaml").read_text())
+    recipe = tiny_recipe()
+    assert recorded["name"] == "tiny" and recorded["train"]["max_steps"] == recipe["train"]["max_steps"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(run_dir / "model"))
+    evals = eval_rows(run_dir)
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == recipe["train"]["max_steps"]
+    assert evals[-1]["val_loss"] < 0.8 * evals[0]["val_loss"], f"validation loss did not fall: {evals}"
+    report = (run_dir / "report" / "index.html").read_text()
+    assert "<html" in report[:1000].lower() and "data:image/png;base64," in report, "the report embeds its plots"
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """CI runs the README's test command on a fresh machine, and its setup is the quick start's plus extras."""
+    ci_lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]
+    assert ci_lines[-1] == readme_command(TEST_COMMAND).text
+    quick_setup = readme_command(QUICK_START).text.split(" && ")[:2]
+    test_setup = readme_command(TEST_COMMAND).text.split(" && ")[:2]
+    assert [part.replace('-e ".[test]"', "-e .") for part in test_setup] == quick_setup
+
+
+# ----- commands on the finished run --------------------------------------------------------------------------
+
+QUERIES = readme_commands(QUERY)
+
+
+@pytest.mark.parametrize("command", QUERIES, ids=[f"query{n}" for n in range(1, len(QUERIES) + 1)])
+def test_querying_a_run_prints_what_the_query_returns(quick_start: QuickStart, prefect_home: Path,
+                                                      command: ReadmeCommand) -> None:
+    """The CLI's output holds exactly the rows the same SQL returns in-process, in the README's format."""
+    sql = shlex.split(command.text)[3]
+    result = run_shell(command.text, cwd=quick_start.checkout, env=user_env(prefect_home), timeout_s=60)
+    assert result.returncode == 0, result.tail()
+    expected = run_query(quick_start.run_dir, sql).to_pylist()
+    assert expected, f"{sql} returned no rows on the quick start run"
+    output_format = shlex.split(command.text)[5] if "--format" in command.text else "table"
+    if output_format == "json":
+        assert json.loads(result.stdout) == json.loads(json.dumps(expected, default=str))
+    elif output_format == "csv":
+        header, *rows = list(csv.reader(io.StringIO(result.stdout)))
+        assert header == list(expected[0]) and len(rows) == len(expected)
+    else:
+        assert all(column in result.stdout for column in expected[0])
+        assert all(str(row[next(iter(row))]) in result.stdout for row in expected)
+    check_query_meaning(sql, expected)
+
+
+def check_query_meaning(sql: str, rows: list[dict]) -> None:
+    """What each README query shows on the default run: both splits, known reject reasons, a falling loss."""
+    if "FROM documents" in sql:
+        assert {row["split"] for row in rows} == {"train", "val"} and {row["source"] for row in rows} == {"stdlib"}
+    if "FROM rejects" in sql:
+        assert {row["reason"] for row in rows} <= set(REJECT_REASONS)
+    if "FROM eval_metrics" in sql:
+        assert [row["step"] for row in rows] == sorted(row["step"] for row in rows)
+        assert rows[-1]["val_loss"] < rows[0]["val_loss"]
+
+
+def test_shards_verify_passes_on_the_quick_start_run(quick_start: QuickStart, prefect_home: Path) -> None:
+    argv = ["tokenmill", "shards", "verify", "runs/tiny"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    num_shards = pq.read_table(quick_start.run_dir / "shards" / "index.parquet").num_rows
+    assert result.returncode == 0 and result.stdout.strip() == f"ok: {num_shards} shards match the index", \
+        result.tail()
+
+
+def test_report_rewrites_the_html_report(quick_start: QuickStart, prefect_home: Path) -> None:
+    report = quick_start.run_dir / "report" / "index.html"
+    report.unlink()
+    result = run_table_command(["tokenmill", "report", "runs/tiny"], quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0 and result.stdout.strip() == "wrote runs/tiny/report/index.html", result.tail()
+    assert "data:image/png;base64," in report.read_text()
+
+
+def test_generate_continues_the_prompt(quick_start: QuickStart, prefect_home: Path) -> None:
+    prompt = "def parse_args("
+    argv = ["tokenmill", "generate", "runs/tiny", prompt, "--max-new-tokens", "20", "--temperature", "0.8",
+            "--seed", "1"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0, result.tail()
+    assert result.stdout.startswith(prompt) and len(result.stdout.strip()) > len(prompt), result.stdout
+
+
+def test_version_is_the_installed_version(checkout: Path, prefect_home: Path) -> None:
+    result = run_shell(table_command(["tokenmill", "--version"]), cwd=checkout, env=user_env(prefect_home))
+    assert result.returncode == 0 and result.stdout.strip() == f"tokenmill {version('tokenmill')}", result.tail()
+
+
+def table_command(argv: list[str]) -> str:
+    """``argv`` as a shell line, after checking it against its "Commands" table row (words, then options)."""
+    rows = [row for row in TABLE_COMMANDS if argv[:len(literal_words(row))] == literal_words(row)]
+    assert rows, f"{argv} matches no row of the README's Commands table"
+    row = max(rows, key=lambda row: len(literal_words(row)))
+    for word in argv[len(literal_words(row)):]:
+        assert not word.startswith("--") or re.search(rf"{re.escape(word)}\b", row), f"{row} has no {word}"
+    return shlex.join(argv)
+
+
+def literal_words(row: str) -> list[str]:
+    """The command words of a table row, up to its first placeholder (``RUN_DIR``, ``[RECIPE]``, ``"SQL"``)."""
+    words = []
+    for word in row.split():
+        if word.isupper() or word[0] in "[\"" or word == "…":
+            break
+        words.append(word)
+    return words
+
+
+def run_table_command(argv: list[str], checkout: Path, env: dict[str, str]) -> Finished:
+    return run_shell(table_command(argv), cwd=checkout, env=env)
+
+
+# ----- "Run on a schedule": a Prefect server, then served and deployed flow runs ------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_env(checkout: Path, prefect_home: Path) -> Iterator[dict[str, str]]:
+    """The README's `prefect server start … &` and `export …`: the environment of every later command."""
+    port = free_port()
+    start = readme_command(SERVER_START)
+    health_url = re.search(r"http://\S+/api/health", on_free_port(start.comment, port))
+    assert start.background and health_url and start.comment.endswith("says true"), start.comment
+    env = user_env(prefect_home)
+    with background(["bash", "-c", on_free_port(start.text, port)], env, prefect_home / "server.log", cwd=checkout):
+        wait_until(lambda: http_text(health_url.group(0)) == "true", 120, f"{health_url.group(0)} saying true")
+        yield {**env, **exported(on_free_port(readme_command(SERVER_EXPORT).text, port))}
+
+
+def test_prefect_server_start_and_export_give_a_working_api(server_env: dict[str, str]) -> None:
+    assert server_env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert api_get(server_env, "health") is True, "PREFECT_API_URL as exported reaches the server"
+    ui_url = server_env["PREFECT_API_URL"].removesuffix("/api")
+    assert "<html" in (http_text(ui_url) or "").lower(), f"no Prefect UI at {ui_url} (README: 'The Prefect UI')"
+
+
+def test_prepare_and_train_skip_finished_work(quick_start: QuickStart, server_env: dict[str, str]) -> None:
+    """On the finished run: prepare redoes no stage, train resumes from the last checkpoint and adds no step."""
+    run_dir = quick_start.run_dir
+    outputs = [*run_dir.glob("stages/*.json"), *run_dir.glob("docs/*"), *run_dir.glob("dedupe/*"),
+               *run_dir.glob("tokenizer/*"), *run_dir.glob("shards/**/*.arrow")]
+    stamps = {path: path.stat().st_mtime_ns for path in outputs}
+    index = (run_dir / "shards" / "index.parquet").read_bytes()
+    prepared = run_table_command(["tokenmill", "prepare", "configs/tiny.yaml", "--run-dir", "runs/tiny"],
+                                 quick_start.checkout, server_env)
+    assert prepared.returncode == 0, prepared.tail()
+    assert {path: path.stat().st_mtime_ns for path in stamps} == stamps, "prepare rewrote a finished stage"
+    assert (run_dir / "shards" / "index.parquet").read_bytes() == index, "the index is rebuilt, to the same bytes"
+    max_steps = tiny_recipe()["train"]["max_steps"]
+    trained = run_table_command(["tokenmill", "train", "configs/tiny.yaml", "--run-dir", "runs/tiny"],
+                                quick_start.checkout, server_env)
+    assert trained.returncode == 0, trained.tail()
+    assert f"Resuming from checkpoint at step {max_steps}" in trained.stdout + trained.stderr, trained.tail()
+    assert eval_rows(run_dir)[-1]["step"] == max_steps
+
+
+def wait_for_deployment(env: dict[str, str], name: str) -> dict:
+    found: list[dict] = []
+    wait_until(lambda: bool(found.append(api_get(env, f"deployments/name/{name}")) or found[-1]), 120,
+               f"deployment {name} registered")
+    return found[-1]
+
+
+def nightly_at_2am_utc(deployment: dict) -> bool:
+    """The deployment's one schedule is README's "cron `0 2 * * *` UTC"."""
+    (schedule,) = [entry["schedule"] for entry in deployment["schedules"]]
+    return (schedule["cron"], schedule["timezone"]) == ("0 2 * * *", "UTC")  # served and deployed alike
+
+
+def test_served_nightly_refresh_completes_on_the_finished_run(quick_start: QuickStart,
+                                                             server_env: dict[str, str]) -> None:
+    """`tokenmill serve` + a nightly-refresh run on the finished run: no source file is new, so it skips every
+    stage and trains no step. tests/flows/test_refresh.py covers a refresh with new files (`steps_per_refresh`
+    more steps); for the default recipe, new files would have to go into the interpreter's own stdlib folder."""
+    run_dir, checkout = quick_start.run_dir, quick_start.checkout
+    checkpoints = checkpoint_steps(run_dir)
+    serve = readme_command(SERVE)
+    assert serve.background
+    with background(["bash", "-c", serve.text], server_env, checkout.parent / "serve.log", cwd=checkout):
+        deployment = wait_for_deployment(server_env, "data-to-model/nightly-refresh")
+        result = run_shell(readme_command(RUN_NIGHTLY).text, cwd=checkout, env=server_env, timeout_s=300)
+    assert result.returncode == 0 and "Completed" in result.stdout, \
+        result.tail() + (checkout.parent / "serve.log").read_text()[-3000:]
+    assert deployment["parameters"] == {"recipe": "configs/tiny.yaml", "run_dir": "runs/tiny"}
+    assert nightly_at_2am_utc(deployment)
+    assert api_get(server_env, "deployments/name/data-to-model/one-shot")["schedules"] == [], "one-shot: no schedule"
+    assert checkpoint_steps(run_dir) == checkpoints and eval_rows(run_dir)[-1]["step"] == tiny_recipe()["train"][
+        "max_steps"]
+
+
+def test_deployed_one_shot_runs_on_a_process_worker(quick_start: QuickStart, server_env: dict[str, str]) -> None:
+    """Work pool, `prefect deploy --all`, a worker: one-shot runs in the deploying checkout, on runs/tiny."""
+    run_dir, checkout = quick_start.run_dir, quick_start.checkout
+    created = run_shell(readme_command(POOL_CREATE).text, cwd=checkout, env=server_env, timeout_s=120)
+    assert created.returncode == 0 and "tokenmill" in created.stdout, created.tail()
+    deployed = run_shell(readme_command(DEPLOY_ALL).text, cwd=checkout, env=server_env, timeout_s=300)
+    assert deployed.returncode == 0, deployed.tail()
+    one_shot = api_get(server_env, "deployments/name/data-to-model/one-shot")
+    nightly = api_get(server_env, "deployments/name/data-to-model/nightly-refresh")
+    assert one_shot["work_pool_name"] == nightly["work_pool_name"] == "tokenmill" and nightly_at_2am_utc(nightly)
+    assert one_shot["pull_steps"] == [{"prefect.deployments.steps.set_working_directory":
+                                       {"directory": str(checkout.resolve())}}]
+    worker = readme_command(WORKER_START)
+    assert worker.background
+    with background(["bash", "-c", worker.text], server_env, checkout.parent / "worker.log", cwd=checkout):
+        result = run_shell(readme_command(RUN_ONE_SHOT).text, cwd=checkout, env=server_env, timeout_s=300)
+    assert result.returncode == 0 and "Completed" in result.stdout, \
+        result.tail() + (checkout.parent / "worker.log").read_text()[-3000:]
+    assert os.listdir(run_dir.parent) == ["tiny"], "one-shot (run_dir null) used the recipe's runs/tiny"
+    assert eval_rows(run_dir)[-1]["step"] == tiny_recipe()["train"]["max_steps"]
