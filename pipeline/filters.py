@@ -14,7 +14,6 @@ from collections import Counter
 import numpy as np
 import xxhash
 
-from pipeline.kernels import collapse_whitespace
 from pipeline.manifest import FilterConfig
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
@@ -73,6 +72,8 @@ def content_hash(text: str) -> str:
     """
     if len(text) < COMPILED_COLLAPSE_MIN_CHARS:
         return xxhash.xxh3_128_hexdigest(" ".join(text.split()).encode("utf-8"))
+    from pipeline.kernels import collapse_whitespace  # numba (~120 MB, ~0.3 s): only once a long text needs it
+
     return xxhash.xxh3_128_hexdigest(collapse_whitespace(text.encode("utf-8")))
 
 

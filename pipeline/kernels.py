@@ -12,6 +12,8 @@ here build ``offsets`` from the Arrow array itself and the loops are never expos
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 from numba import njit
@@ -29,16 +31,23 @@ ASCII_LOWER = np.arange(256, dtype=np.uint64)
 ASCII_LOWER[ord("A") : ord("Z") + 1] += 32
 """``bytes.lower()``: only A-Z change; other bytes (and so every non-ASCII character) stay as they are."""
 
-_UNICODE_WHITESPACE = [chr(code).encode("utf-8") for code in range(0x110000)
-                       if chr(code).isspace() and not 0xD800 <= code <= 0xDFFF]
-STR_WHITESPACE_1 = np.zeros(256, dtype=np.bool_)
-STR_WHITESPACE_1[[seq[0] for seq in _UNICODE_WHITESPACE if len(seq) == 1]] = True
-"""One-byte characters ``str.split()`` splits on (ASCII whitespace plus the separators 0x1C-0x1F)."""
-STR_WHITESPACE_LONG = np.array(sorted(int.from_bytes(seq, "big") for seq in _UNICODE_WHITESPACE if len(seq) > 1),
-                               dtype=np.uint32)
-"""The multi-byte ones (NEL, NBSP, U+2000-U+200A, U+3000, ...) as big-endian integers of their UTF-8 bytes."""
-STR_WHITESPACE_LEADS = np.zeros(256, dtype=np.bool_)
-STR_WHITESPACE_LEADS[[seq[0] for seq in _UNICODE_WHITESPACE if len(seq) > 1]] = True
+
+@functools.cache
+def str_whitespace_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What ``str.split()`` splits on, as UTF-8 byte tables for :func:`collapse_whitespace` (built on first use:
+    scanning every code point takes ~50 ms).
+
+    Returns (one-byte whitespace by byte value, lead bytes of multi-byte whitespace, the multi-byte ones —
+    NEL, NBSP, U+2000-U+200A, U+3000, ... — as sorted big-endian integers of their UTF-8 bytes).
+    """
+    encoded = [chr(code).encode("utf-8") for code in range(0x110000)
+               if not 0xD800 <= code <= 0xDFFF and chr(code).isspace()]
+    single = np.zeros(256, dtype=np.bool_)
+    single[[seq[0] for seq in encoded if len(seq) == 1]] = True
+    leads = np.zeros(256, dtype=np.bool_)
+    leads[[seq[0] for seq in encoded if len(seq) > 1]] = True
+    long_keys = np.array(sorted(int.from_bytes(seq, "big") for seq in encoded if len(seq) > 1), dtype=np.uint32)
+    return single, leads, long_keys
 
 
 @njit(inline="always")
@@ -197,8 +206,7 @@ def shingle_hashes(words: np.ndarray, word_offsets: np.ndarray, ngram: int, mult
 
 def collapse_whitespace(encoded: bytes | bytearray | memoryview) -> np.ndarray:
     """UTF-8 bytes of ``" ".join(text.split())`` from the UTF-8 bytes of ``text`` (str.split's Unicode whitespace)."""
-    data = np.frombuffer(encoded, dtype=np.uint8)
-    return _collapse_whitespace(data, STR_WHITESPACE_1, STR_WHITESPACE_LEADS, STR_WHITESPACE_LONG)
+    return _collapse_whitespace(np.frombuffer(encoded, dtype=np.uint8), *str_whitespace_tables())
 
 
 def compile_all() -> None:
