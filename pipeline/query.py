@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.ipc as ipc
 
 from pipeline.documents import DUPLICATES_FILE, document_part_files
 from pipeline.errors import TokenmillError
@@ -110,8 +112,8 @@ def _create_sequences_view(con: duckdb.DuckDBPyConnection, run_dir: Path) -> Non
     if not shard_files:
         empty = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
                            ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
-                           ("num_tokens", pa.int32()), ("split", pa.string()), ("source", pa.string()),
-                           ("shard_path", pa.string())])
+                           ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
+                           ("source", pa.string()), ("shard_path", pa.string())])
         _register(con, "sequences", empty.empty_table())
         return
     selects = []
@@ -119,6 +121,14 @@ def _create_sequences_view(con: duckdb.DuckDBPyConnection, run_dir: Path) -> Non
         relpath = shard.relative_to(run_dir).as_posix()
         split, source = (part.split("=", 1)[1] for part in shard.relative_to(run_dir / "shards").parts[:2])
         name = f"_shard_{number}"
-        _register(con, name, ds.dataset(str(shard), format="ipc"))
+        _register(con, name, _numbered_rows(shard))
         selects.append(f"SELECT *, '{split}' AS split, '{source}' AS source, '{relpath}' AS shard_path FROM {name}")
     con.execute("CREATE VIEW sequences AS " + " UNION ALL ".join(selects))
+
+
+def _numbered_rows(shard: Path) -> pa.Table:
+    """A shard's rows, memory-mapped (no copy of the tokens), plus ``row_in_shard`` (0-based): a scan has no
+    row number of its own, and ``shard_path`` + ``row_in_shard`` name a row the way the loader and
+    ``tokenmill shards sample`` (its ``row``) do."""
+    table = ipc.open_file(pa.memory_map(str(shard))).read_all()
+    return table.append_column("row_in_shard", pa.array(np.arange(table.num_rows, dtype=np.int64)))

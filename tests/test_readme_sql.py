@@ -140,3 +140,15 @@ def test_named_queries_token_mix_and_near_duplicate_pairs(trained_run: Path) -> 
     (pair,) = near_duplicate_pairs(trained_run)
     assert (pair["removed_uri"], pair["kept_uri"]) == ("json/encoder_edited.py", "json/encoder.py")
     assert 0.8 <= pair["similarity"] < 1.0
+
+
+def test_a_sampled_row_is_found_by_shard_path_and_row_in_shard(trained_run: Path) -> None:
+    """README: "A row is pinned down by shard_path and row_in_shard; tokenmill shards sample prints both"."""
+    from tokenization.sample import sample_rows
+
+    for row in sample_rows(trained_run, 5, seed=3):
+        sql = (f"SELECT doc_ids, first_doc_offset, num_tokens FROM sequences "
+               f"WHERE shard_path = '{row['shard_path']}' AND row_in_shard = {row['row']}")
+        found = run_query(trained_run, sql).to_pylist()
+        assert found == [{"doc_ids": row["doc_ids"], "first_doc_offset": row["first_doc_offset"],
+                          "num_tokens": row["num_tokens"]}]

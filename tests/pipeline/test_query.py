@@ -31,8 +31,8 @@ def test_views_answer_real_questions(run_dir: Path) -> None:
     assert con.sql("SELECT reason, raw FROM rejects").fetchall() == [("invalid_json", b"{oops")]
     assert con.sql("SELECT duplicate_of FROM duplicates").fetchall() == [(1,)]
     assert con.sql("SELECT num_rows, num_tokens FROM shards").fetchall() == [(2, 16)]
-    assert con.sql("SELECT doc_ids, split, source, input_ids[2] FROM sequences ORDER BY first_doc_offset"
-                   ).fetchall() == [([1], "train", "a", 1), ([1, 3], "train", "a", 9)]
+    assert con.sql("SELECT doc_ids, split, source, input_ids[2], row_in_shard FROM sequences ORDER BY first_doc_offset"
+                   ).fetchall() == [([1], "train", "a", 1, 0), ([1, 3], "train", "a", 9, 1)]
     assert con.sql("SELECT max(step), min(loss) FROM train_metrics").fetchall() == [(2, 3.0)]
     assert con.sql("SELECT count(*) FROM eval_metrics").fetchall() == [(0,)]
     assert {row[0] for row in con.sql("SHOW TABLES").fetchall()} >= set(VIEWS)
