@@ -277,8 +277,9 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     num_documents = 0
     with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
         docs, rejects = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA), _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+        sizes = {rel: _file_size(root / rel) for rel in part.files}
         for rel in part.files:
-            for item in _reporting(read_file(root / rel, rel, source), on_progress, _file_size(root / rel)):
+            for item in _reporting(read_file(root / rel, rel, source), on_progress, sizes[rel]):
                 row = (_document_row(item, source.name, filters, val_fraction, redactions)
                        if isinstance(item, Record) else item)
                 if isinstance(row, Reject):
@@ -294,7 +295,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
             "num_documents": num_documents, "num_rejects": num_rejects,
             "rejects_by_reason": dict(sorted(reasons.items())),
             "redactions_by_kind": dict(sorted(redactions.items())),
-            "num_bytes": sum(_file_size(root / rel) for rel in part.files)}
+            "num_bytes": sum(sizes.values())}
 
 
 def _file_size(path: Path) -> int:

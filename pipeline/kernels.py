@@ -200,8 +200,12 @@ def shingle_hashes(words: np.ndarray, word_offsets: np.ndarray, ngram: int, mult
     finalised), with per-text offsets; a text of fewer words is one shingle of all of them."""
     if not 1 <= ngram <= len(multipliers):
         raise ValueError(f"ngram must be between 1 and {len(multipliers)}, got {ngram}")
-    return _shingle_hashes(np.ascontiguousarray(words, dtype=np.uint64), np.ascontiguousarray(word_offsets,
-                           dtype=np.int64), ngram, multipliers)
+    word_offsets = np.ascontiguousarray(word_offsets, dtype=np.int64)
+    # The loop does not check bounds: offsets that leave ``words`` would read other memory.
+    inside = len(word_offsets) > 0 and word_offsets[0] >= 0 and word_offsets[-1] <= len(words)
+    if not inside or np.any(np.diff(word_offsets) < 0):
+        raise ValueError("word_offsets must be non-decreasing offsets into words (as word_hashes returns them)")
+    return _shingle_hashes(np.ascontiguousarray(words, dtype=np.uint64), word_offsets, ngram, multipliers)
 
 
 def collapse_whitespace(encoded: bytes | bytearray | memoryview) -> np.ndarray:

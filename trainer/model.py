@@ -78,7 +78,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         dims = shape.dims
-        self.num_heads, self.num_kv_heads, self.head_dim = dims.num_heads, dims.num_kv_heads, shape.head_dim
+        self.head_dim = shape.head_dim  # head counts are read from the projections (fewer per TP process)
         self.q_proj = nn.Linear(dims.hidden_size, dims.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(dims.hidden_size, dims.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(dims.hidden_size, dims.num_kv_heads * self.head_dim, bias=False)

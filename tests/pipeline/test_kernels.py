@@ -127,3 +127,11 @@ def test_sorted_set_jaccard_matches_python_sets() -> None:
         union = set(first.tolist()) | set(second.tolist())
         expected = len(set(first.tolist()) & set(second.tolist())) / len(union) if union else 1.0
         assert kernels.sorted_set_jaccard(first, second) == pytest.approx(expected)
+
+
+def test_shingle_hashes_refuse_offsets_outside_the_words() -> None:
+    """The compiled loop does not check bounds, so its wrapper does."""
+    words = np.arange(5, dtype=np.uint64)
+    for offsets in ([0, 6], [1, 0, 5], [-1, 5], []):
+        with pytest.raises(ValueError, match="word_offsets"):
+            minhash.shingle_hashes(words, np.array(offsets, dtype=np.int64), 2)
