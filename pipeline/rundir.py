@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -99,6 +100,20 @@ def stage_summary(paths: RunPaths, stage: str) -> dict[str, Any] | None:
     return read_json(marker)["summary"] if marker.is_file() else None
 
 
+def _read_holder(fd: int, patience_s: float = 2.0) -> str:
+    """The lock holder's "pid … on host …" line.
+
+    A holder writes it just after taking the lock, so a process refused in that instant can find the file
+    still empty; it waits briefly for the line rather than naming an "unknown process".
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+        if holder or time.monotonic() >= deadline:
+            return holder or "unknown process"
+        time.sleep(0.02)
+
+
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock``; the holder's pid and host are written inside.
 
@@ -121,14 +136,16 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 512).decode("utf-8", "replace").strip() or "unknown process"
+            holder = _read_holder(fd)
             os.close(fd)
             raise RunLockedError(
                 f"{self.path.parent}: run directory is in use by {holder}; wait for it to finish "
                 "or use another --run-dir."
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
+        # Overwrite, then trim: a waiting process never reads an empty file left between truncate and write.
+        holder = f"pid {os.getpid()} on host {socket.gethostname()}\n".encode()
+        os.pwrite(fd, holder, 0)
+        os.ftruncate(fd, len(holder))
         self._fd = fd
         RunLock._held[self.path] = 1
         # The holder is the run dir's only writer, so a temporary file in it was left by a writer killed

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,22 @@ def test_second_process_is_refused_with_the_holders_pid_and_host(tmp_path: Path)
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_refused_while_the_holder_writes_its_line_still_names_the_holder(tmp_path: Path) -> None:
+    # The instant between a holder's flock and its "pid … on host …" line: the lock file is still empty.
+    # (CI once refused a second `tokenmill prepare` right then, naming an "unknown process".)
+    lock_path = tmp_path / ".lock"
+    holder_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(holder_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    writer = threading.Timer(0.3, os.pwrite, (holder_fd, b"pid 4242 on host elsewhere\n", 0))
+    writer.start()
+    try:
+        with pytest.raises(RunLockedError, match="in use by pid 4242 on host elsewhere"), RunLock(tmp_path):
+            pass
+    finally:
+        writer.join()
+        os.close(holder_fd)
 
 
 def test_lock_of_a_killed_process_is_taken_over(tmp_path: Path) -> None:
