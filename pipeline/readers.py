@@ -306,8 +306,10 @@ def _read_hf_local(path: Path, rel: str, source: SourceConfig) -> Iterator[Recor
     """One local json/jsonl/parquet/csv file through ``datasets.load_dataset(..., streaming=True)``.
 
     Streaming keeps one record batch in memory and writes no Arrow cache. ``datasets`` cannot skip a
-    malformed record: the first one ends the file (``unreadable_file`` with on_error: skip, keeping the
-    rows before its chunk); use format ``jsonl`` for a reject per broken line.
+    malformed record (it parses a block of lines at once, and one bad line fails the block), so for a
+    JSON-lines file the rest of the file, from the first row it did not deliver, is read line by line by
+    the jsonl reader: each broken line becomes its own reject (uri ``file:line``) and no valid record is
+    lost. Other files that fail end there (``unreadable_file`` with on_error: skip).
     """
     import datasets  # imported here: ~1 s, and only the hf formats need it
 
@@ -327,8 +329,24 @@ def _read_hf_local(path: Path, rel: str, source: SourceConfig) -> Iterator[Recor
             yield from _records_from_batch(table.select(columns), rel, row, source)
             row += table.num_rows
     except (ValueError, OSError, KeyError, TypeError, pa.ArrowException, datasets.exceptions.DatasetsError) as err:
+        if builder == "json" and _is_json_lines(path):
+            yield from itertools.islice(_read_jsonl(path, rel, source), row, None)
+            return
         detail = f"datasets cannot read it as {builder} after row {row} ({_describe(err, path, rel)})"
         raise UnreadableFileError(detail, f"{rel}#row={row}", _file_bytes(path) if row == 0 else None) from None
+
+
+def _is_json_lines(path: Path) -> bool:
+    """A plain, gzip or zstd file whose first non-blank byte opens an object (not a ``[...]`` JSON array)."""
+    if path.name.lower().endswith((".bz2", ".xz")):
+        return False  # the line reader decompresses gzip and zstd only
+    try:
+        for _, line in _iter_lines(path, path.name):
+            if stripped := line.lstrip(codecs.BOM_UTF8).strip():
+                return stripped.startswith(b"{")
+    except UnreadableFileError:
+        return False
+    return False
 
 
 def hf_local_builder(path: Path) -> str | None:

@@ -8,6 +8,7 @@ import sysconfig
 import warnings
 from pathlib import Path
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -190,7 +191,6 @@ def test_on_error_fail_stops_the_part_and_skip_records_the_file(tmp_path: Path) 
 
 
 def test_parquet_and_hf_disk_sources_ingest_with_row_uris(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
     (tmp_path / "tables").mkdir()
     pq.write_table(pa.table({"text": ["alpha text", None], "key": [10, 11]}), tmp_path / "tables" / "t.parquet")
     datasets.Dataset.from_dict({"text": ["beta text"]}).save_to_disk(tmp_path / "saved")
@@ -226,7 +226,6 @@ def test_glob_regex_follows_pathlib_glob_rules(pattern: str, matching: list[str]
 
 
 def test_hf_local_source_and_hub_names_refused(tmp_path: Path) -> None:
-    pytest.importorskip("datasets")
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "a.json").write_text(json.dumps([{"text": "a json array record"}]), encoding="utf-8")
     pq.write_table(pa.table({"text": ["a parquet row"]}), tmp_path / "local" / "b.parquet")

@@ -7,6 +7,7 @@ import json
 import sysconfig
 from pathlib import Path
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -146,7 +147,6 @@ def test_parquet_without_text_column_names_the_column(tmp_path: Path) -> None:
 
 
 def test_hf_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
     single = tmp_path / "single"
     datasets.Dataset.from_dict({"text": ["alpha", "beta", None], "id": ["a", "b", "c"]}).save_to_disk(single)
     records, rejects = read_all(single, source("hf_disk", id_field="id"))
@@ -165,7 +165,6 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
 
 
 def test_hf_local_reads_json_jsonl_parquet_csv_through_datasets(tmp_path: Path) -> None:
-    pytest.importorskip("datasets")
     (tmp_path / "lines.jsonl.gz").write_bytes(gzip.compress(good_lines(3000)))
     (tmp_path / "array.json").write_text(json.dumps([{"text": "first", "id": 1}, {"text": None, "id": 2},
                                                      {"text": 5, "id": 3}, {"text": "last", "id": 4}]))
@@ -186,17 +185,32 @@ def test_hf_local_reads_json_jsonl_parquet_csv_through_datasets(tmp_path: Path) 
     assert [r.text for r in records] == ["hello there", "general kenobi"]
 
 
+def test_hf_local_jsonl_with_broken_lines_keeps_every_valid_record(tmp_path: Path) -> None:
+    # datasets parses ~10 MB of lines at a time and one bad line fails the whole block: past the first
+    # block it delivers, the line reader takes over, so each bad line is its own reject and no good one is lost.
+    num_good = 45_000  # ~11 MB: more than datasets' first block
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(good_lines(num_good) + b'{"text": oops\n\n' + b"[1]\n" + good_lines(2)))
+    records, rejects = read_all(broken, source("hf_local", id_field="id"))
+    assert [(r.uri, r.reason) for r in rejects] == [(f"broken.jsonl.gz:{num_good + 1}", "invalid_json"),
+                                                   (f"broken.jsonl.gz:{num_good + 3}", "not_an_object")]
+    assert [r.source_id for r in records] == [str(i) for i in range(num_good)] + ["0", "1"]
+    by_datasets = [r for r in records if "#row=" in r.uri]
+    assert by_datasets and by_datasets == records[: len(by_datasets)]  # the rows datasets delivered come first
+    assert records[len(by_datasets)].uri == f"broken.jsonl.gz:{len(by_datasets) + 1}"  # then line by line
+    assert records[-1].uri == f"broken.jsonl.gz:{num_good + 5}" and records[-1].text == "document 1 " * 20
+
+
 def test_hf_local_broken_empty_and_unknown_files(tmp_path: Path) -> None:
-    pytest.importorskip("datasets")
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert read_all(tmp_path / "empty.jsonl", source("hf_local")) == ([], [])
-    broken = tmp_path / "broken.jsonl"
-    broken.write_bytes(good_lines(5) + b'{"text": oops\n' + good_lines(2))
-    with pytest.raises(SourceReadError, match=r"broken\.jsonl.*datasets cannot read it as json.*on_error: skip"):
+    broken = tmp_path / "broken.json"  # a JSON array: datasets reads it whole, so a bad value ends the file
+    broken.write_bytes(b'[{"text": "fine"}, {"text": oops}]')
+    with pytest.raises(SourceReadError, match=r"broken\.json.*datasets cannot read it as json.*on_error: skip"):
         list(read_file(broken, broken.name, source("hf_local")))
     records, rejects = read_all(broken, source("hf_local", on_error="skip"))
-    assert not records  # datasets parses a chunk at a time: the bad line spoils its whole chunk
-    assert [(r.uri, r.reason, r.raw) for r in rejects] == [("broken.jsonl#row=0", "unreadable_file",
+    assert not records
+    assert [(r.uri, r.reason, r.raw) for r in rejects] == [("broken.json#row=0", "unreadable_file",
                                                             broken.read_bytes())]
     assert str(tmp_path) not in rejects[0].detail
     script = tmp_path / "notes.py"
