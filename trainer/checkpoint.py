@@ -30,6 +30,7 @@ from accelerate.utils import DistributedType, broadcast_object_list
 
 from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
 from pipeline.errors import CheckpointError
+from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
     TENSOR_PARALLEL_LAYOUT,
@@ -99,6 +100,8 @@ def verify_checkpoint(folder: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != entry["num_bytes"] or sha256_file(path) != entry["sha256"]:
             return f"{name} does not match its sha256 in manifest.json (corrupted or modified)"
+        if path.name == ".metadata" and (problem := unsafe_metadata(path)) is not None:
+            return f"{name}: {problem}"
     return None
 
 

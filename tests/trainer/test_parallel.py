@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import warnings
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.atomic import sha256_file
 from pipeline.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from trainer.checkpoint import verify_checkpoint
@@ -115,6 +117,16 @@ def test_fsdp_on_two_cpu_processes_matches_one_process_and_resumes(make_run_dir:
     edit_recipe(run_dir, "train", fsdp=False, max_steps=6)
     assert main(["--run-dir", str(run_dir)]) == 2
     assert "holds FSDP weights but this run is unsharded; set train.fsdp back to true" in capsys.readouterr().err
+
+    # DCP reads its .metadata index with plain pickle: a planted one (its manifest entry rewritten to match)
+    # makes the checkpoint invalid before anything unpickles it.
+    folder = run_dir / "checkpoints" / "step-0000004"
+    planted = folder / "optimizer_0" / ".metadata"
+    planted.write_bytes(pickle.dumps(print))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["optimizer_0/.metadata"] = {"num_bytes": planted.stat().st_size, "sha256": sha256_file(planted)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert "refers to builtins.print, which a DCP index never holds" in str(verify_checkpoint(folder))
 
 
 def test_fsdp_on_one_process_warns_that_it_has_no_effect() -> None:
