@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from flows.progress import TrainingBar
+from flows.progress import STEP_LINE, TrainingBar
 from pipeline.queries import data_funnel, eval_history, rejects_by_reason
 
 
@@ -59,8 +58,6 @@ class TrainingProgress:
     Every line also goes on to ``bar`` (the terminal's training bar), when there is one.
     """
 
-    STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b")
-
     def __init__(self, bar: TrainingBar | None = None) -> None:
         self._artifact_id = None
         self._shown = -1.0
@@ -69,7 +66,7 @@ class TrainingProgress:
     def update(self, line: str) -> None:
         if self._bar is not None:
             self._bar.update(line)
-        match = self.STEP_LINE.match(line)
+        match = STEP_LINE.match(line)
         if match is None:
             return
         percent = 100.0 * int(match.group(1)) / max(1, int(match.group(2)))

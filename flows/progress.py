@@ -221,6 +221,10 @@ def shows_bar(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     return decorate
 
 
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| loss (\S+) \|.*?\| ([\d,]+) tokens/s")
+"""The trainer's line after each logged step (trainer/loop.py): step, target step, loss, tokens/s."""
+
+
 class TrainingBar:
     """Feeds the training bar from the trainer's output lines (``step N/M | loss L | … | T tokens/s``).
 
@@ -232,7 +236,7 @@ class TrainingBar:
     TARGET = re.compile(r"^training to step (\d+)")
     NOTHING_TO_DO = re.compile(r"^already at step (\d+) \(target (\d+)\)")
     EVAL = re.compile(r"^eval step \d+ \| val_loss (\S+)")
-    STEP = re.compile(r"^step (\d+)/(\d+) \| loss (\S+) \|.*?\| ([\d,]+) tokens/s")
+    STEP = STEP_LINE
 
     def __init__(self, meter: Meter) -> None:
         self._meter = meter

@@ -36,6 +36,17 @@ def test_every_stage_leaves_its_artifacts(finished_run: tuple[Path, dict, dict])
     assert first["prepare"]["num_tokens"] > 10_000
 
 
+def test_training_progress_artifact_follows_the_trainers_step_lines(finished_run: tuple[Path, dict, dict]) -> None:
+    # The artifact is fed by parsing the trainer's printed lines: a change of their format would freeze it.
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["training-progress"])))
+    assert found and found[0].type == "progress"
+    assert max(float(artifact.data) for artifact in found) == 100.0
+
+
 def test_validation_loss_falls(finished_run: tuple[Path, dict, dict]) -> None:
     run_dir, first, _ = finished_run
     evals = [json.loads(line) for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
