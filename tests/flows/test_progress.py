@@ -25,15 +25,9 @@ from flows.progress import (
     reports_progress,
     stage_meter,
 )
-from flows.recipe import load_recipe, manifest_paths
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
 from pipeline.shards import ShardInfo
 from tests.flows.conftest import write_small_recipe
 from tests.flows.test_cli import TOKENMILL
-from tokenization.config import PackConfig, TokenizerConfig
-from tokenization.stage import pack_split_source
-from tokenization.train_tokenizer import prepare_tokenizer
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 BAR = "━"
@@ -180,28 +174,6 @@ def test_no_bars_off_a_terminal_or_when_quiet(monkeypatch: pytest.MonkeyPatch) -
 
 
 # ---- the stages' callbacks add up to their summaries --------------------------------------------------
-
-
-def test_stage_callbacks_add_up_to_the_summaries(tmp_path: Path) -> None:
-    recipe = write_small_recipe(tmp_path, packages=("json",))
-    loaded, base = load_recipe(recipe)
-    paths = RunPaths(tmp_path / "run")
-    [part] = plan_ingest(manifest_paths(loaded, base), paths, loaded.data.part_size_bytes)
-    read: list[tuple[int, int]] = []
-    summary = ingest_part(part, 0.1, paths, on_progress=lambda records, num_bytes: read.append((records, num_bytes)))
-    assert sum(r for r, _ in read) == summary["num_records"] > 0
-    assert sum(b for _, b in read) == summary["num_bytes"] == part.num_bytes
-
-    fed: list[tuple[int, int]] = []
-    tokenizer = prepare_tokenizer(paths, TokenizerConfig(vocab_size=300), None,
-                                  on_progress=lambda done, total: fed.append((done, total)))
-    assert fed[-1] == (tokenizer["sample_bytes"], tokenizer["sample_bytes"])
-    assert [done for done, _ in fed] == sorted(done for done, _ in fed)
-
-    packed: list[int] = []
-    config = PackConfig(seq_len=64, rows_per_shard=32, encode_batch_docs=1)
-    infos = pack_split_source(paths, "train", "stdlib", config, on_progress=packed.append)
-    assert len(packed) > 1 and sum(packed) == sum(info.num_tokens for info in infos)
 
 
 # ---- the real CLI: bars on a terminal, one line per stage elsewhere --------------------------------------

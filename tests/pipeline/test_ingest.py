@@ -88,6 +88,15 @@ def test_every_file_becomes_exactly_one_document_or_reject(corpus: Path, tmp_pat
     assert pq.read_schema(next(paths.rejects.glob("part-*.parquet"))).equals(REJECTS_SCHEMA)
 
 
+def test_progress_callback_counts_every_record_and_byte_of_the_part(corpus: Path, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    [part] = plan_ingest([corpus], paths, 1 << 30)
+    read: list[tuple[int, int]] = []
+    summary = ingest_part(part, 0.1, paths, on_progress=lambda records, num_bytes: read.append((records, num_bytes)))
+    assert len(read) > 1 and sum(records for records, _ in read) == summary["num_records"] > 0
+    assert sum(num_bytes for _, num_bytes in read) == summary["num_bytes"] == part.num_bytes
+
+
 def test_rerun_skips_done_parts_and_fresh_run_is_byte_identical(corpus: Path, tmp_path: Path) -> None:
     first, second = RunPaths(tmp_path / "run1"), RunPaths(tmp_path / "run2")
     summaries = ingest_all([corpus], first)

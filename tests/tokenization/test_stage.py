@@ -181,6 +181,15 @@ def test_new_parts_are_appended_as_new_shards_only(tmp_path: Path, texts: list[s
     assert state.stat().st_mtime_ns == modified
 
 
+def test_progress_callback_adds_up_to_the_packed_tokens(tmp_path: Path, texts: list[str], tokenizer_file: Path) -> None:
+    paths = new_run(tmp_path, tokenizer_file)
+    write_docs_part(tmp_path, 0, texts)
+    packed: list[int] = []
+    config = PackConfig(seq_len=64, rows_per_shard=32, encode_batch_docs=1)
+    infos = pack_split_source(paths, "train", "lib", config, on_progress=packed.append)
+    assert len(packed) > 1 and sum(packed) == sum(info.num_tokens for info in infos) > 0
+
+
 def test_shards_left_by_a_killed_call_are_replaced(tmp_path: Path, texts: list[str], tokenizer_file: Path) -> None:
     paths = new_run(tmp_path, tokenizer_file)
     write_docs_part(tmp_path, 0, texts[:HALF])

@@ -120,6 +120,15 @@ def test_prepare_trains_once_then_skips(tmp_path: Path, texts: list[str]) -> Non
     assert bigger["vocab_size"] == VOCAB_SIZE + 50
 
 
+def test_progress_callback_reaches_the_sample_size_in_order(tmp_path: Path, texts: list[str]) -> None:
+    write_docs_part(tmp_path, 0, texts[:20])
+    fed: list[tuple[int, int]] = []
+    summary = prepare_tokenizer(RunPaths(tmp_path), TokenizerConfig(vocab_size=VOCAB_SIZE, sample_bytes=100_000),
+                                None, on_progress=lambda done, total: fed.append((done, total)))
+    assert len(fed) > 1 and fed[-1] == (summary["sample_bytes"], summary["sample_bytes"])
+    assert [done for done, _ in fed] == sorted(done for done, _ in fed)
+
+
 def test_training_from_documents_is_deterministic(tmp_path: Path, texts: list[str]) -> None:
     shas = []
     for name in ("a", "b"):
