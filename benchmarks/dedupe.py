@@ -7,12 +7,17 @@ rates, shuffled paragraphs, added headers) and hard negatives (distinct files be
 header) whose exact shingle Jaccard is the ground truth.
 
 ``ours`` is :func:`pipeline.dedupe.dedupe_documents` over the ingested documents (exact groups, MinHash,
-LSH, DuckDB band grouping, verification, clusters, outputs written) plus the exact-dedupe content hash
-the ingest stage computes. ``baseline`` is what a user would write with datasketch: a hash set of the
-whitespace-collapsed text for exact copies, then ``MinHash(num_perm).update_batch`` over the same word
-5-gram shingles and ``MinHashLSH(threshold)`` query + insert. Throughput is per core (MB per CPU-second)
+LSH, DuckDB band grouping, verification, clusters, outputs written) plus what the ingest stage computes
+for it: the exact-dedupe content hash and the MinHash signatures (made from each row group's text as
+ingest writes it, so dedupe need not decode the text again). ``baseline`` is what a user would write
+with datasketch: a hash set of the whitespace-collapsed text for exact copies, then
+``MinHash(num_perm).update_batch`` over the same word 5-gram shingles and ``MinHashLSH(threshold)`` query +
+insert. Throughput is per core (MB per CPU-second)
 because ours uses Rust and DuckDB threads; wall-clock MB/s is printed too. Each side first runs once on the
 planted subset, untimed, so one-time costs per process (numba compiling, DuckDB's first connection) stay out.
+Then each side is timed ``--repeats`` times (3; ours from a fresh ``dedupe/`` folder each time) and its least
+CPU time counts, as ``timeit`` does: on a shared machine, noise only ever adds time (single runs of either
+side varied by ±10%).
 
 Run from the repo root: ``.venv/bin/python -m benchmarks.dedupe --quick``. The last line printed is JSON.
 """
@@ -23,9 +28,11 @@ import argparse
 import json
 import math
 import re
+import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,20 +240,30 @@ def ingest(manifest: Path, run_dir: Path):
 
 def run_ours(paths, names: list[str]) -> tuple[list[tuple[int, int]], dict[str, float]]:
     """Dedupe the ingested run; returns duplicate edges (removed, survivor) as indices into ``names``
-    and timings. The content hash that ingest computed is re-timed here and counted as ours."""
+    and timings. What ingest computes for dedupe is re-timed here and counted as ours: each document's
+    content hash, and each row group's MinHash signatures (written as the dedupe stage's cache, as ingest
+    does with the run's near settings)."""
     import pyarrow.parquet as pq
 
     from pipeline.config import DedupeConfig, NearDedupeConfig
-    from pipeline.dedupe import dedupe_documents
+    from pipeline.dedupe import dedupe_documents, finished_parts
     from pipeline.documents import DUPLICATES_FILE, document_part_files
     from pipeline.filters import content_hash
+    from pipeline.ingest import SignatureCollector
 
-    texts = [text for part in document_part_files(paths) for text in pq.read_table(part, columns=["text"])
-             .column("text").to_pylist()]
+    config = DedupeConfig(near=NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM))
+    parts = finished_parts(paths)
+    row_groups = [[pq.ParquetFile(part.path).read_row_group(group) for group in
+                   range(pq.ParquetFile(part.path).num_row_groups)] for part in parts]  # in memory during ingest
+    texts = [text for groups in row_groups for group in groups for text in group.column("text").to_pylist()]
     started, cpu = time.perf_counter(), time.process_time()
     for text in texts:
         content_hash(text)
-    config = DedupeConfig(near=NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM))
+    for part, groups in zip(parts, row_groups, strict=True):
+        signatures = SignatureCollector(paths, part.part_id, part.fingerprint, config.near)
+        for group in groups:
+            signatures.add(group)
+        signatures.write()
     dedupe_documents(paths, config)
     timing = {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu}
     position = {name: index for index, name in enumerate(names)}
@@ -326,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="about 12 MB of text (well under 2 minutes)")
     parser.add_argument("--mb", type=int, default=None, help="MB of bulk text (default 110, quick 10)")
     parser.add_argument("--families", type=int, default=None, help="planted families (default 150, quick 60)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per side; the least CPU time counts")
     args = parser.parse_args(argv)
     bulk_mb = args.mb or (10 if args.quick else 110)
     planted, bulk = build_corpus(bulk_mb * 1_000_000, args.families or (60 if args.quick else 150))
@@ -336,9 +354,24 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-dedupe-") as tmp:
         warm_up(Path(tmp) / "warm-up", planted)
         paths = ingest(write_jsonl(Path(tmp), names, texts), Path(tmp) / "run")
-        ours_edges, ours_time = run_ours(paths, names)
-    baseline_edges, baseline_time = run_datasketch(texts)
-    report(planted, sets, truth, texts, {"ours": (ours_edges, ours_time), "baseline": (baseline_edges, baseline_time)})
+        ours = best_of(args.repeats, lambda: run_ours(paths, names), before=lambda: shutil.rmtree(paths.dedupe))
+    baseline = best_of(args.repeats, lambda: run_datasketch(texts))
+    report(planted, sets, truth, texts, {"ours": ours, "baseline": baseline})
+
+
+def best_of(repeats: int, run: Callable[[], tuple[list, dict[str, float]]],
+            before: Callable[[], None] | None = None) -> tuple[list, dict[str, float]]:
+    """The run with the least CPU time of ``repeats`` (as ``timeit`` takes the best: the noise of a shared
+    machine only ever adds time); every run must find the same edges. The CPU times of all runs are kept."""
+    results = []
+    for _ in range(repeats):
+        if before is not None and results:
+            before()  # a fresh start: no caches or state from the previous run
+        results.append(run())
+    edges, timing = min(results, key=lambda result: result[1]["cpu_s"])
+    if any(sorted(other) != sorted(edges) for other, _ in results):
+        raise AssertionError("repeated runs found different duplicates")
+    return edges, {**timing, "all_cpu_s": [result[1]["cpu_s"] for result in results]}
 
 
 def report(planted: list[PlantedDoc], sets: list[set[int]], truth: dict, texts: list[str], sides: dict) -> None:
@@ -356,6 +389,8 @@ def report(planted: list[PlantedDoc], sets: list[set[int]], truth: dict, texts: 
         print(f"{labels[side]:<40}{timing['wall_s']:>8.1f}{timing['cpu_s']:>8.1f}"
               f"{len(texts) / timing['wall_s']:>10.0f}{num_bytes / 1e6 / timing['wall_s']:>8.1f}"
               f"{per_core[side]:>10.1f}{scores['all']['recall']:>8.3f}{scores['all']['precision']:>10.3f}")
+        runs = ", ".join(f"{cpu_s:.2f}" for cpu_s in timing["all_cpu_s"])
+        print(f"  {side}: CPU s of each run: {runs} (the best counts)")
         print(format_scores(f"  {side}: planted subset by variant (pairs against the family's original)", scores))
     ratio = per_core["ours"] / per_core["baseline"]
     print(json.dumps({"name": "dedupe", "ours": round(per_core["ours"], 2), "baseline": round(per_core["baseline"], 2),

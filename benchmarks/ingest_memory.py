@@ -128,10 +128,12 @@ def ingest_and_dedupe(manifest: Path, run_dir: Path) -> dict:
     paths = RunPaths(run_dir)
     imports_mb = _peak_rss_mb()
     started = time.perf_counter()
-    summaries = [ingest_part(part, 0.05, paths) for part in plan_ingest([manifest], paths, 32 << 20)]
+    config = DedupeConfig()
+    summaries = [ingest_part(part, 0.05, paths, near=config.near)  # as the flow does: signatures made at ingest
+                 for part in plan_ingest([manifest], paths, 32 << 20)]
     ingest_s, ingest_mb = time.perf_counter() - started, _peak_rss_mb()
     started = time.perf_counter()
-    dedupe = dedupe_documents(paths, DedupeConfig())
+    dedupe = dedupe_documents(paths, config)
     return {"imports_mb": imports_mb, "ingest_mb": ingest_mb, "peak_mb": _peak_rss_mb(), "ingest_s": ingest_s,
             "dedupe_s": time.perf_counter() - started, "num_parts": len(summaries),
             "num_documents": sum(s["num_documents"] for s in summaries), **dedupe}

@@ -39,7 +39,8 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
         parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
-        ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root)).result()
+        ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root),
+                                        near=unmapped(loaded.dedupe.near)).result()
         deduped = dedupe_task(str(root), loaded.dedupe)
         decontaminated = decontaminate_task(str(root), loaded.dedupe.decontaminate, str(base))
         tokenizer = tokenizer_task(str(root), loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))

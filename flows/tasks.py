@@ -12,7 +12,7 @@ from flows.progress import TrainingBar, open_shared_bar, reports_progress, shows
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.subprocess_log import run_streaming
-from pipeline.config import DecontaminateConfig, DedupeConfig
+from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
 from pipeline.rundir import RunPaths
@@ -35,10 +35,12 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
 @task(name="ingest-part", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="ingest-part-{part[part_id]}")
 @reports_progress("ingest-part")
-def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str) -> dict[str, Any]:
+def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str,
+                     near: NearDedupeConfig | None = None) -> dict[str, Any]:
     with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
         return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)),
-                           on_progress=lambda num_records, num_bytes: meter.advance(num_bytes, records=num_records))
+                           on_progress=lambda num_records, num_bytes: meter.advance(num_bytes, records=num_records),
+                           near=near)
 
 
 @task(name="dedupe")

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
 from pipeline.atomic import atomic_path, read_json, write_json_atomic
+from pipeline.config import NearDedupeConfig
 from pipeline.errors import ManifestError
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
@@ -235,7 +237,8 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
 
 
 def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
-                on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                on_progress: Callable[[int, int], None] | None = None,
+                near: NearDedupeConfig | None = None) -> dict[str, Any]:
     """Read, normalise and filter one part; write its documents, rejects and (last) its marker.
 
     Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
@@ -244,6 +247,10 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     ``on_progress(num_records, num_bytes)`` is told what was read since its last call (a file's bytes count
     once the file is read), so a caller can show rates; the totals add up to the summary's.
     Raises SourceReadError for an unreadable file of an ``on_error: fail`` source.
+
+    With ``near`` (the run's near-dedupe settings), the part's MinHash signatures are computed here, from
+    each row group's text while it is in memory, and left as the dedupe stage's signature cache: dedupe
+    then need not decode the part's text again. Without it, a signature cache from earlier is removed.
     """
     manifest_path = Path(part.manifest_path)
     manifest, source = _part_source(part, manifest_path)
@@ -254,7 +261,10 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     if marker.is_file() and (done := read_json(marker)).get("fingerprint") == part_fingerprint:
         return done["summary"]
     root = source_root(source, manifest_path)
-    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore)
+    signatures = SignatureCollector(paths, part.part_id, part_fingerprint, near)
+    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
+                          signatures)
+    signatures.write()
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
     write_json_atomic(marker, {"fingerprint": part_fingerprint, "part": record, "summary": summary})
     return summary
@@ -270,13 +280,15 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
 
 
 def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path, val_fraction: float,
-                paths: RunPaths, on_progress: Callable[[int, int], None]) -> dict[str, Any]:
-    name = f"part-{part.part_id:05d}.parquet"
+                paths: RunPaths, on_progress: Callable[[int, int], None],
+                signatures: SignatureCollector) -> dict[str, Any]:
+    name = part_file_name(part.part_id)
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
     with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
-        docs, rejects = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA), _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+        docs = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add)
+        rejects = _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         sizes = {rel: _file_size(root / rel) for rel in part.files}
         for rel in part.files:
             for item in _reporting(read_file(root / rel, rel, source), on_progress, sizes[rel]):
@@ -341,12 +353,60 @@ def _reject_row(reject: Reject, source: str) -> dict[str, Any]:
             "detail": reject.detail, "raw": reject.raw}
 
 
+def part_file_name(part_id: int) -> str:
+    """``part-NNNNN.parquet``: the name of a part's documents, rejects and dedupe cache files."""
+    return f"part-{part_id:05d}.parquet"
+
+
+class SignatureCollector:
+    """MinHash signatures of a part's documents, row group by row group, for the dedupe stage's cache.
+
+    Any cache of this part from earlier is removed first: its documents are being rewritten (the files
+    behind an unfinished part may have changed), and a cache is trusted by the part's fingerprint alone.
+    """
+
+    def __init__(self, paths: RunPaths, part_id: int, part_fingerprint: str, near: NearDedupeConfig | None) -> None:
+        self._near = near if near is not None and near.enabled else None
+        self._pieces: list[Any] = []
+        if self._near is None and not paths.dedupe.is_dir():
+            self._caches: tuple[Path, ...] = ()
+            return
+        from pipeline import near_dedupe  # numba and DuckDB: loaded only when near dedupe is on (or was)
+
+        self._near_dedupe = near_dedupe
+        self._caches = near_dedupe.near_cache_files(paths, part_file_name(part_id))
+        self._metadata = (near_dedupe.signature_cache_metadata(part_fingerprint, self._near)
+                          if self._near is not None else {})
+        for cache in self._caches:
+            cache.unlink(missing_ok=True)
+
+    def add(self, documents: pa.Table) -> None:
+        if self._near is not None:
+            self._pieces.append(self._near_dedupe.text_signatures(documents.column("text"), self._near))
+
+    def write(self) -> None:
+        """Write the cache (after the part's documents are in place); nothing without near settings."""
+        if self._near is None:
+            return
+        signatures = (np.concatenate(self._pieces) if self._pieces
+                      else np.empty((0, self._near.num_perm), dtype=np.uint32))
+        self._near_dedupe.write_signature_cache(self._caches[0], signatures, self._metadata)
+
+
+UNDICTIONARIED_COLUMNS = frozenset({"text", "raw"})
+
+
 class _ParquetSink:
     """Rows in, row groups out: buffers rows as columns and flushes them at a size bound."""
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, on_flush: Callable[[pa.Table], None] | None = None) -> None:
+        """``on_flush`` sees each row group's table as it is written."""
         self._schema = schema
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self._on_flush = on_flush
+        # Documents' text and rejects' raw bytes are (nearly) all distinct: a dictionary page for them is built,
+        # found useless and dropped on every row group, and reading the column back costs ~25% more.
+        dictionary = [name for name in schema.names if name not in UNDICTIONARIED_COLUMNS]
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary)
         self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
         self._buffered_size = 0
 
@@ -359,7 +419,10 @@ class _ParquetSink:
 
     def _flush(self) -> None:
         if self._columns[self._schema.names[0]]:
-            self._writer.write_table(pa.Table.from_pydict(self._columns, schema=self._schema))
+            table = pa.Table.from_pydict(self._columns, schema=self._schema)
+            self._writer.write_table(table)
+            if self._on_flush is not None:
+                self._on_flush(table)
         self._columns = {name: [] for name in self._schema.names}
         self._buffered_size = 0
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline import kernels
 
@@ -204,6 +206,8 @@ def unique_pairs(lefts: list[np.ndarray], rights: list[np.ndarray], num_docs: in
 
 DUCKDB_MEMORY_LIMIT = "128MB"
 """DuckDB's working memory for band grouping; beyond it DuckDB spills to the run's dedupe folder."""
+DUCKDB_ROWS_PER_THREAD = 1_000_000
+"""Band rows per DuckDB thread: below ~1 M rows a second thread costs more CPU (starting, waiting) than it saves."""
 # file_index: the position of the row's file in $files (an integer: a filename column would cost ~100
 # bytes per band row).
 _SHARED_BUCKET_MEMBERS_SQL = """
@@ -229,7 +233,11 @@ def grouped_candidate_pairs(band_files: list[Path], doc_offsets: list[int], excl
     if not band_files:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     names = [str(path) for path in band_files]
-    config = {"temp_directory": str(temp_dir), "preserve_insertion_order": False, "memory_limit": DUCKDB_MEMORY_LIMIT}
+    num_rows = sum(pq.read_metadata(path).num_rows for path in band_files)
+    usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, min(usable_cpus, num_rows // DUCKDB_ROWS_PER_THREAD))
+    config = {"temp_directory": str(temp_dir), "preserve_insertion_order": False, "memory_limit": DUCKDB_MEMORY_LIMIT,
+              "threads": threads}
     with duckdb.connect(":memory:", config=config) as con:
         con.register("part_offsets", pa.table({"file_index": pa.array(range(len(names)), pa.int64()),
                                                "doc_offset": pa.array(doc_offsets, pa.int64())}))

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from pipeline import kernels, minhash
 from pipeline.atomic import atomic_path
-from pipeline.config import DedupeConfig
+from pipeline.config import DedupeConfig, NearDedupeConfig
 from pipeline.rundir import RunPaths
 
 MINHASH_DIR = "minhash"
@@ -130,11 +130,16 @@ def read_rows(path: Path, rows: np.ndarray, column: str) -> pa.Array:
     return pa.concat_arrays(pieces) if pieces else pa.array([], pa.large_string())
 
 
-def _cache_metadata(part: DocsPart, config: DedupeConfig) -> dict[str, str]:
-    near = config.near
-    return {"docs_fingerprint": part.fingerprint, "implementation": minhash.IMPLEMENTATION,
+def signature_cache_metadata(docs_fingerprint: str, near: NearDedupeConfig) -> dict[str, str]:
+    """What a part's signature cache must match: the part (its ingest fingerprint) and the MinHash settings."""
+    return {"docs_fingerprint": docs_fingerprint, "implementation": minhash.IMPLEMENTATION,
             "words": minhash.WORDS_VERSION,
             "num_perm": str(near.num_perm), "ngram": str(near.ngram), "seed": str(minhash.MINHASH_SEED)}
+
+
+def near_cache_files(paths: RunPaths, part_name: str) -> tuple[Path, Path]:
+    """A docs part's signature and band-key caches (``part_name``: ``part-NNNNN.parquet``)."""
+    return paths.dedupe / MINHASH_DIR / part_name, paths.dedupe / BANDS_DIR / part_name
 
 
 def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
@@ -144,30 +149,42 @@ def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
     return all(stored.get(key) == value for key, value in metadata.items())
 
 
+def text_signatures(texts: pa.Array | pa.ChunkedArray, near: NearDedupeConfig) -> np.ndarray:
+    """``(len(texts), num_perm)`` MinHash signatures, SIGNATURE_BATCH_ROWS texts at a time (bounded memory)."""
+    batches = [minhash.signatures(texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
+               for start in range(0, len(texts), SIGNATURE_BATCH_ROWS)]
+    return np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
+
+
+def write_signature_cache(cache: Path, signatures: np.ndarray, metadata: dict[str, str]) -> None:
+    """``signatures`` as one fixed-size-list column, atomically, tagged with ``metadata``."""
+    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
+    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, signatures.shape[1])})
+    with atomic_path(cache) as tmp:
+        # Uncompressed: signatures are uniformly random bits (zstd spent ~0.4 s per 100 MB of them for nothing).
+        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="none")
+
+
 def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
-    """MinHash signatures of one docs part, from ``dedupe/minhash/part-NNNNN.parquet`` when still valid."""
+    """MinHash signatures of one docs part: the cache ingest wrote (or an earlier dedupe run), when still valid."""
     near = config.near
-    cache = paths.dedupe / MINHASH_DIR / part.path.name
-    metadata = _cache_metadata(part, config)
+    cache, _ = near_cache_files(paths, part.path.name)
+    metadata = signature_cache_metadata(part.fingerprint, near)
     if _cache_is_valid(cache, metadata):
         table = pq.read_table(cache)
         return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
     parquet = pq.ParquetFile(part.path)
-    batches = [minhash.signatures(batch.column("text"), near.num_perm, near.ngram)
+    batches = [text_signatures(batch.column("text"), near)
                for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])]
     signatures = np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
-    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
-    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, near.num_perm)})
-    with atomic_path(cache) as tmp:
-        # Uncompressed: signatures are uniformly random bits (zstd spent ~0.4 s per 100 MB of them for nothing).
-        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="none")
+    write_signature_cache(cache, signatures, metadata)
     return signatures
 
 
 def part_band_keys(part: DocsPart, paths: RunPaths, config: DedupeConfig, bands: int, rows: int) -> Path:
     """``dedupe/bands/part-NNNNN.parquet``: one ``(row, band, key)`` per document and LSH band (made once)."""
-    cache = paths.dedupe / BANDS_DIR / part.path.name
-    metadata = {**_cache_metadata(part, config), "bands": str(bands), "rows": str(rows)}
+    _, cache = near_cache_files(paths, part.path.name)
+    metadata = {**signature_cache_metadata(part.fingerprint, config.near), "bands": str(bands), "rows": str(rows)}
     if _cache_is_valid(cache, metadata):
         return cache
     keys = minhash.band_keys(part_signatures(part, paths, config), bands, rows)

@@ -130,6 +130,40 @@ def test_dedupe_is_deterministic_cached_and_resumable(planted: tuple[Path, list[
     assert (first.dedupe / outputs[2]).stat().st_mtime_ns == stamps[outputs[2]]  # signatures came from the cache
 
 
+def test_signatures_made_at_ingest_are_the_ones_dedupe_would_make(planted: tuple[Path, list[Path]],
+                                                                  tmp_path: Path) -> None:
+    manifest, _ = planted
+    at_ingest, at_dedupe = RunPaths(tmp_path / "at_ingest"), RunPaths(tmp_path / "at_dedupe")
+    parts = plan_ingest([manifest], at_ingest, PART_BYTES)
+    assert len(parts) > 1
+    for part in parts:
+        ingest_part(part, 0.1, at_ingest, near=CONFIG.near)
+    ingest_all(manifest, at_dedupe)
+    caches = sorted(path.name for path in (at_ingest.dedupe / MINHASH_DIR).iterdir())
+    assert caches == [f"part-{part.part_id:05d}.parquet" for part in parts] and not at_dedupe.dedupe.exists()
+    stamps = {name: (at_ingest.dedupe / MINHASH_DIR / name).stat().st_mtime_ns for name in caches}
+    for paths in (at_ingest, at_dedupe):
+        dedupe_documents(paths, CONFIG)
+    # dedupe used the caches as they were, and they hold the same bytes as those it makes from the Parquet text
+    assert {name: (at_ingest.dedupe / MINHASH_DIR / name).stat().st_mtime_ns for name in caches} == stamps
+    for name in [*(f"{MINHASH_DIR}/{cache}" for cache in caches), DUPLICATES_FILE, CLUSTERS_FILE]:
+        assert (at_ingest.dedupe / name).read_bytes() == (at_dedupe.dedupe / name).read_bytes(), name
+
+    # Other MinHash settings than ingest used: the cache does not match, and dedupe makes its own.
+    other = CONFIG.model_copy(update={"near": NearDedupeConfig(threshold=0.7, num_perm=64)})
+    at_ingest.dedupe.joinpath("state.json").unlink()
+    dedupe_documents(at_ingest, other)
+    signatures = pq.read_table(at_ingest.dedupe / MINHASH_DIR / caches[0]).column("signature")
+    assert signatures.type.list_size == 64
+
+    # A part ingested again (its marker lost) drops the caches of its earlier documents, with or without near.
+    marker = at_ingest.docs / "part-00000.json"
+    marker.unlink()
+    ingest_part(parts[0], 0.1, at_ingest)
+    assert not (at_ingest.dedupe / MINHASH_DIR / caches[0]).exists()
+    assert not (at_ingest.dedupe / BANDS_DIR / caches[0]).exists()
+
+
 def test_config_switches_exact_and_near(planted: tuple[Path, list[Path]], tmp_path: Path) -> None:
     manifest, _ = planted
     paths = RunPaths(tmp_path / "run")

@@ -86,6 +86,8 @@ def test_every_file_becomes_exactly_one_document_or_reject(corpus: Path, tmp_pat
         assert doc["split"] in {"train", "val"} and not doc["text"].endswith("\n")
     assert pq.read_schema(next(paths.docs.glob("part-*.parquet"))).equals(DOCUMENTS_SCHEMA, check_metadata=True)
     assert pq.read_schema(next(paths.rejects.glob("part-*.parquet"))).equals(REJECTS_SCHEMA)
+    text_chunk = pq.ParquetFile(next(paths.docs.glob("part-*.parquet"))).metadata.row_group(0).column(4)
+    assert text_chunk.path_in_schema == "text" and "RLE_DICTIONARY" not in text_chunk.encodings  # read ~25% faster
 
 
 def test_progress_callback_counts_every_record_and_byte_of_the_part(corpus: Path, tmp_path: Path) -> None:
