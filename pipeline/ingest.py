@@ -3,6 +3,8 @@
 Two steps, so a Prefect task per part can be retried alone: :func:`plan_ingest` groups the sources'
 files into parts and persists that plan (``docs/plan.json``), :func:`ingest_part` reads one part,
 normalises and filters every record and writes its outputs, then its marker ``docs/part-NNNNN.json``.
+Given the run's near-dedupe settings, it also leaves the part's MinHash signatures for the dedupe stage
+(``dedupe/minhash/part-NNNNN.parquet``), made from the text while it is in memory.
 """
 
 from __future__ import annotations
