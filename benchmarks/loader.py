@@ -30,7 +30,7 @@ from benchmarks.train_step import bare_pytorch_step, token_rows
 from pipeline.atomic import sha256_file
 from pipeline.shards import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import BatchLayout, SplitRows, TrainLoader
+from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.model import ModelShape
 
 VOCAB_SIZE = 4096
@@ -70,7 +70,7 @@ def write_run_shards(run_dir: Path, tokens: np.ndarray, rows_per_shard: int) -> 
 
 def tokenmill_batches(run_dir: Path, batch_size: int) -> Batches:
     """TrainLoader.next_step exactly as the trainer calls it (one micro-batch per step)."""
-    loader = TrainLoader(SplitRows(run_dir, "train"), BatchLayout(batch_size, 1), seed=0)
+    loader = TrainLoader(SplitRows(run_dir, "train", PAD_ID), BatchLayout(batch_size, 1), seed=0)
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         batch = loader.next_step()[0]

@@ -24,7 +24,7 @@ import torch
 from benchmarks.result import print_result
 from trainer.checkpoint import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import ArrayRows, BatchLayout, TrainLoader, make_batch
+from trainer.data import PAD_ID, ArrayRows, BatchLayout, TrainLoader, make_batch
 from trainer.evaluate import Evaluator
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
@@ -65,7 +65,7 @@ def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray)
     def step() -> None:
         rows = order[np.arange(position[0], position[0] + train.micro_batch_size) % len(order)]
         position[0] += train.micro_batch_size
-        batch = make_batch(tokens[rows])
+        batch = make_batch(tokens[rows], PAD_ID)
         with autocast:
             loss = model(batch.input_ids, batch.labels)
         loss.backward()

@@ -27,10 +27,11 @@ from trainer.mixture import MixtureOrder
 from trainer.model import IGNORE_INDEX
 
 EOS_ID = 0
-"""``<|endoftext|>``: ends every document in a packed row."""
+"""``<|endoftext|>`` (ends every document in a packed row) in a tokenizer tokenmill trained. Pack looks the
+special ids up by name, so a loaded tokenizer may have others: the trainer takes them from the run's tokenizer."""
 
 PAD_ID = 1
-"""``<|pad|>``: fills the end of a source's last row; its labels become IGNORE_INDEX."""
+"""``<|pad|>`` (fills the end of a source's last row; its labels become IGNORE_INDEX) in a trained tokenizer."""
 
 LOADER_STATE_VERSION = 1
 
@@ -40,6 +41,8 @@ class TokenRows(Protocol):
 
     num_rows: int
     seq_len: int
+    pad_id: int
+    """The padding token's id: its labels are IGNORE_INDEX."""
     digests: dict[str, str]
     """What the rows come from, {name: sha256}: a checkpoint resumes only on the same (or appended) data."""
 
@@ -51,8 +54,8 @@ class TokenRows(Protocol):
 class ArrayRows:
     """TokenRows over an in-memory [num_rows, seq_len] array (benchmarks and small experiments)."""
 
-    def __init__(self, tokens: np.ndarray) -> None:
-        self.tokens = tokens
+    def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID) -> None:
+        self.tokens, self.pad_id = tokens, pad_id
         self.num_rows, self.seq_len = (int(n) for n in tokens.shape)
         self.digests = {"array": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
 
@@ -63,9 +66,11 @@ class ArrayRows:
 class SplitRows:
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
-    def __init__(self, run_dir: Path, split: str) -> None:
+    def __init__(self, run_dir: Path, split: str, pad_id: int) -> None:
+        """``pad_id``: the padding id of the tokenizer the shards were packed with."""
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
-        self.split = split
+        self.split, self.pad_id = split, pad_id
+        self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
         self.shard_sources = [info.source for info in infos]
         self.shards = [ShardTokens(Path(run_dir) / info.path) for info in infos]
         self.seq_len = _common_value(infos, [int(s.metadata["seq_len"]) for s in self.shards], "seq_len")
@@ -127,14 +132,14 @@ class Batch:
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def make_batch(tokens: np.ndarray) -> Batch:
-    """Wrap integer rows as int64 tensors with padding masked in labels.
+def make_batch(tokens: np.ndarray, pad_id: int) -> Batch:
+    """Wrap integer rows as int64 tensors with padding (``pad_id``) masked in labels.
 
     Without padding (almost every batch) ``labels`` is ``input_ids`` itself: no second copy; nothing
     writes to either. Done in NumPy: torch's per-op overhead on these small tensors cost more than the data.
     """
     input_ids = np.asarray(tokens, dtype=np.int64)
-    is_pad = input_ids == PAD_ID
+    is_pad = input_ids == pad_id
     labels = np.where(is_pad, IGNORE_INDEX, input_ids) if is_pad.any() else input_ids
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(labels))
 
@@ -198,7 +203,8 @@ class TrainLoader:
             row_ids = step_rows[layout.rank * per_rank:(layout.rank + 1) * per_rank]
         self.samples_consumed += layout.global_batch_size
         tokens = self.rows.rows(row_ids)
-        return [make_batch(tokens[i:i + layout.micro_batch_size]) for i in range(0, per_rank, layout.micro_batch_size)]
+        size = layout.micro_batch_size
+        return [make_batch(tokens[i:i + size], self.rows.pad_id) for i in range(0, per_rank, size)]
 
     @property
     def epoch(self) -> float:

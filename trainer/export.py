@@ -7,7 +7,6 @@ or unexpected keys. The folder is built under a temporary name and swapped in wh
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from pipeline.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
+from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer, special_token_ids
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
@@ -26,8 +26,11 @@ EXPORT_STATE_NAME = "training_state.json"
 """Which step the export holds (tokenmill's own file; Hugging Face ignores it)."""
 
 
-def hf_llama_config(shape: ModelShape) -> dict[str, Any]:
-    """A ``LlamaConfig``-compatible dict; RoPE is given both ways (v5 ``rope_parameters`` and legacy ``rope_theta``)."""
+def hf_llama_config(shape: ModelShape, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> dict[str, Any]:
+    """A ``LlamaConfig``-compatible dict; RoPE is given both ways (v5 ``rope_parameters`` and legacy ``rope_theta``).
+
+    ``eos_id``/``pad_id``: the tokenizer's (a tokenizer tokenmill trained has 0 and 1).
+    """
     dims = shape.dims
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -40,17 +43,15 @@ def hf_llama_config(shape: ModelShape) -> dict[str, Any]:
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
         "initializer_range": INIT_STD, "tie_word_embeddings": dims.tie_word_embeddings,
         # No BOS token exists: documents are separated by EOS, so a sequence starts after one (GPT-2 style).
-        "bos_token_id": EOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
         "torch_dtype": "float32", "dtype": "float32", "use_cache": True,
     }
 
 
-def tokenizer_config(tokenizer_json: Path) -> dict[str, Any]:
+def tokenizer_config() -> dict[str, Any]:
     """``tokenizer_config.json`` so ``AutoTokenizer.from_pretrained(model_dir)`` finds the special tokens."""
-    vocab = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("added_tokens", [])
-    by_id = {token["id"]: token["content"] for token in vocab}
-    eos, pad = by_id.get(EOS_ID, "<|endoftext|>"), by_id.get(PAD_ID, "<|pad|>")
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos, "eos_token": eos, "pad_token": pad}
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN}
 
 
 def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_dir: Path,
@@ -71,10 +72,12 @@ def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_d
     try:
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
         save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-        write_json_atomic(staging / "config.json", hf_llama_config(shape))
+        special_ids = (EOS_ID, PAD_ID)
         if tokenizer_json is not None and Path(tokenizer_json).is_file():
+            special_ids = special_token_ids(load_tokenizer(Path(tokenizer_json)))
             shutil.copyfile(tokenizer_json, staging / "tokenizer.json")
-            write_json_atomic(staging / "tokenizer_config.json", tokenizer_config(Path(tokenizer_json)))
+            write_json_atomic(staging / "tokenizer_config.json", tokenizer_config())
+        write_json_atomic(staging / "config.json", hf_llama_config(shape, *special_ids))
         write_json_atomic(staging / EXPORT_STATE_NAME, training_state or {})
         replace_dir(staging, model_dir)
     except BaseException as err:

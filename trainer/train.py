@@ -18,9 +18,11 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError
 
+from pipeline.atomic import sha256_file
 from pipeline.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from pipeline.errors import ConfigError, ShardFormatError, TokenmillError
 from pipeline.rundir import RunPaths
+from tokenization.train_tokenizer import load_tokenizer, special_token_ids
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer
 from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
@@ -78,10 +80,20 @@ def read_trainer_config(run_dir: Path) -> TrainerSections:
 
 
 def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
-    """The train and val rows; raises ShardFormatError when there is no train data or the splits disagree."""
-    train_rows, val_rows = SplitRows(paths.root, "train"), SplitRows(paths.root, "val")
+    """The train and val rows, padded with the run tokenizer's ``<|pad|>`` id.
+
+    Raises ShardFormatError when there is no train data, the splits disagree, or the run's tokenizer is not
+    the one the shards were packed with.
+    """
+    _, pad_id = special_token_ids(load_tokenizer(paths.tokenizer))
+    train_rows, val_rows = SplitRows(paths.root, "train", pad_id), SplitRows(paths.root, "val", pad_id)
     if train_rows.seq_len is None:
         raise ShardFormatError(f"{paths.shard_index}: no split=train shards; run `tokenmill prepare` first.")
+    tokenizer_sha256 = sha256_file(paths.tokenizer)
+    if train_rows.tokenizer_sha256 | val_rows.tokenizer_sha256 != {tokenizer_sha256}:
+        raise ShardFormatError(f"{paths.tokenizer} is not the tokenizer the shards were packed with (sha256 "
+                               f"{tokenizer_sha256[:12]}…, the index names another); restore that file, or re-run "
+                               "`tokenmill prepare` in a fresh run dir.")
     train_kind, val_kind = (train_rows.seq_len, train_rows.vocab_size), (val_rows.seq_len, val_rows.vocab_size)
     if val_rows.num_rows and val_kind != train_kind:
         raise ShardFormatError(f"{paths.shard_index}: val shards have (seq_len, vocab_size) {val_kind}, train "

@@ -41,6 +41,7 @@ class Corpus:
 
     tokenizer_json: str
     docs: dict[tuple[str, str], list[np.ndarray]]
+    pad_id: int = PAD_ID
 
 
 def _read_texts(packages: tuple[str, ...]) -> list[str]:
@@ -74,12 +75,12 @@ def stdlib_corpus() -> Corpus:
     return Corpus(tokenizer.to_str(), docs)
 
 
-def pack_rows(docs: list[np.ndarray], seq_len: int, first_doc_id: int) -> ShardRows:
-    """Concatenate documents and cut rows of ``seq_len``; the last row is padded with PAD_ID."""
+def pack_rows(docs: list[np.ndarray], seq_len: int, first_doc_id: int, pad_id: int = PAD_ID) -> ShardRows:
+    """Concatenate documents and cut rows of ``seq_len``; the last row is padded with ``pad_id``."""
     stream = np.concatenate(docs)
     starts = np.concatenate([[0], np.cumsum([len(doc) for doc in docs])])
     num_rows = -(-len(stream) // seq_len)
-    padded = np.full(num_rows * seq_len, PAD_ID, dtype=np.int64)
+    padded = np.full(num_rows * seq_len, pad_id, dtype=np.int64)
     padded[:len(stream)] = stream
     doc_ids, doc_starts, offsets, num_tokens = [], [], [], []
     for row in range(num_rows):
@@ -101,7 +102,7 @@ def write_corpus_shards(run_dir: Path, corpus: Corpus, seq_len: int) -> None:
     tokenizer_sha = sha256_file(tokenizer_path)
     infos = []
     for number, ((split, source), docs) in enumerate(sorted(corpus.docs.items())):
-        rows = pack_rows(docs, seq_len, first_doc_id=number * 10_000)
+        rows = pack_rows(docs, seq_len, first_doc_id=number * 10_000, pad_id=corpus.pad_id)
         for part, lo in enumerate(range(0, len(rows), ROWS_PER_SHARD)):
             chunk = slice(lo, lo + ROWS_PER_SHARD)
             part_rows = ShardRows(rows.input_ids[chunk], rows.doc_ids[chunk], rows.doc_starts[chunk],
@@ -126,10 +127,10 @@ def make_run_dir(tmp_path: Path, stdlib_corpus: Corpus) -> MakeRunDir:
     """Factory: ``make_run_dir(name, train={...overrides}, dims={...overrides})`` -> a ready run dir."""
 
     def make(name: str = "run", train: dict[str, Any] | None = None, dims: dict[str, Any] | None = None,
-             seq_len: int = SEQ_LEN) -> Path:
+             seq_len: int = SEQ_LEN, corpus: Corpus | None = None) -> Path:
         run_dir = tmp_path / name
         run_dir.mkdir(parents=True)
-        write_corpus_shards(run_dir, stdlib_corpus, seq_len)
+        write_corpus_shards(run_dir, corpus or stdlib_corpus, seq_len)
         write_recipe(run_dir, {**TEST_TRAIN, **(train or {})}, {**TEST_DIMS, **(dims or {})}, seq_len)
         return run_dir
 

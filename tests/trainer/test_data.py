@@ -25,7 +25,7 @@ def run_dir(tmp_path: Path, stdlib_corpus: Corpus) -> Path:
 
 @pytest.fixture
 def train_rows(run_dir: Path) -> SplitRows:
-    return SplitRows(run_dir, "train")
+    return SplitRows(run_dir, "train", PAD_ID)
 
 
 def loader(rows: SplitRows, micro: int = 4, accum: int = 1, world: int = 1, rank: int = 0,
@@ -103,7 +103,7 @@ def test_batches_are_int64_with_padding_masked(run_dir: Path, train_rows: SplitR
     batch = loader(train_rows).next_step()[0]
     assert batch.input_ids.dtype == batch.labels.dtype == torch.int64
     assert batch.input_ids.shape == (4, SEQ_LEN)
-    padded = make_batch(train_rows.rows(np.array([last_row_of_first_source])))
+    padded = make_batch(train_rows.rows(np.array([last_row_of_first_source])), PAD_ID)
     is_pad = padded.input_ids == PAD_ID
     assert is_pad.any()  # a source's last row is padded
     assert torch.equal(padded.labels == IGNORE_INDEX, is_pad)
@@ -135,4 +135,4 @@ def test_array_rows_and_empty_split(run_dir: Path) -> None:
     batches = TrainLoader(ArrayRows(tokens), BatchLayout(5, 2), seed=0).next_step()
     assert sorted(step_ids(batches)[:, 0].tolist()) == list(range(0, 40, 4))
     with pytest.raises(ShardFormatError, match="no train rows"):
-        TrainLoader(SplitRows(run_dir, "nonexistent"), BatchLayout(4, 1), seed=0)
+        TrainLoader(SplitRows(run_dir, "nonexistent", PAD_ID), BatchLayout(4, 1), seed=0)

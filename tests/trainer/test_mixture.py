@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.errors import CheckpointError, ConfigError
 from tests.trainer.conftest import SEQ_LEN, Corpus, MakeRunDir, write_corpus_shards
-from trainer.data import BatchLayout, SplitRows, TrainLoader
+from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights
 from trainer.train import build_mixture, main, read_trainer_config
 
@@ -20,7 +20,7 @@ from trainer.train import build_mixture, main, read_trainer_config
 @pytest.fixture
 def train_rows(tmp_path: Path, stdlib_corpus: Corpus) -> SplitRows:
     write_corpus_shards(tmp_path, stdlib_corpus, SEQ_LEN)
-    return SplitRows(tmp_path, "train")
+    return SplitRows(tmp_path, "train", PAD_ID)
 
 
 def mixed_loader(rows: SplitRows, weights: dict[str, float], micro: int = 8, accum: int = 1, world: int = 1,

@@ -55,7 +55,7 @@ def test_loss_skips_padding_labels() -> None:
 
 
 def test_make_batch_masks_pad_in_labels_only() -> None:
-    batch = make_batch(torch.tensor([[5, 0, PAD_ID, PAD_ID]]).numpy())
+    batch = make_batch(torch.tensor([[5, 0, PAD_ID, PAD_ID]]).numpy(), PAD_ID)
     assert batch.input_ids.dtype == torch.int64
     assert batch.labels.tolist() == [[5, 0, IGNORE_INDEX, IGNORE_INDEX]]
     assert batch.num_tokens == 2
@@ -64,8 +64,8 @@ def test_make_batch_masks_pad_in_labels_only() -> None:
 @pytest.fixture
 def real_rows(tmp_path: Path, stdlib_corpus: Corpus) -> torch.Tensor:
     write_corpus_shards(tmp_path / "run", stdlib_corpus, SEQ_LEN)
-    rows = SplitRows(tmp_path / "run", "val")
-    return make_batch(rows.rows(torch.arange(3).numpy())).input_ids
+    rows = SplitRows(tmp_path / "run", "val", PAD_ID)
+    return make_batch(rows.rows(torch.arange(3).numpy()), PAD_ID).input_ids
 
 
 @pytest.mark.parametrize("tied", [True, False])

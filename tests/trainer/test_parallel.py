@@ -16,7 +16,7 @@ from pipeline.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from trainer.checkpoint import verify_checkpoint
 from trainer.config import TrainConfig
-from trainer.data import SplitRows
+from trainer.data import PAD_ID, SplitRows
 from trainer.evaluate import Evaluator
 from trainer.launch import launch_command
 from trainer.metrics import read_metric_rows
@@ -71,7 +71,7 @@ def test_two_processes_equal_one_with_doubled_accumulation_then_resume_on_one(
 
     # The 2-rank evaluation (gathered sums) equals a 1-process evaluation of the same weights.
     config = read_trainer_config(run_dir)
-    rows = SplitRows(run_dir, "val")
+    rows = SplitRows(run_dir, "val", PAD_ID)
     model = build_model(ModelShape(config.model.resolved_dims(), rows.vocab_size, rows.seq_len), seed=1)
     model.load_state_dict(exported_weights(run_dir))
     single = Evaluator(rows, micro_batch_size=4, eval_batches=3, accelerator=fresh_accelerator()).evaluate(model)

@@ -9,12 +9,14 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, metric_steps
+from tests.trainer.conftest import VOCAB_SIZE, Corpus, MakeRunDir, edit_recipe, exported_weights, metric_steps
 from trainer import precision
+from trainer.data import EOS_ID, PAD_ID
 from trainer.launch import launch_command
 from trainer.metrics import read_metric_rows
 from trainer.optim import lr_factor
@@ -117,3 +119,40 @@ def test_launch_command_forms() -> None:
     assert one[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
     assert two[two.index("--num_processes") + 1] == "2" and "--multi_gpu" in two
     assert two[-2:] == ["--until-step", "7"]
+
+
+def with_special_ids_moved(corpus: Corpus, eos_id: int, pad_id: int) -> Corpus:
+    """The same corpus under a tokenizer whose specials have other ids (as in a loaded tokenizer that gained
+    them after training): ids EOS_ID<->eos_id and PAD_ID<->pad_id swapped in the tokenizer and the tokens."""
+    permutation = np.arange(VOCAB_SIZE)
+    permutation[[EOS_ID, eos_id, PAD_ID, pad_id]] = [eos_id, EOS_ID, pad_id, PAD_ID]
+    tokenizer = json.loads(corpus.tokenizer_json)
+    tokenizer["model"]["vocab"] = {token: int(permutation[i]) for token, i in tokenizer["model"]["vocab"].items()}
+    for added in tokenizer["added_tokens"]:
+        added["id"] = int(permutation[added["id"]])
+    docs = {key: [permutation[doc] for doc in docs] for key, docs in corpus.docs.items()}
+    return Corpus(json.dumps(tokenizer), docs, pad_id=pad_id)
+
+
+def test_special_token_ids_come_from_the_runs_tokenizer(make_run_dir: MakeRunDir, stdlib_corpus: Corpus,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    settings = {"max_steps": 2, "eval_every": 2, "checkpoint_every": 2, "eval_batches": 8}
+    moved = with_special_ids_moved(stdlib_corpus, eos_id=VOCAB_SIZE - 2, pad_id=VOCAB_SIZE - 1)
+    runs = {"usual": make_run_dir("usual", train=settings),
+            "moved": make_run_dir("moved", train=settings, corpus=moved)}
+    for run_dir in runs.values():
+        assert main(["--run-dir", str(run_dir)]) == 0
+    config = json.loads((runs["moved"] / "model" / "config.json").read_text())
+    assert (config["eos_token_id"], config["pad_token_id"]) == (VOCAB_SIZE - 2, VOCAB_SIZE - 1)
+    # Padding is masked wherever its id is: the loss counts the same tokens under either numbering.
+    val_tokens = {name: read_metric_rows(run_dir / "metrics" / "eval.jsonl")[-1]["val_tokens"]
+                  for name, run_dir in runs.items()}
+    assert val_tokens["moved"] == val_tokens["usual"] > 0
+
+    # A tokenizer.json that is not the one the shards were packed with is refused before training.
+    tokenizer = runs["usual"] / "tokenizer" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    edit_recipe(runs["usual"], "train", max_steps=4)
+    capsys.readouterr()
+    assert main(["--run-dir", str(runs["usual"])]) == 2
+    assert "is not the tokenizer the shards were packed with" in capsys.readouterr().err
