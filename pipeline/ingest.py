@@ -369,7 +369,7 @@ class SignatureCollector:
 
     def __init__(self, paths: RunPaths, part_id: int, part_fingerprint: str, near: NearDedupeConfig | None) -> None:
         self._near = near if near is not None and near.enabled else None
-        self._pieces: list[Any] = []
+        self._pieces: list[np.ndarray] = []
         if self._near is None and not paths.dedupe.is_dir():
             self._caches: tuple[Path, ...] = ()
             return
