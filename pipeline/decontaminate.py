@@ -5,7 +5,9 @@ words; 13 by default) with a kept validation document or a user-given evaluation
 ``contaminated`` reject (REJECTS_SCHEMA, raw = its text) whose detail names the matching val ``doc_id`` or
 eval ``file:line`` and the n-gram; :func:`pipeline.documents.removed_doc_ids` then leaves it out of the
 documents. Documents of parts checked by an earlier run with the same settings keep their decision (their
-tokens may already be in shards), so a refresh checks only new train documents.
+tokens may already be in shards), so a refresh checks only new train documents against the val split. The
+other direction of a refresh, a new val document quoting a train document of an earlier part (already
+packed, so trained on), rejects the val document instead: the model has seen its text.
 
 Memory: the reference n-grams (16 bytes each: hash + owner) of the val split and eval files, plus one
 batch of train documents.
@@ -73,13 +75,14 @@ class TrainMatches:
 
 def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                             base_dir: Path | None = None) -> dict[str, Any]:
-    """Write ``rejects/contaminated.parquet`` for the kept train documents that share an n-gram with val/eval.
+    """Write ``rejects/contaminated.parquet`` for the kept train documents that share an n-gram with val/eval
+    (and, on a refresh, the new val documents quoting a train document packed earlier).
 
     ``base_dir`` is the folder relative eval file paths are taken from (the recipe's folder; default the
     working directory). Returns ``{"enabled", "num_train_checked", "num_contaminated", "num_reference_ngrams",
-    "num_boilerplate_ngrams", "contaminated_by_reference"}`` (``val`` / ``eval``). A repeat call with nothing
-    new returns the recorded summary. Raises ConfigError when an eval file does not exist, SourceReadError
-    when it cannot be read.
+    "num_boilerplate_ngrams", "contaminated_by_reference"}`` (``val`` / ``eval`` / ``earlier_train``). A repeat
+    call with nothing new returns the recorded summary. Raises ConfigError when an eval file does not exist,
+    SourceReadError when it cannot be read.
     """
     output = paths.rejects / CONTAMINATED_FILE
     if not config.enabled:
@@ -100,9 +103,16 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
     removed = _duplicate_doc_ids(paths)
     reference = build_reference(parts, removed, config, eval_files)
-    matches = find_matches([part for part in parts if part.part_id not in locked], removed, reference, config.ngram)
+    new_parts = [part for part in parts if part.part_id not in locked]
+    matches = find_matches(new_parts, removed, reference, config.ngram)
     chosen, num_boilerplate = choose_contaminated(matches, reference, config.max_ngram_train_docs)
-    rows = _carried_rows(output, parts, locked) + _reject_rows(parts, chosen, config.ngram)
+    carried = _carried_rows(output, parts, locked)
+    if config.against_val and locked:
+        not_trained = pa.concat_arrays([removed, pa.array([doc_id_for(row["source"], row["uri"]) for row in carried],
+                                                          pa.int64())])
+        earlier_train = [part for part in parts if part.part_id in locked]
+        chosen |= val_quoting_earlier_train(new_parts, earlier_train, removed, not_trained, config)
+    rows = carried + _reject_rows(parts, chosen, config.ngram)
     summary = _write_rejects(output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
     write_json_atomic(state_path, {"fingerprint": run_fingerprint, "settings": settings, "summary": summary,
                                    "parts": {str(part.part_id): part.fingerprint for part in parts}})
@@ -128,6 +138,48 @@ def build_reference(parts: list[DocsPart], removed: pa.Array, config: Decontamin
         return ReferenceNgrams(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64), labels)
     unique, first = np.unique(np.concatenate(hashes), return_index=True)
     return ReferenceNgrams(unique, np.concatenate(owners)[first], labels)
+
+
+def val_quoting_earlier_train(new_parts: list[DocsPart], earlier_parts: list[DocsPart], removed: pa.Array,
+                              not_trained: pa.Array, config: DecontaminateConfig) -> dict[int, tuple[int, int, str]]:
+    """New val documents sharing an n-gram with a train document of an earlier run's parts.
+
+    Those train documents are packed (trained on) already, so the val document goes: ``{val doc_id: (part_id,
+    n-gram position in it, "train doc_id N, packed earlier")}``. ``not_trained``: train documents that never
+    reached the shards (dedupe-removed or contaminated). Every new val document holding a shared n-gram is
+    found, not only the first; the ``max_ngram_train_docs`` boilerplate rule applies as for train documents.
+    """
+    hashes, owners, positions, owner_docs = [], [], [], []
+    for part in new_parts:
+        for batch in _kept_batches([part.path], removed, "val", ["doc_id", "text", "split"]):
+            ngrams, offsets = document_ngrams(batch.column("text"), config.ngram)
+            counts = np.diff(offsets)
+            hashes.append(ngrams)
+            owners.append(np.repeat(np.arange(len(owner_docs), len(owner_docs) + batch.num_rows), counts))
+            positions.append(np.arange(len(ngrams)) - np.repeat(offsets[:-1], counts))
+            owner_docs.extend((doc_id, part.part_id) for doc_id in batch.column("doc_id").to_pylist())
+    if not hashes or not sum(len(piece) for piece in hashes):
+        return {}
+    order = np.argsort(np.concatenate(hashes), kind="stable")
+    sorted_hashes = np.concatenate(hashes)[order]
+    starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
+    bounds = np.r_[starts, len(sorted_hashes)]
+    reference = ReferenceNgrams(sorted_hashes[starts], np.zeros(len(starts), dtype=np.int64), [])
+    matches = find_matches(earlier_parts, not_trained, reference, config.ngram)
+    boilerplate = np.zeros(len(starts), dtype=bool)
+    if config.max_ngram_train_docs is not None and matches.slots:
+        docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),
+                                    minlength=len(starts))
+        boilerplate = docs_per_slot > config.max_ngram_train_docs
+    all_owners, all_positions = np.concatenate(owners)[order], np.concatenate(positions)[order]
+    chosen: dict[int, tuple[int, int, str]] = {}
+    for train_doc_id, slots in zip(matches.doc_ids, matches.slots, strict=True):
+        for slot in minhash.sorted_unique(slots[~boilerplate[slots]]).tolist():
+            for owner, position in zip(all_owners[bounds[slot]:bounds[slot + 1]].tolist(),
+                                       all_positions[bounds[slot]:bounds[slot + 1]].tolist(), strict=True):
+                val_doc_id, part_id = owner_docs[owner]
+                chosen.setdefault(val_doc_id, (part_id, position, f"train doc_id {train_doc_id}, packed earlier"))
+    return chosen
 
 
 def document_ngrams(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +304,8 @@ def _write_rejects(output: Path, rows: list[dict[str, Any]], num_checked: int, n
     with atomic_path(output) as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=REJECTS_SCHEMA), tmp, compression="zstd")
     by_reference = {"val": sum(" val doc_id " in row["detail"] for row in rows),
-                    "eval": sum(" eval file " in row["detail"] for row in rows)}
+                    "eval": sum(" eval file " in row["detail"] for row in rows),
+                    "earlier_train": sum(" train doc_id " in row["detail"] for row in rows)}
     return {"enabled": True, "num_train_checked": num_checked, "num_contaminated": len(rows),
             "num_reference_ngrams": num_ngrams, "num_boilerplate_ngrams": num_boilerplate,
             "contaminated_by_reference": by_reference}

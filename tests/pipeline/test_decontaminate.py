@@ -142,13 +142,44 @@ def test_rerun_refresh_and_disable(corpus: dict, tmp_path: Path) -> None:
     assert sum(batch.num_rows for batch in iter_documents(paths)) == num_kept + len(after)
 
 
+def test_refresh_rejects_new_val_documents_quoting_train_documents_packed_earlier(corpus: dict,
+                                                                                  tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    first = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    assert first["contaminated_by_reference"]["earlier_train"] == 0
+    docs, contaminated = documents_by_uri(paths), {row["uri"] for row in pq.read_table(
+        paths.rejects / CONTAMINATED_FILE).to_pylist()}
+    trained = next(row for uri, row in sorted(docs.items()) if row["split"] == "train" and uri not in contaminated
+                   and not uri.startswith("zz"))
+    words = trained["text"].split()
+    quote = " ".join(words[len(words) // 2 : len(words) // 2 + NGRAM])
+    not_trained = " ".join(EVAL_PASSAGE.split()[3:16]).upper()  # only in zz_quotes_eval.py, rejected above
+    new_files = {"zzz_val_quote_a.py": f"a = 1\n{quote}", "zzz_val_quote_b.py": f"{quote}\nb = 2",
+                 "zzz_val_near_miss.py": " ".join(quote.split()[:-1]), "zzz_val_untrained.py": not_trained}
+    for name, body in new_files.items():
+        (corpus["folder"] / name).write_text(train_text(body, split="val"), encoding="utf-8")
+    prepare(corpus, paths)
+    refreshed = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    rows = {row["uri"]: row for row in pq.read_table(paths.rejects / CONTAMINATED_FILE).to_pylist()}
+    assert set(rows) == contaminated | {"zzz_val_quote_a.py", "zzz_val_quote_b.py"}
+    assert refreshed["contaminated_by_reference"]["earlier_train"] == 2
+    assert rows["zzz_val_quote_a.py"]["detail"] == (f"shares the 13-word n-gram {quote!r} with train doc_id "
+                                                    f"{trained['doc_id']}, packed earlier")
+    kept_val = {row["uri"] for batch in iter_documents(paths, split="val", columns=["uri"])
+                for row in batch.to_pylist()}
+    assert {"zzz_val_near_miss.py", "zzz_val_untrained.py"} <= kept_val
+    assert not {"zzz_val_quote_a.py", "zzz_val_quote_b.py"} & kept_val
+    assert decontaminate_documents(paths, config(), base_dir=tmp_path) == refreshed  # decisions stand
+
+
 def test_eval_only_and_missing_eval_file(corpus: dict, tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run")
     prepare(corpus, paths)
     summary = decontaminate_documents(paths, config(against_val=False), base_dir=tmp_path)
     rows = pq.read_table(paths.rejects / CONTAMINATED_FILE).column("uri").to_pylist()
     assert rows == ["zz_quotes_eval.py"]
-    assert summary["contaminated_by_reference"] == {"val": 0, "eval": 1}
+    assert summary["contaminated_by_reference"] == {"val": 0, "eval": 1, "earlier_train": 0}
     with pytest.raises(ConfigError, match=r"eval_files: evals/missing\.jsonl does not exist"):
         decontaminate_documents(paths, DecontaminateConfig(enabled=True, eval_files=["evals/missing.jsonl"]),
                                 base_dir=tmp_path)
