@@ -160,17 +160,14 @@ def val_quoting_earlier_train(new_parts: list[DocsPart], earlier_parts: list[Doc
             owner_docs.extend((doc_id, part.part_id) for doc_id in batch.column("doc_id").to_pylist())
     if not hashes or not sum(len(piece) for piece in hashes):
         return {}
-    order = np.argsort(np.concatenate(hashes), kind="stable")
-    sorted_hashes = np.concatenate(hashes)[order]
+    all_hashes = np.concatenate(hashes)
+    order = np.argsort(all_hashes, kind="stable")
+    sorted_hashes = all_hashes[order]
     starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
     bounds = np.r_[starts, len(sorted_hashes)]
     reference = ReferenceNgrams(sorted_hashes[starts], np.zeros(len(starts), dtype=np.int64), [])
     matches = find_matches(earlier_parts, not_trained, reference, config.ngram)
-    boilerplate = np.zeros(len(starts), dtype=bool)
-    if config.max_ngram_train_docs is not None and matches.slots:
-        docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),
-                                    minlength=len(starts))
-        boilerplate = docs_per_slot > config.max_ngram_train_docs
+    boilerplate = boilerplate_slots(matches, len(starts), config.max_ngram_train_docs)
     all_owners, all_positions = np.concatenate(owners)[order], np.concatenate(positions)[order]
     chosen: dict[int, tuple[int, int, str]] = {}
     for train_doc_id, slots in zip(matches.doc_ids, matches.slots, strict=True):
@@ -233,11 +230,7 @@ def choose_contaminated(matches: TrainMatches, reference: ReferenceNgrams, max_t
     With ``max_train_docs`` set, a reference n-gram found in more train documents than that is boilerplate
     (a licence header, a code template) and does not make a document contaminated on its own.
     """
-    boilerplate = np.zeros(len(reference.hashes), dtype=bool)
-    if max_train_docs is not None and matches.slots:
-        docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),
-                                    minlength=len(reference.hashes))
-        boilerplate = docs_per_slot > max_train_docs
+    boilerplate = boilerplate_slots(matches, len(reference.hashes), max_train_docs)
     chosen = {}
     for doc_id, part_id, positions, slots in zip(matches.doc_ids, matches.part_ids, matches.positions,
                                                  matches.slots, strict=True):
@@ -246,6 +239,15 @@ def choose_contaminated(matches: TrainMatches, reference: ReferenceNgrams, max_t
             first = evidence[0]
             chosen[doc_id] = (part_id, int(positions[first]), reference.labels[int(reference.owners[slots[first]])])
     return chosen, int(np.count_nonzero(boilerplate))
+
+
+def boilerplate_slots(matches: TrainMatches, num_slots: int, max_train_docs: int | None) -> np.ndarray:
+    """Per reference n-gram: found in more than ``max_train_docs`` of the matched train documents (never when None)."""
+    if max_train_docs is None or not matches.slots:
+        return np.zeros(num_slots, dtype=bool)
+    docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),
+                                minlength=num_slots)
+    return docs_per_slot > max_train_docs
 
 
 def _reject_rows(parts: list[DocsPart], chosen: dict[int, tuple[int, int, str]], ngram: int) -> list[dict[str, Any]]:

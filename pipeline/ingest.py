@@ -390,8 +390,7 @@ class SignatureCollector:
         """Write the cache (after the part's documents are in place); nothing without near settings."""
         if self._near is None:
             return
-        signatures = (np.concatenate(self._pieces) if self._pieces
-                      else np.empty((0, self._near.num_perm), dtype=np.uint32))
+        signatures = self._near_dedupe.stack_signatures(self._pieces, self._near)
         self._near_dedupe.write_signature_cache(self._caches[0], signatures, self._metadata)
 
 

@@ -212,10 +212,3 @@ def collapse_whitespace(encoded: bytes | bytearray | memoryview) -> np.ndarray:
     """UTF-8 bytes of ``" ".join(text.split())`` from the UTF-8 bytes of ``text`` (str.split's Unicode whitespace)."""
     return _collapse_whitespace(np.frombuffer(encoded, dtype=np.uint8), *str_whitespace_tables())
 
-
-def compile_all() -> None:
-    """Compile (or load from numba's cache) every loop now, so a timed section does not pay for it."""
-    words, offsets = word_hashes(pa.array(["warm up"]))
-    shingle_hashes(words, offsets, 1, np.ones(1, dtype=np.uint64))
-    collapse_whitespace(b"warm up")
-    sorted_set_jaccard(np.arange(2, dtype=np.uint32), np.arange(3, dtype=np.uint32))

@@ -151,9 +151,13 @@ def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
 
 def text_signatures(texts: pa.Array | pa.ChunkedArray, near: NearDedupeConfig) -> np.ndarray:
     """``(len(texts), num_perm)`` MinHash signatures, SIGNATURE_BATCH_ROWS texts at a time (bounded memory)."""
-    batches = [minhash.signatures(texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
-               for start in range(0, len(texts), SIGNATURE_BATCH_ROWS)]
-    return np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
+    return stack_signatures([minhash.signatures(texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
+                             for start in range(0, len(texts), SIGNATURE_BATCH_ROWS)], near)
+
+
+def stack_signatures(pieces: list[np.ndarray], near: NearDedupeConfig) -> np.ndarray:
+    """Signature blocks of consecutive documents as one ``(documents, num_perm)`` array (none: zero rows)."""
+    return np.concatenate(pieces) if pieces else np.empty((0, near.num_perm), dtype=np.uint32)
 
 
 def write_signature_cache(cache: Path, signatures: np.ndarray, metadata: dict[str, str]) -> None:
@@ -174,9 +178,8 @@ def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np
         table = pq.read_table(cache)
         return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
     parquet = pq.ParquetFile(part.path)
-    batches = [text_signatures(batch.column("text"), near)
-               for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])]
-    signatures = np.concatenate(batches) if batches else np.empty((0, near.num_perm), dtype=np.uint32)
+    signatures = stack_signatures([text_signatures(batch.column("text"), near) for batch in
+                                   parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])], near)
     write_signature_cache(cache, signatures, metadata)
     return signatures
 
