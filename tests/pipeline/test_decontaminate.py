@@ -203,3 +203,26 @@ def test_boilerplate_ngrams_shared_by_many_train_documents_do_not_contaminate(co
     assert not any(uri.startswith("zz_header_") for uri in kept_flagged)
     assert {"zz_quotes_val.py", "zz_quotes_eval.py"} <= kept_flagged < flagged
     assert summary["num_boilerplate_ngrams"] > 0 == plain["num_boilerplate_ngrams"]
+
+
+def test_refresh_keeps_new_val_documents_that_share_only_boilerplate_with_earlier_train(corpus: dict,
+                                                                                        tmp_path: Path) -> None:
+    header = ("# This file is part of the example project and is distributed under the terms of the example "
+              "licence, version two, without any warranty of any kind, express or implied.")
+    bodies = [" ".join(f"word{(number * 7919 + i * 104729) % 1000003}" for i in range(200)) for number in range(4)]
+    for number, body in enumerate(bodies):  # distinct bodies, so dedupe keeps all four
+        (corpus["folder"] / f"zz_header_{number}.py").write_text(train_text(f"{header}\n{body}"), encoding="utf-8")
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    decontaminate_documents(paths, config(max_ngram_train_docs=3), base_dir=tmp_path)
+    quote = " ".join(bodies[2].split()[50 : 50 + NGRAM])
+    new_files = {"zzz_val_header.py": f"{header}\nvalue = 'val'", "zzz_val_body_quote.py": f"{header}\n{quote}"}
+    for name, body in new_files.items():
+        (corpus["folder"] / name).write_text(train_text(body, split="val"), encoding="utf-8")
+    prepare(corpus, paths)
+    refreshed = decontaminate_documents(paths, config(max_ngram_train_docs=3), base_dir=tmp_path)
+    rows = {row["uri"]: row for row in pq.read_table(paths.rejects / CONTAMINATED_FILE).to_pylist()}
+    assert "zzz_val_header.py" not in rows  # the header is in 4 train documents > 3: boilerplate
+    assert rows["zzz_val_body_quote.py"]["detail"].endswith(
+        f"with train doc_id {documents_by_uri(paths)['zz_header_2.py']['doc_id']}, packed earlier")
+    assert refreshed["contaminated_by_reference"]["earlier_train"] == 1
