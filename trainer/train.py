@@ -126,6 +126,14 @@ def build_callbacks(accelerator: Accelerator, train: TrainConfig, paths: RunPath
                              accelerator.device)]
 
 
+_KEPT_UNTIL_EXIT: list[Any] = []
+"""The prepared model of a multi-process run, never freed. Its DDP reducer holds the gloo process group (Accelerate
+keeps only the unwrapped model). When the last reference dropped as ``train`` returned, ``~ProcessGroupGloo`` joined
+gloo's worker thread while holding the GIL, and that thread, freeing the final barrier's tensors, waited for the
+GIL: the rank hung after the export, and its launcher with it (py-spy showed both stacks; about 1 run in 25 of the
+multi-machine test). A launched rank leaves through ``exit_without_finalising``, so nothing kept here is destroyed."""
+
+
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
                         allow_data_change: bool = False) -> TrainingLoop:
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
@@ -137,6 +145,8 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
     num_params = model.num_parameters()  # a DTensor counts its full size
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
+    if accelerator.num_processes > 1:
+        _KEPT_UNTIL_EXIT.append(model)
     # The processes of one tensor-parallel group are one data-parallel replica: they read the same batch.
     layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, *data_parallel_coordinates(accelerator))
     loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
