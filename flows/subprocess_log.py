@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+
+import psutil
 
 from pipeline.errors import TokenmillError
 
@@ -47,6 +50,7 @@ def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAd
     finally:
         if timer is not None:
             timer.cancel()
+            timer.join()  # a deadline kill under way ends only when no descendant runs any more
     if returncode != 0:
         why = "ran past its deadline" if returncode in (-signal.SIGTERM, -signal.SIGKILL) and timer and \
             timer.fired else f"exited with status {returncode}"
@@ -72,14 +76,53 @@ def _deadline_timer(process: subprocess.Popen, deadline_s: float | None) -> _Dea
 
 
 def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group and each of its descendants, SIGKILL what is left after ``grace_s``,
+    and return once none of them runs any more.
+
+    Descendants, not only the group: torchrun starts each rank in a session of its own, and a rank that
+    outlived its launcher would go on writing checkpoints into the run dir while the task's retry trains there.
+    """
     if process.poll() is not None:
         return
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    _signal_group(process, signal.SIGTERM)
+    _signal_all(descendants, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+    alive = _still_running(descendants, deadline)
+    _signal_all(alive, signal.SIGKILL)
+    _still_running(alive, time.monotonic() + grace_s)
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
+
+
+def _signal_all(processes: list[psutil.Process], signum: int) -> None:
+    for child in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signum)
+
+
+def _still_running(processes: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running at ``deadline`` (polled; an exited one not yet reaped counts as done:
+    it is not our child, so ``psutil.wait_procs`` would wait for whoever reaps it)."""
+    def running(child: psutil.Process) -> bool:
+        try:
+            return child.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    alive = [child for child in processes if running(child)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [child for child in alive if running(child)]
+    return alive
