@@ -130,7 +130,7 @@ _KEPT_UNTIL_EXIT: list[Any] = []
 """The prepared model of a multi-process run, never freed. Its DDP reducer holds the gloo process group (Accelerate
 keeps only the unwrapped model). When the last reference dropped as ``train`` returned, ``~ProcessGroupGloo`` joined
 gloo's worker thread while holding the GIL, and that thread, freeing the final barrier's tensors, waited for the
-GIL: the rank hung after the export, and its launcher with it (py-spy showed both stacks; about 1 run in 25 of the
+GIL: the rank hung after the export, and its launcher with it (py-spy showed both stacks; 4 runs in ~74 of the
 multi-machine test). A launched rank leaves through ``exit_without_finalising``, so nothing kept here is destroyed."""
 
 
