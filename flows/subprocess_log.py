@@ -45,7 +45,7 @@ def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAd
                 on_line(line)
         returncode = process.wait()
     except BaseException:
-        _kill_group(process)
+        _kill_tree(process)
         raise
     finally:
         if timer is not None:
@@ -67,7 +67,7 @@ def _deadline_timer(process: subprocess.Popen, deadline_s: float | None) -> _Dea
 
     def expire() -> None:
         timer.fired = True
-        _kill_group(process)
+        _kill_tree(process)
 
     timer = _Deadline(deadline_s, expire)
     timer.daemon = True
@@ -75,7 +75,7 @@ def _deadline_timer(process: subprocess.Popen, deadline_s: float | None) -> _Dea
     return timer
 
 
-def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+def _kill_tree(process: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the child's process group and each of its descendants, SIGKILL what is left after ``grace_s``,
     and return once none of them runs any more.
 
