@@ -17,9 +17,11 @@ from flows.settings import configure_environment
 from pipeline.errors import TokenmillError
 from pipeline.rundir import RunLock
 
-app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run.", no_args_is_help=True)
+app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.\n\n"
+                       "Example: tokenmill run configs/tiny.yaml && tokenmill report runs/tiny",
+                  invoke_without_command=True, pretty_exceptions_enable=False, add_completion=False)
+shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run.\n\n"
+                              "Example: tokenmill shards verify runs/tiny", invoke_without_command=True)
 app.add_typer(shards_app, name="shards")
 
 STATE = {"debug": False}
@@ -46,8 +48,21 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help_without_a_command(ctx: typer.Context) -> None:
+    """A group called with no command prints its help and exits 0 (click's ``no_args_is_help`` exits 2)."""
+    if ctx.invoked_subcommand is None and not ctx.resilient_parsing:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+@shards_app.callback()
+def _shards(ctx: typer.Context) -> None:
+    _help_without_a_command(ctx)
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+def _main(ctx: typer.Context,
+          debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
           quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                                help="No progress bars and no per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
@@ -62,6 +77,7 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full traceba
         from flows.settings import hide_user_error_tracebacks
 
         hide_user_error_tracebacks()
+    _help_without_a_command(ctx)
 
 
 @app.command()
@@ -284,6 +300,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def usage_error_line(err: typer.TyperException) -> str:
+    """One line for a bad command line: the problem and where the right usage is shown."""
+    context = getattr(err, "ctx", None)
+    see = f" (see: {context.command_path} --help)" if context is not None else ""
+    return f"error: {err.format_message()}{see}"
+
+
 def main() -> None:
     """Console-script entry point: user errors become one line on stderr and exit status 2."""
     configure_environment()
@@ -299,11 +322,9 @@ def main() -> None:
     except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(130)
-    except Exception as err:  # click usage errors come through here with standalone_mode=False
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
+    except typer.TyperException as err:  # usage errors: typer raises its own bundled click's, not click's
+        if STATE["debug"]:
+            raise
+        typer.echo(usage_error_line(err), err=True)
+        sys.exit(err.exit_code)
     sys.exit(exit_code if isinstance(exit_code, int) else 0)

@@ -140,6 +140,8 @@ RUNNERS = {
     r"tokenmill train RECIPE .*": "test_prepare_and_train_skip_finished_work",
     r"tokenmill query RUN_DIR .*": "test_querying_a_run_prints_what_the_query_returns",
     r"tokenmill shards verify RUN_DIR": "test_shards_verify_passes_on_the_quick_start_run",
+    r"tokenmill shards stats RUN_DIR .*": "test_shards_stats_add_up_to_the_shard_index",
+    r"tokenmill shards sample RUN_DIR .*": "test_shards_sample_shows_rows_of_the_asked_split",
     r"tokenmill report RUN_DIR": "test_report_rewrites_the_html_report",
     r"tokenmill generate RUN_DIR .*": "test_generate_continues_the_prompt",
     r"tokenmill serve .*": "test_served_nightly_refresh_completes_on_the_finished_run",
@@ -391,6 +393,30 @@ def test_shards_verify_passes_on_the_quick_start_run(quick_start: QuickStart, pr
     num_shards = pq.read_table(quick_start.run_dir / "shards" / "index.parquet").num_rows
     assert result.returncode == 0 and result.stdout.strip() == f"ok: {num_shards} shards match the index", \
         result.tail()
+
+
+def test_shards_stats_add_up_to_the_shard_index(quick_start: QuickStart, prefect_home: Path) -> None:
+    argv = ["tokenmill", "shards", "stats", "runs/tiny", "--format", "json"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0, result.tail()
+    rows = json.loads(result.stdout)
+    index = pq.read_table(quick_start.run_dir / "shards" / "index.parquet").to_pylist()
+    assert [(row["split"], row["source"]) for row in rows] == [("train", "stdlib"), ("val", "stdlib")]
+    assert sum(row["num_shards"] for row in rows) == len(index)
+    assert sum(row["num_tokens"] for row in rows) == sum(entry["num_tokens"] for entry in index)
+
+
+def test_shards_sample_shows_rows_of_the_asked_split(quick_start: QuickStart, prefect_home: Path) -> None:
+    argv = ["tokenmill", "shards", "sample", "runs/tiny", "--n", "2", "--seed", "1", "--split", "val", "--format",
+            "json"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0, result.tail()
+    rows = json.loads(result.stdout)
+    assert len(rows) == 2 and {row["split"] for row in rows} == {"val"}
+    documents = run_query(quick_start.run_dir, "SELECT doc_id, uri FROM documents WHERE split = 'val'").to_pylist()
+    val_uris = {document["doc_id"]: document["uri"] for document in documents}
+    for row in rows:
+        assert row["text"] and row["uris"] == [val_uris[doc_id] for doc_id in row["doc_ids"]]
 
 
 def test_report_rewrites_the_html_report(quick_start: QuickStart, prefect_home: Path) -> None:

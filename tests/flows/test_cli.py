@@ -27,8 +27,28 @@ def test_every_command_has_help(command: list[str]) -> None:
     result = tokenmill(*command, "--help")
     assert result.returncode == 0, result.stderr
     assert "Usage:" in result.stdout
-    if command and command != ["shards"]:
-        assert "Example:" in result.stdout
+    assert "Example:" in result.stdout
+
+
+@pytest.mark.parametrize("group", [[], ["shards"]], ids=["top", "shards"])
+def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
+    result = tokenmill(*group)
+    assert result.returncode == 0, result.stderr
+    assert "Usage:" in result.stdout and "Example:" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["report"], "Missing argument 'run_dir'. (see: tokenmill report --help)"),
+    (["--bogus"], "No such option: --bogus (see: tokenmill --help)"),
+    (["nosuchcmd"], "No such command 'nosuchcmd'. (see: tokenmill --help)"),
+    (["shards", "sample", "x", "--n", "0"], "(see: tokenmill shards sample --help)"),
+    (["query", "x", "SELECT 1", "--format", "xml"], "'xml' is not one of"),
+])
+def test_usage_errors_are_one_line_with_exit_2(args: list[str], expected: str) -> None:
+    result = tokenmill(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_query_formats(tmp_path: Path) -> None:
