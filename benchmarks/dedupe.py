@@ -394,7 +394,7 @@ def report(planted: list[PlantedDoc], sets: list[set[int]], truth: dict, texts: 
         print(format_scores(f"  {side}: planted subset by variant (pairs against the family's original)", scores))
     ratio = per_core["ours"] / per_core["baseline"]
     print(json.dumps({"name": "dedupe", "ours": round(per_core["ours"], 2), "baseline": round(per_core["baseline"], 2),
-                      "unit": "MB/s", "ratio": round(ratio, 2)}))
+                      "unit": "MB/CPU-s", "ratio": round(ratio, 2)}))
 
 
 if __name__ == "__main__":

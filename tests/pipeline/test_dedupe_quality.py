@@ -9,12 +9,17 @@ shingles, computed independently of tokenmill (``benchmarks.dedupe``). ``pytest 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.corpus import stdlib_texts
 from benchmarks.dedupe import (
+    NGRAM,
+    NUM_PERM,
     THRESHOLD,
     exact_similar_pairs,
     format_scores,
@@ -26,6 +31,11 @@ from benchmarks.dedupe import (
     shingle_set,
     write_jsonl,
 )
+from pipeline.config import DedupeConfig, NearDedupeConfig
+from pipeline.dedupe import CLUSTERS_FILE, dedupe_documents
+from pipeline.documents import document_part_files, iter_documents
+from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.rundir import RunPaths
 
 NUM_FAMILIES = 60
 
@@ -76,3 +86,32 @@ def test_prefix_filtered_ground_truth_equals_brute_force() -> None:
         assert len(expected) >= 10
 
 
+
+
+def test_near_duplicate_clusters_land_on_one_side_of_the_split(tmp_path: Path) -> None:
+    """Each document's split comes from its own hash, so the copies of one original start out on both sides;
+    after dedupe only one member per cluster is kept, so no pair at Jaccard >= threshold spans train and val."""
+    planted = planted_benchmark(20, np.random.default_rng(11))
+    manifest = write_jsonl(tmp_path, [doc.name for doc in planted], [doc.text for doc in planted])
+    paths = RunPaths(tmp_path / "run")
+    for part in plan_ingest([manifest], paths, 32 << 20):
+        ingest_part(part, 0.5, paths)
+    texts = {doc.name: doc.text for doc in planted}
+
+    def cross_split_pairs(table: pa.Table) -> dict[tuple[int, int], float]:
+        rows = table.to_pylist()
+        pairs = exact_similar_pairs([shingle_set(texts[row["source_id"]]) for row in rows], THRESHOLD)
+        return {pair: value for pair, value in pairs.items() if rows[pair[0]]["split"] != rows[pair[1]]["split"]}
+
+    columns = ["doc_id", "source_id", "split"]
+    ingested = pa.concat_tables(pq.read_table(part, columns=columns) for part in document_part_files(paths))
+    assert len(cross_split_pairs(ingested)) >= 20  # without dedupe, near copies would leak across the split
+
+    dedupe_documents(paths, DedupeConfig(near=NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM)))
+    kept = pa.Table.from_batches(list(iter_documents(paths, columns=columns)))
+    assert cross_split_pairs(kept) == {}
+    clusters = pq.read_table(paths.dedupe / CLUSTERS_FILE).to_pylist()
+    kept_ids = set(kept.column("doc_id").to_pylist())
+    for cluster_id in {row["cluster_id"] for row in clusters}:
+        members = [row["doc_id"] for row in clusters if row["cluster_id"] == cluster_id]
+        assert sum(doc_id in kept_ids for doc_id in members) == 1
