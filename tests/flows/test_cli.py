@@ -70,6 +70,13 @@ def test_write_attempt_is_one_line_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path: Path) -> None:
+    run = build_query_run(tmp_path / "run")
+    result = tokenmill("--debug", "query", str(run), "COPY documents TO 'x.csv'")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "QueryError" in result.stderr and "read-only" in result.stderr
+
+
 def test_shards_verify_passes_then_catches_a_flipped_byte(tmp_path: Path) -> None:
     run = build_query_run(tmp_path / "run")
     assert tokenmill("shards", "verify", str(run)).returncode == 0

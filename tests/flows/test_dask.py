@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +16,9 @@ import yaml
 from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow
-COMPARED = ("docs/*.parquet", "rejects/*.parquet", "dedupe/duplicates.parquet", "tokenizer/tokenizer.json",
-            "shards/**/*.arrow", "shards/index.parquet")
+COMPARED = ("docs/*.parquet", "rejects/*.parquet", "dedupe/duplicates.parquet", "dedupe/clusters.parquet",
+            "tokenizer/tokenizer.json", "shards/**/*.arrow", "shards/index.parquet")
+TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 
 
 @pytest.fixture
@@ -54,8 +58,14 @@ def test_dask_run_is_byte_identical_to_the_local_run(tmp_path: Path, prefect_api
     recipe.write_text(yaml.safe_dump(data))
     local = prepare_on(str(recipe), str(tmp_path / "local"))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        on_dask = prepare_on(str(recipe), str(tmp_path / "dask"), cluster.scheduler_address)
-    assert local["parts_ingested"] >= 3 and on_dask["parts_ingested"] == local["parts_ingested"]
+        # As a user runs it: the README's `--dask-address`, through the console script.
+        result = subprocess.run([TOKENMILL, "--quiet", "prepare", str(recipe), "--run-dir", str(tmp_path / "dask"),
+                                 "--dask-address", cluster.scheduler_address],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        ran_on_cluster = set(cluster.scheduler.task_prefixes)
+    assert local["parts_ingested"] >= 3 and json.loads(result.stdout)["parts_ingested"] == local["parts_ingested"]
+    assert {"ingest_part_task", "pack_task"} <= ran_on_cluster  # the per-part tasks ran on the cluster
     local_digests, dask_digests = digests(tmp_path / "local"), digests(tmp_path / "dask")
     assert len(local_digests) > 5
     assert dask_digests == local_digests
