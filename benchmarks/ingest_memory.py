@@ -8,7 +8,9 @@ copies are a mix of near duplicates and distinct documents, not exact duplicates
 process, which reports its peak RSS (``ru_maxrss``) after ingest and after dedupe.
 
 Bounded memory means the 4x peak is close to the 1x peak: only the dedupe catalog (ids, uris, content
-hashes: ~0.15 KB per document) grows with the corpus.
+hashes: ~0.15 KB per document) grows with the corpus. ``--one-file`` writes the jsonl half as one file
+instead of 32 MB shards: a file bigger than a part is a part of its own, so the largest part grows with
+the corpus too (what a part holds in memory, e.g. its MinHash signatures, must not).
 
 Run from the repo root: ``.venv/bin/python -m benchmarks.ingest_memory --quick``. The last line printed is JSON.
 """
@@ -37,21 +39,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1x = 40 MB (about a minute)")
     parser.add_argument("--mb", type=int, default=None, help="MB of text at 1x (default 200, quick 40)")
+    parser.add_argument("--one-file", action="store_true", help="the jsonl half as one file, not 32 MB shards")
     parser.add_argument("--child", nargs=2, metavar=("MANIFEST", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(ingest_and_dedupe(Path(args.child[0]), Path(args.child[1]))))
         return
     base_mb = args.mb or (40 if args.quick else 200)
-    results = {scale: measure(base_mb * scale * 1_000_000) for scale in (1, 4)}
-    report(results)
+    shard_bytes = 1 << 62 if args.one_file else SHARD_BYTES
+    results = {scale: measure(base_mb * scale * 1_000_000, shard_bytes) for scale in (1, 4)}
+    report(results, "ingest_memory_one_file" if args.one_file else "ingest_memory")
 
 
-def measure(num_bytes: int) -> dict:
+def measure(num_bytes: int, shard_bytes: int = SHARD_BYTES) -> dict:
     """Generate a corpus of ``num_bytes`` and run ingest + dedupe over it in a fresh process."""
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-memory-") as tmp:
         started = time.perf_counter()
-        manifest, written = generate_corpus(Path(tmp), num_bytes)
+        manifest, written = generate_corpus(Path(tmp), num_bytes, shard_bytes=shard_bytes)
         generate_s = time.perf_counter() - started
         command = [sys.executable, "-m", "benchmarks.ingest_memory", "--child", str(manifest), f"{tmp}/run"]
         child = subprocess.run(command, capture_output=True, text=True, check=False, cwd=Path(__file__).parents[1])
@@ -61,14 +65,16 @@ def measure(num_bytes: int) -> dict:
     return {**result, "num_bytes": written, "generate_s": generate_s}
 
 
-def generate_corpus(folder: Path, num_bytes: int, seed: int = 0) -> tuple[Path, int]:
-    """jsonl.gz shards of chunks + text files, ``num_bytes`` of UTF-8 in all; returns (manifest, bytes)."""
+def generate_corpus(folder: Path, num_bytes: int, seed: int = 0,
+                    shard_bytes: int = SHARD_BYTES) -> tuple[Path, int]:
+    """jsonl.gz shards (of ``shard_bytes`` of text) of chunks + text files, ``num_bytes`` of UTF-8 in all;
+    returns (manifest, bytes)."""
     import yaml
 
     rng = np.random.default_rng(seed)
     base = stdlib_texts(10**9)
     (folder / "jsonl").mkdir(parents=True)
-    written = shard_bytes = 0
+    written = in_shard = 0
     shard = None
     replica = 0
     while written < num_bytes:
@@ -81,12 +87,12 @@ def generate_corpus(folder: Path, num_bytes: int, seed: int = 0) -> tuple[Path, 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             else:  # even files: ~60-line chunks as jsonl records
-                if shard is None or shard_bytes >= SHARD_BYTES:
+                if shard is None or in_shard >= shard_bytes:
                     shard = _next_shard(folder, shard)
-                    shard_bytes = 0
+                    in_shard = 0
                 for index, chunk in enumerate(chunk_lines(text)):
                     shard.write(json.dumps({"id": f"{replica}-{number}-{index}", "text": chunk}).encode() + b"\n")
-                shard_bytes += len(data)
+                in_shard += len(data)
             written += len(data)
             if written >= num_bytes:
                 break
@@ -143,7 +149,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
 
 
-def report(results: dict[int, dict]) -> None:
+def report(results: dict[int, dict], name: str = "ingest_memory") -> None:
     print(f"{'size':<6}{'MB text':>9}{'docs':>10}{'parts':>7}{'ingest s':>10}{'dedupe s':>10}{'near dups':>11}"
           f"{'RSS imports':>13}{'after ingest':>14}{'peak (dedupe)':>15}")
     for scale, row in results.items():
@@ -151,7 +157,7 @@ def report(results: dict[int, dict]) -> None:
               f"{row['ingest_s']:>10.1f}{row['dedupe_s']:>10.1f}{row['num_near_duplicates']:>11}"
               f"{row['imports_mb']:>12.0f}M{row['ingest_mb']:>13.0f}M{row['peak_mb']:>14.0f}M")
     small, large = results[1]["peak_mb"], results[4]["peak_mb"]
-    print(json.dumps({"name": "ingest_memory", "ours": round(large, 1), "baseline": round(small, 1),
+    print(json.dumps({"name": name, "ours": round(large, 1), "baseline": round(small, 1),
                       "unit": "MB peak RSS", "ratio": round(large / small, 3)}))
 
 

@@ -9,6 +9,7 @@ Given the run's near-dedupe settings, it also leaves the part's MinHash signatur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
@@ -16,9 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
@@ -31,6 +31,9 @@ from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_m
 from pipeline.readers import Record, Reject, read_file
 from pipeline.rundir import RunPaths, fingerprint
 from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+
+if TYPE_CHECKING:
+    from pipeline.near_dedupe import SignatureBlocks
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
@@ -263,10 +266,10 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     if marker.is_file() and (done := read_json(marker)).get("fingerprint") == part_fingerprint:
         return done["summary"]
     root = source_root(source, manifest_path)
-    signatures = SignatureCollector(paths, part.part_id, part_fingerprint, near)
-    summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
-                          signatures)
-    signatures.write()
+    with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
+        summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
+                              signatures)
+        signatures.write()
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
     write_json_atomic(marker, {"fingerprint": part_fingerprint, "part": record, "summary": summary})
     return summary
@@ -361,15 +364,19 @@ def part_file_name(part_id: int) -> str:
 
 
 class SignatureCollector:
-    """MinHash signatures of a part's documents, row group by row group, for the dedupe stage's cache.
+    """MinHash signatures of a part's documents, row group by row group, streamed into the dedupe stage's cache.
 
-    Any cache of this part from earlier is removed first: its documents are being rewritten (the files
-    behind an unfinished part may have changed), and a cache is trusted by the part's fingerprint alone.
+    They are written in blocks of ``near_dedupe.SIGNATURE_BLOCK_BYTES`` as they are made, to a temporary
+    file that :meth:`write` renames over the cache, so memory does not grow with the part. Used as a
+    context manager, an exception removes the unfinished file. Any cache of this part from earlier is
+    removed first: its documents are being rewritten (the files behind an unfinished part may have
+    changed), and a cache is trusted by the part's fingerprint alone.
     """
 
     def __init__(self, paths: RunPaths, part_id: int, part_fingerprint: str, near: NearDedupeConfig | None) -> None:
         self._near = near if near is not None and near.enabled else None
-        self._pieces: list[np.ndarray] = []
+        self._open = contextlib.ExitStack()
+        self._blocks: SignatureBlocks | None = None
         if self._near is None and not paths.dedupe.is_dir():
             self._caches: tuple[Path, ...] = ()
             return
@@ -382,16 +389,28 @@ class SignatureCollector:
         for cache in self._caches:
             cache.unlink(missing_ok=True)
 
+    def __enter__(self) -> SignatureCollector:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._open.__exit__(*exc_info)
+
     def add(self, documents: pa.Table) -> None:
         if self._near is not None:
-            self._pieces.append(self._near_dedupe.text_signatures(documents.column("text"), self._near))
+            self._cache_blocks().add_texts(documents.column("text"), self._near)
 
     def write(self) -> None:
-        """Write the cache (after the part's documents are in place); nothing without near settings."""
+        """Finish the cache and rename it in place (after the part's documents); nothing without near settings."""
         if self._near is None:
             return
-        signatures = self._near_dedupe.stack_signatures(self._pieces, self._near)
-        self._near_dedupe.write_signature_cache(self._caches[0], signatures, self._metadata)
+        self._cache_blocks()  # a part without documents still gets its (empty) cache
+        self._open.close()
+
+    def _cache_blocks(self) -> SignatureBlocks:
+        if self._blocks is None:
+            self._blocks = self._open.enter_context(
+                self._near_dedupe.signature_cache_writer(self._caches[0], self._metadata, self._near.num_perm))
+        return self._blocks
 
 
 UNDICTIONARIED_COLUMNS = frozenset({"text", "raw"})

@@ -9,7 +9,9 @@ with the candidates, not with the corpus. Pairs whose MinHash estimate is within
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,9 @@ from pipeline.rundir import RunPaths
 MINHASH_DIR = "minhash"
 BANDS_DIR = "bands"
 SIGNATURE_BATCH_ROWS = 512
+SIGNATURE_BLOCK_BYTES = 8 << 20
+"""A signature cache is written in row groups of at most this many bytes of signatures (16,384 documents at
+128 permutations): the most of them a writer holds, so ingest's memory does not grow with a part's size."""
 EXACT_VERIFY_BUDGET_BYTES = 128 << 20
 """Most memory held by shingle sets for exact verification (4 bytes per distinct shingle)."""
 
@@ -151,22 +156,94 @@ def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
 
 def text_signatures(texts: pa.Array | pa.ChunkedArray, near: NearDedupeConfig) -> np.ndarray:
     """``(len(texts), num_perm)`` MinHash signatures, SIGNATURE_BATCH_ROWS texts at a time (bounded memory)."""
-    return stack_signatures([minhash.signatures(texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
-                             for start in range(0, len(texts), SIGNATURE_BATCH_ROWS)], near)
+    signatures = np.empty((len(texts), near.num_perm), dtype=np.uint32)
+    for start in range(0, len(texts), SIGNATURE_BATCH_ROWS):
+        signatures[start : start + SIGNATURE_BATCH_ROWS] = minhash.signatures(
+            texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
+    return signatures
 
 
-def stack_signatures(pieces: list[np.ndarray], near: NearDedupeConfig) -> np.ndarray:
-    """Signature blocks of consecutive documents as one ``(documents, num_perm)`` array (none: zero rows)."""
-    return np.concatenate(pieces) if pieces else np.empty((0, near.num_perm), dtype=np.uint32)
+def signature_block_rows(num_perm: int) -> int:
+    """Documents per signature cache row group: SIGNATURE_BLOCK_BYTES of uint32 signatures."""
+    return max(1, SIGNATURE_BLOCK_BYTES // (4 * num_perm))
+
+
+def _signature_table(signatures: np.ndarray) -> pa.Table:
+    """``(documents, num_perm)`` signatures as one fixed-size-list column, sharing their memory."""
+    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
+    return pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, signatures.shape[1])})
+
+
+class SignatureBlocks:
+    """Signatures of consecutive documents in, row groups of ``signature_block_rows`` documents out.
+
+    Holds at most one block: a block's worth of input is written as it is, the rest is copied into the
+    block buffer until it is full.
+    """
+
+    def __init__(self, writer: pq.ParquetWriter, num_perm: int) -> None:
+        self._writer = writer
+        self._block = np.empty((signature_block_rows(num_perm), num_perm), dtype=np.uint32)
+        self._filled = 0
+
+    def add_texts(self, texts: pa.Array | pa.ChunkedArray, near: NearDedupeConfig) -> None:
+        """Add the texts' signatures, computed SIGNATURE_BATCH_ROWS texts at a time."""
+        for start in range(0, len(texts), SIGNATURE_BATCH_ROWS):
+            self.add(minhash.signatures(texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram))
+
+    def add(self, signatures: np.ndarray) -> None:
+        block_rows = len(self._block)
+        start = 0
+        while start < len(signatures):
+            if not self._filled and len(signatures) - start >= block_rows:
+                self._writer.write_table(_signature_table(signatures[start : start + block_rows]))
+                start += block_rows
+                continue
+            take = min(block_rows - self._filled, len(signatures) - start)
+            self._block[self._filled : self._filled + take] = signatures[start : start + take]
+            self._filled += take
+            start += take
+            if self._filled == block_rows:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered signatures as a row group (none: nothing)."""
+        if self._filled:
+            self._writer.write_table(_signature_table(self._block[: self._filled]))
+            self._filled = 0
+
+
+@contextlib.contextmanager
+def signature_cache_writer(cache: Path, metadata: dict[str, str], num_perm: int) -> Iterator[SignatureBlocks]:
+    """Write a signature cache block by block, atomically: renamed over ``cache`` on success, removed on error.
+
+    One fixed-size-list column tagged with ``metadata``, uncompressed and without dictionary pages:
+    signatures are uniformly random bits (zstd spent ~0.4 s per 100 MB of them for nothing).
+    """
+    schema = _signature_table(np.empty((0, num_perm), dtype=np.uint32)).schema.with_metadata(metadata)
+    with (atomic_path(cache) as tmp,
+          pq.ParquetWriter(tmp, schema, compression="none", use_dictionary=False) as writer):
+        blocks = SignatureBlocks(writer, num_perm)
+        yield blocks
+        blocks.flush()
 
 
 def write_signature_cache(cache: Path, signatures: np.ndarray, metadata: dict[str, str]) -> None:
-    """``signatures`` as one fixed-size-list column, atomically, tagged with ``metadata``."""
-    flat = pa.array(signatures.reshape(-1), type=pa.uint32())
-    table = pa.table({"signature": pa.FixedSizeListArray.from_arrays(flat, signatures.shape[1])})
-    with atomic_path(cache) as tmp:
-        # Uncompressed: signatures are uniformly random bits (zstd spent ~0.4 s per 100 MB of them for nothing).
-        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="none")
+    """``signatures`` as a signature cache (:func:`signature_cache_writer`), without copying whole blocks."""
+    with signature_cache_writer(cache, metadata, signatures.shape[1]) as blocks:
+        blocks.add(signatures)
+
+
+def read_signature_cache(cache: Path, num_perm: int) -> np.ndarray:
+    """A signature cache as one ``(documents, num_perm)`` array, filled row group by row group (no second copy)."""
+    parquet = pq.ParquetFile(cache)
+    signatures = np.empty((parquet.metadata.num_rows, num_perm), dtype=np.uint32)
+    start = 0
+    for group in range(parquet.num_row_groups):
+        for chunk in parquet.read_row_group(group, columns=["signature"]).column("signature").chunks:
+            signatures[start : start + len(chunk)] = chunk.flatten().to_numpy().reshape(-1, num_perm)
+            start += len(chunk)
+    return signatures
 
 
 def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
@@ -175,11 +252,13 @@ def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np
     cache, _ = near_cache_files(paths, part.path.name)
     metadata = signature_cache_metadata(part.fingerprint, near)
     if _cache_is_valid(cache, metadata):
-        table = pq.read_table(cache)
-        return table.column("signature").combine_chunks().values.to_numpy().reshape(-1, near.num_perm)
+        return read_signature_cache(cache, near.num_perm)
     parquet = pq.ParquetFile(part.path)
-    signatures = stack_signatures([text_signatures(batch.column("text"), near) for batch in
-                                   parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"])], near)
+    signatures = np.empty((parquet.metadata.num_rows, near.num_perm), dtype=np.uint32)
+    start = 0
+    for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"]):
+        signatures[start : start + batch.num_rows] = text_signatures(batch.column("text"), near)
+        start += batch.num_rows
     write_signature_cache(cache, signatures, metadata)
     return signatures
 

@@ -282,3 +282,74 @@ def test_quality_filters_and_pii_redaction_from_the_manifest(tmp_path: Path) -> 
     plain = write_manifest(tmp_path / "plain.yaml", [spec])
     (summary,) = ingest_all([plain], RunPaths(tmp_path / "plain_run"))
     assert summary["redactions_by_kind"] == {} and summary["num_documents"] == 3
+
+
+def write_short_docs(path: Path, count: int) -> None:
+    """``count`` distinct short jsonl documents (~70 characters each)."""
+    lines = [json.dumps({"text": " ".join(f"w{(i * 7919 + k * 104729) % 5003}" for k in range(12))})
+             for i in range(count)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def spy_parquet_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """``(first column, rows)`` of every table a ParquetWriter writes (``pq.write_table`` included), in order."""
+    writes: list[tuple[str, int]] = []
+    write_table = pq.ParquetWriter.write_table
+
+    def spy(self: pq.ParquetWriter, table: pa.Table, *args: object, **kwargs: object) -> None:
+        writes.append((table.column_names[0], table.num_rows))
+        write_table(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", spy)
+    return writes
+
+
+def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file bigger than a part is a part of its own: held until the part ends, its signatures (512 bytes a
+    document at 128 permutations, several times short documents' text) made memory grow with the file."""
+    from pipeline import ingest, near_dedupe
+    from pipeline.config import NearDedupeConfig
+
+    near = NearDedupeConfig(num_perm=16)
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * near.num_perm, raising=False)
+    write_short_docs(tmp_path / "big.jsonl", 2_000)
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "big.jsonl", "format": "jsonl"}])
+    paths = RunPaths(tmp_path / "run")
+    (part,) = plan_ingest([manifest], paths, 1024)
+    writes = spy_parquet_writes(monkeypatch)
+    assert ingest_part(part, 0.0, paths, near=near)["num_documents"] == 2_000
+    blocks = [rows for column, rows in writes if column == "signature"]
+    assert max(blocks) <= 200 and sum(blocks) == 2_000
+    docs_writes = [index for index, (column, _) in enumerate(writes) if column == "doc_id"]
+    assert len(docs_writes) == 7 and writes.index(("signature", blocks[0])) < docs_writes[-1]
+    # The cache's format is unchanged: what dedupe reads back is what it computes from the documents' text.
+    cache = paths.dedupe / near_dedupe.MINHASH_DIR / "part-00000.parquet"
+    texts = pq.read_table(paths.docs / "part-00000.parquet", columns=["text"]).column("text")
+    stored = pq.read_table(cache).column("signature").combine_chunks()
+    assert stored.type.list_size == near.num_perm
+    assert (stored.values.to_numpy().reshape(-1, near.num_perm) == near_dedupe.text_signatures(texts, near)).all()
+    assert [path.name for path in cache.parent.iterdir()] == [cache.name]
+
+
+def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import ingest, near_dedupe
+    from pipeline.config import NearDedupeConfig
+
+    near = NearDedupeConfig(num_perm=16)
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * near.num_perm, raising=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_short_docs(data / "a.jsonl", 1_000)
+    (data / "b.jsonl.zst").write_bytes(b"\x00garbage" * 100)
+    spec = {"name": "s", "path": "data", "format": "jsonl", "on_error": "fail"}
+    paths = RunPaths(tmp_path / "run")
+    (part,) = plan_ingest([write_manifest(tmp_path / "m.yaml", [spec])], paths, 1 << 30)
+    writes = spy_parquet_writes(monkeypatch)
+    with pytest.raises(SourceReadError, match=r"b\.jsonl\.zst"):
+        ingest_part(part, 0.0, paths, near=near)
+    assert ("signature", 200) in writes  # blocks were written before the failure
+    assert not list((paths.dedupe / near_dedupe.MINHASH_DIR).iterdir())
+    assert not part_marker(paths, part.part_id).exists()
