@@ -6,7 +6,12 @@ the step machinery differs (Accelerate's prepare/accumulate/backward/clip and ou
 ``loss.backward(); opt.step()``). Rounds alternate between the two so machine noise hits both alike;
 tokens/s comes from the median step time. The last line printed is JSON for the results table.
 
+Both run where the trainer would: on the GPU when CUDA is available (``build_accelerator`` decides),
+else on the CPU; MFU divides by that device's peak (``trainer.telemetry.device_peak``: the data sheet
+of a known GPU, else a matmul probe).
+
     python -m benchmarks.train_step --quick     # from the repo root; < 2 minutes on a 2-core CPU
+    python -m benchmarks.train_step --preset 125m --seq-len 1024 --precision bf16 --vocab-size 32000  # GPU
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 
 from benchmarks.result import print_result
 from trainer.checkpoint import Checkpointer
@@ -30,7 +36,7 @@ from trainer.loop import LoopCounters, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.model import ModelShape, build_model, flops_per_token
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import build_accelerator
+from trainer.parallel import apply_model_options, build_accelerator
 from trainer.telemetry import device_peak
 
 
@@ -44,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per variant")
     parser.add_argument("--steps-per-round", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 3 steps (under 2 minutes on 2 cores)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder block in both variants")
     return parser.parse_args(argv)
 
 
@@ -53,21 +60,22 @@ def token_rows(vocab_size: int, seq_len: int, num_rows: int = 512) -> np.ndarray
     return (ranks % (vocab_size - 2) + 2).astype(np.uint16)
 
 
-def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray) -> Callable[[], None]:
-    """The loop a user would write by hand: forward, backward, clip, AdamW step, schedule step."""
-    model = build_model(shape, train.seed)
+def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray,
+                      device: torch.device) -> Callable[[], None]:
+    """The loop a user would write by hand on ``device``: forward, backward, clip, AdamW step, schedule step."""
+    model = apply_model_options(build_model(shape, train.seed), train).to(device)
     optimizer = build_optimizer(model, train)
     scheduler = build_lr_scheduler(optimizer, train)
     order = np.random.default_rng(train.seed).permutation(len(tokens))
     position = [0]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.precision == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
 
     def step() -> None:
         rows = order[np.arange(position[0], position[0] + train.micro_batch_size) % len(order)]
         position[0] += train.micro_batch_size
         batch = make_batch(tokens[rows], PAD_ID)
         with autocast:
-            loss = model(batch.input_ids, batch.labels)
+            loss = model(batch.input_ids.to(device), batch.labels.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         optimizer.step()
@@ -77,10 +85,10 @@ def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray)
     return step
 
 
-def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, scratch: Path) -> Callable[[], None]:
+def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, scratch: Path,
+                   accelerator: Accelerator) -> Callable[[], None]:
     """TrainingLoop.train_step exactly as trainer.train runs it (checkpoints/eval/metrics are not timed)."""
-    accelerator = build_accelerator(train)
-    model = build_model(shape, train.seed)
+    model = apply_model_options(build_model(shape, train.seed), train)
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     loader = TrainLoader(ArrayRows(tokens), BatchLayout(train.micro_batch_size, 1), train.seed)
@@ -91,8 +99,12 @@ def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, sc
     return lambda: loop.train_step()
 
 
-def time_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Seconds per step for each variant, rounds alternating; one untimed warm-up step each first."""
+def time_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int,
+                device: torch.device) -> dict[str, list[float]]:
+    """Seconds per step for each variant, rounds alternating; one untimed warm-up step each first.
+
+    On a GPU each step is timed until its queued kernels have finished.
+    """
     for step in variants.values():
         step()
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -101,6 +113,8 @@ def time_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int
             for _ in range(steps):
                 start = time.perf_counter()
                 step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 times[name].append(time.perf_counter() - start)
     return times
 
@@ -108,23 +122,29 @@ def time_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
     rounds, steps = (3, 3) if args.quick else (args.rounds, args.steps_per_round)
-    train = TrainConfig(micro_batch_size=args.micro_batch_size, precision=args.precision, max_steps=1000)
+    train = TrainConfig(micro_batch_size=args.micro_batch_size, precision=args.precision, max_steps=1000,
+                        compile=args.compile)
     seed_everything(train.seed)
     shape = ModelShape(MODEL_PRESETS[args.preset], args.vocab_size, args.seq_len)
     tokens = token_rows(args.vocab_size, args.seq_len)
+    accelerator = build_accelerator(train)  # the GPU when CUDA is available, else the CPU: both variants run there
+    device = accelerator.device
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
-        variants = {"bare PyTorch loop": bare_pytorch_step(shape, train, tokens),
-                    "tokenmill TrainingLoop (Accelerate)": tokenmill_step(shape, train, tokens, Path(scratch))}
-        times = time_rounds(variants, rounds, steps)
+        variants = {"bare PyTorch loop": bare_pytorch_step(shape, train, tokens, device),
+                    "tokenmill TrainingLoop (Accelerate)": tokenmill_step(shape, train, tokens, Path(scratch),
+                                                                          accelerator)}
+        times = time_rounds(variants, rounds, steps, device)
     tokens_per_step = args.micro_batch_size * args.seq_len
     rate = {name: tokens_per_step / statistics.median(values) for name, values in times.items()}
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"threads={torch.get_num_threads()}"
     print(f"preset={args.preset} vocab={args.vocab_size} seq_len={args.seq_len} micro_batch={args.micro_batch_size} "
-          f"precision={args.precision} threads={torch.get_num_threads()} steps/variant={rounds * steps}")
+          f"precision={args.precision} compile={args.compile} device={device.type} {where} "
+          f"steps/variant={rounds * steps}")
     print(f"{'variant':40} {'median s/step':>14} {'tokens/s':>10}")
     for name, values in times.items():
         print(f"{name:40} {statistics.median(values):14.3f} {rate[name]:10,.0f}")
     baseline, ours = rate["bare PyTorch loop"], rate["tokenmill TrainingLoop (Accelerate)"]
-    peak = device_peak(torch.device("cpu"), args.precision, None, None)
+    peak = device_peak(device, args.precision, None, None)
     model_flops = flops_per_token(shape, build_model(shape, 0).num_parameters()) * ours / 1e12
     print(f"MFU {model_flops / peak.tflops:.1%} ({model_flops * 1e3:.1f} model GFLOP/s of a {peak.tflops * 1e3:.0f} "
           f"GFLOP/s matmul peak, {peak.source})")

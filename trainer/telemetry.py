@@ -15,6 +15,7 @@ import math
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,12 +136,20 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class EnergyMeter:
-    """Cumulative energy of this process's NVIDIA GPU through NVML; ``joules()`` is None where unavailable."""
+    """Cumulative energy of this process's NVIDIA GPU through NVML; ``joules()`` is None where unavailable.
+
+    On a GPU without NVML (most often: nvidia-ml-py not installed) it warns once per process and
+    reports None, so ``energy_j_per_token`` is null; on a CPU it is None without a word.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self._handle: Any = None
-        if device.type != "cuda":
-            return
+        error = self._open_nvml(device) if device.type == "cuda" else None
+        message = energy_unavailable_message(device.type, error)
+        if message is not None:
+            warn_once(message)
+
+    def _open_nvml(self, device: torch.device) -> Exception | None:
         try:
             import pynvml
 
@@ -148,13 +157,32 @@ class EnergyMeter:
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
             self.joules()
-        except Exception:  # pynvml absent, no driver, or a GPU without an energy counter (pre-Volta)
+        except Exception as error:  # pynvml absent, no driver, or a GPU without an energy counter (pre-Volta)
             self._handle = None
+            return error
+        return None
 
     def joules(self) -> float | None:
         if self._handle is None:
             return None
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0  # NVML counts mJ
+
+
+def energy_unavailable_message(device_type: str, nvml_error: Exception | None) -> str | None:
+    """The warning for a GPU whose energy NVML cannot read (``nvml_error``); None on a CPU or when NVML works."""
+    if device_type != "cuda" or nvml_error is None:
+        return None
+    if isinstance(nvml_error, ImportError):
+        return ("energy_j_per_token will be null: the NVML bindings (module pynvml, package nvidia-ml-py) are not "
+                'installed; pip install -e ".[gpu]" to measure the GPU\'s energy per token.')
+    return (f"energy_j_per_token will be null: NVML cannot read this GPU's energy counter ({nvml_error!r}); it "
+            'needs the NVIDIA driver\'s NVML library and a Volta or newer GPU (nvidia-ml-py: pip install -e ".[gpu]").')
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    """``warnings.warn`` once per process and message (every loop built in a process makes an EnergyMeter)."""
+    warnings.warn(message, stacklevel=3)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,14 @@ import torch
 from tests.trainer.conftest import MakeRunDir
 from trainer.metrics import read_metric_rows
 from trainer.model import ModelShape, flops_per_token
-from trainer.telemetry import EnergyMeter, device_peak, gpu_table_peak, peak_memory_bytes
+from trainer.telemetry import (
+    EnergyMeter,
+    device_peak,
+    energy_unavailable_message,
+    gpu_table_peak,
+    peak_memory_bytes,
+    warn_once,
+)
 from trainer.train import main
 
 TELEMETRY_COLUMNS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_s", "step_time_s", "data_wait_s",
@@ -22,6 +31,9 @@ TELEMETRY_COLUMNS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_p
 def test_train_metrics_tensorboard_and_profile_trace(make_run_dir: MakeRunDir) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # Also run on a GPU by benchmarks/gpu_check.sh: there NVML (nvidia-ml-py) must report the energy.
+    on_gpu = torch.cuda.is_available()
+    measures_energy = on_gpu and importlib.util.find_spec("pynvml") is not None
     run_dir = make_run_dir(train={"max_steps": 4, "log_every": 2, "profile_steps": [3]})
     assert main(["--run-dir", str(run_dir)]) == 0
     rows = read_metric_rows(run_dir / "metrics" / "train.jsonl")
@@ -30,8 +42,9 @@ def test_train_metrics_tensorboard_and_profile_trace(make_run_dir: MakeRunDir) -
         assert set(row) == TELEMETRY_COLUMNS
         assert row["step_time_s"] == pytest.approx(row["data_wait_s"] + row["fwd_bwd_s"] + row["optimizer_s"])
         assert row["mfu"] == pytest.approx(row["model_tflops_per_s"] / row["device_peak_tflops"])
-        assert 0 < row["mfu"] < 1 and row["peak_memory_bytes"] > 10 * 2**20
-        assert row["energy_j_per_token"] is None and row["loss_scale"] is None  # no NVIDIA GPU; fp32
+        # A GPU counts the tiny model's tensors only; a CPU the process's resident set (interpreter, torch).
+        assert 0 < row["mfu"] < 1 and row["peak_memory_bytes"] > (0 if on_gpu else 10 * 2**20)
+        assert (row["energy_j_per_token"] is not None) == measures_energy and row["loss_scale"] is None  # fp32
 
     event_files = list((run_dir / "metrics" / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert len(event_files) == 1
@@ -67,3 +80,19 @@ def test_flops_per_token_counts_attention_and_memory_is_measured() -> None:
     assert flops_per_token(shape, num_params) == 6 * num_params + 12 * 12 * 768 * 2048
     assert peak_memory_bytes(torch.device("cpu")) > 0
     assert EnergyMeter(torch.device("cpu")).joules() is None
+
+
+def test_energy_meter_warns_on_a_gpu_without_nvml_and_stays_silent_on_a_cpu() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert EnergyMeter(torch.device("cpu")).joules() is None
+    missing = ImportError("No module named 'pynvml'", name="pynvml")
+    assert energy_unavailable_message("cpu", missing) is None
+    assert energy_unavailable_message("cuda", None) is None  # NVML works: nothing to say
+    assert 'pip install -e ".[gpu]"' in energy_unavailable_message("cuda", missing)
+    no_counter = energy_unavailable_message("cuda", RuntimeError("NVMLError_NotSupported: Not Supported"))
+    assert "Volta or newer" in no_counter and "NotSupported" in no_counter
+    with pytest.warns(UserWarning) as record:
+        for _ in range(3):  # every TrainingLoop built in a process makes an EnergyMeter
+            warn_once("energy_j_per_token will be null: test_telemetry's own message")
+    assert len(record) == 1
