@@ -16,8 +16,8 @@ from flows.progress import STEP_LINE, TrainingBar
 from pipeline.queries import data_funnel, eval_history, rejects_by_reason
 
 
-def publish_funnel(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Data funnel and rejects tables as Prefect artifacts."""
+def publish_funnel(run_dir: Path, summary: dict[str, Any], report_path: str) -> None:
+    """Data funnel and rejects tables, shard stats and a data-only ``run-summary`` linking the report."""
     create_table_artifact(table=data_funnel(run_dir), key="data-funnel",
                           description=f"Records read, rejected, deduplicated and kept per source in {run_dir}")
     reasons = rejects_by_reason(run_dir)
@@ -27,6 +27,12 @@ def publish_funnel(run_dir: Path, summary: dict[str, Any]) -> None:
         key="shard-stats",
         markdown=f"**{summary['num_shards']} shards**, {summary['num_tokens']:,} tokens in `{run_dir}/shards`.",
         description="Arrow token shards of the run",
+    )
+    create_markdown_artifact(
+        key="run-summary",
+        markdown=(f"# tokenmill run `{run_dir.name}`\n\nData prepared: {summary['num_shards']} shards, "
+                  f"{summary['num_tokens']:,} tokens.\n\n{report_link(report_path)}"),
+        description="Run summary",
     )
 
 
@@ -46,10 +52,27 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
         key="run-summary",
         markdown=(f"# tokenmill run `{run_dir.name}`\n\nvalidation loss {summary['first_val_loss']} (step 0) → "
                   f"{summary['final_val_loss']} (step {summary['final_step']}); model exported to "
-                  f"`{summary['model_dir']}`.\n\nReport: [{report_path}](file://{report_path})"),
+                  f"`{summary['model_dir']}`.\n\n{report_link(report_path)}"),
         description="Run summary",
     )
     return summary
+
+
+def publish_training_failure(run_dir: Path, report_path: str, error: BaseException) -> None:
+    """A ``run-summary`` for a training run that failed: the error and the report written after it."""
+    message = str(error) if len(str(error)) <= 500 else str(error)[:500] + " …"
+    create_markdown_artifact(
+        key="run-summary",
+        markdown=(f"# tokenmill run `{run_dir.name}`\n\n**Training failed**: {type(error).__name__}: {message}"
+                  f"\n\n{report_link(report_path)}"),
+        description="Run summary (training failed)",
+    )
+
+
+def report_link(report_path: str) -> str:
+    """The report as a ``file://`` link (opens from a local Prefect UI) and as a plain path to copy."""
+    path = Path(report_path).resolve()
+    return f"Report: [{path}]({path.as_uri()}) (path: `{path}`)"
 
 
 class TrainingProgress:

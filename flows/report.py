@@ -5,23 +5,29 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import write_bytes_atomic, write_text_atomic
-from pipeline.queries import data_funnel
+from pipeline.queries import data_funnel, rejects_by_reason
 from pipeline.query import connect
+from pipeline.schemas import REJECT_REASONS
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
     "lr": "Learning rate",
     "throughput": "Throughput and MFU",
-    "funnel": "Data funnel per source",
+    "funnel": "Data funnel per source, rejects by reason",
     "source_mix": "Source mix (documents and tokens)",
     "doc_lengths": "Document length (characters)",
     "row_fill": "Row fill (real tokens per packed row)",
 }
+FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}
+"""Plots wider than the default 7 x 3.6 inches (the funnel has a second panel: rejects by reason)."""
+MAX_REASONS = 8
+"""The rejects panel shows this many reasons at most; the rest share one "other" segment."""
 
 
 def collect_report_data(run_dir: Path) -> dict[str, Any]:
@@ -35,6 +41,8 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
             "train": rows("SELECT * FROM train_metrics ORDER BY step"),
             "eval": rows("SELECT * FROM eval_metrics ORDER BY step"),
             "funnel": data_funnel(run_dir),
+            # Contaminated documents are the funnel's own column; these rows add up to its ``rejected``.
+            "rejects": [row for row in rejects_by_reason(run_dir) if row["reason"] != "contaminated"],
             "mix": rows("SELECT d.source, d.docs, coalesce(t.tokens, 0) AS tokens FROM "
                         "(SELECT source, count(*) AS docs FROM documents GROUP BY source) d LEFT JOIN "
                         "(SELECT source, sum(num_tokens) AS tokens FROM shards GROUP BY source) t USING (source) "
@@ -51,7 +59,7 @@ def write_report(run_dir: str | Path) -> Path:
     """Render every plot and write ``report/index.html``; returns its path."""
     run_dir = Path(run_dir)
     data = collect_report_data(run_dir)
-    images = {name: _render(PLOT_FUNCTIONS[name], data) for name in PLOTS}
+    images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
     report_dir = run_dir / "report"
     for name, png in images.items():
         write_bytes_atomic(report_dir / f"{name}.png", png)
@@ -71,13 +79,14 @@ def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any]) -> bytes:
+def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
+            figsize: tuple[float, float]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 3.6), dpi=100)
+    figure, axes = plt.subplots(figsize=figsize, dpi=100)
     try:
         plot(axes, data)
         figure.tight_layout()
@@ -89,56 +98,154 @@ def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any]) -
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[Any], list[Any]]:
-    points = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
+    """``(steps, values)`` of the rows with a finite ``key`` (MFU is NaN where the device's peak is unknown)."""
+    points = [(row["step"], row[key]) for row in rows
+              if row.get(key) is not None and math.isfinite(row[key])]
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _no_data(axes: Any, message: str) -> None:
+    axes.text(0.5, 0.5, message, ha="center", va="center", color="gray", transform=axes.transAxes)
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
 def _plot_loss(axes: Any, data: dict[str, Any]) -> None:
-    axes.plot(*_series(data["train"], "loss"), label="train loss")
-    axes.plot(*_series(data["eval"], "val_loss"), marker="o", label="validation loss")
+    train, evals = _series(data["train"], "loss"), _series(data["eval"], "val_loss")
+    if not train[0] and not evals[0]:
+        _no_data(axes, "no training metrics yet")
+        return
+    axes.plot(*train, label="train loss")
+    axes.plot(*evals, marker="o", label="validation loss")
     axes.set_xlabel("step")
     axes.set_ylabel("cross-entropy (nats/token)")
-    tokens_per_step = _tokens_per_step(data["train"])
-    if tokens_per_step:
-        top = axes.secondary_xaxis("top", functions=(lambda s: s * tokens_per_step, lambda t: t / tokens_per_step))
+    tokens = _tokens_seen(data["train"])
+    if tokens is not None:
+        steps, seen = tokens
+        top = axes.secondary_xaxis("top", functions=(lambda s: _interp(s, steps, seen),
+                                                     lambda t: _interp(t, seen, steps)))
         top.set_xlabel("tokens seen")
     axes.legend()
 
 
-def _tokens_per_step(train: list[dict[str, Any]]) -> float | None:
-    last = next((row for row in reversed(train) if row.get("tokens_seen") and row.get("step")), None)
-    return None if last is None else last["tokens_seen"] / last["step"]
+def _tokens_seen(train: list[dict[str, Any]]) -> tuple[list[float], list[float]] | None:
+    """Step -> cumulative ``tokens_seen`` as logged (from (0, 0)), kept strictly increasing in both."""
+    steps, seen = [0.0], [0.0]
+    for row in train:
+        step, tokens = row.get("step"), row.get("tokens_seen")
+        if step is not None and tokens is not None and step > steps[-1] and tokens > seen[-1]:
+            steps.append(float(step))
+            seen.append(float(tokens))
+    return (steps, seen) if len(steps) > 1 else None
+
+
+def _interp(x: Any, xp: list[float], fp: list[float]) -> Any:
+    """Piecewise-linear through ``(xp, fp)``, extended past both ends along the end segments (axis margins)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    low = (fp[1] - fp[0]) / (xp[1] - xp[0])
+    high = (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
+    inside = np.interp(x, xp, fp)
+    return np.where(x < xp[0], fp[0] + (x - xp[0]) * low,
+                    np.where(x > xp[-1], fp[-1] + (x - xp[-1]) * high, inside))
 
 
 def _plot_lr(axes: Any, data: dict[str, Any]) -> None:
-    axes.plot(*_series(data["train"], "lr"))
+    steps, lr = _series(data["train"], "lr")
+    if not steps:
+        _no_data(axes, "no training metrics yet")
+        return
+    axes.plot(steps, lr)
     axes.set_xlabel("step")
     axes.set_ylabel("learning rate")
 
 
 def _plot_throughput(axes: Any, data: dict[str, Any]) -> None:
-    axes.plot(*_series(data["train"], "tokens_per_s"), label="tokens/s")
+    speed, (steps, mfu) = _series(data["train"], "tokens_per_s"), _series(data["train"], "mfu")
+    if not speed[0] and not steps:
+        _no_data(axes, "no training metrics yet")
+        return
+    lines = axes.plot(*speed, label="tokens/s")
     axes.set_xlabel("step")
     axes.set_ylabel("tokens/s")
-    steps, mfu = _series(data["train"], "mfu")
     if mfu:
         twin = axes.twinx()
-        twin.plot(steps, [100 * value for value in mfu], color="tab:orange", label="MFU %")
+        lines += twin.plot(steps, [100 * value for value in mfu], color="tab:orange", label="MFU %")
         twin.set_ylabel("MFU (%)")
+    axes.legend(lines, [line.get_label() for line in lines])
 
 
 def _plot_funnel(axes: Any, data: dict[str, Any]) -> None:
+    """Left: every stage per source (symlog). Right: each source's rejects stacked by reason."""
+    grid = axes.get_subplotspec().subgridspec(1, 2, width_ratios=(3, 2), wspace=0.3)
+    axes.set_subplotspec(grid[0])
+    _plot_stages(axes, data["funnel"])
+    _plot_rejects(axes.figure.add_subplot(grid[1]), data["rejects"])
+
+
+def _plot_stages(axes: Any, funnel: list[dict[str, Any]]) -> None:
+    axes.set_title("funnel", fontsize="medium")
+    if not funnel:
+        _no_data(axes, "no records read yet")
+        return
     stages = ["records_read", "rejected", "exact_duplicates", "near_duplicates", "contaminated", "kept"]
-    width = 0.8 / max(1, len(data["funnel"]))
-    for offset, row in enumerate(data["funnel"]):
+    width = 0.8 / len(funnel)
+    for offset, row in enumerate(funnel):
         axes.bar([i + offset * width for i in range(len(stages))], [row[s] for s in stages], width, label=row["source"])
-    axes.set_xticks(range(len(stages)), ["read", "rejected", "exact dups", "near dups", "contaminated", "kept"])
+    axes.set_xticks(range(len(stages)), ["read", "rejected", "exact dups", "near dups", "contaminated", "kept"],
+                    rotation=20)
     axes.set_yscale("symlog")  # rejects and duplicates are often 1% of what was read: keep them visible
     axes.set_ylabel("records")
-    axes.legend()
+    axes.legend(title="source", fontsize="small")
+
+
+def _plot_rejects(axes: Any, rejects: list[dict[str, Any]]) -> None:
+    axes.set_title("rejected, by reason", fontsize="medium")
+    if not rejects:
+        _no_data(axes, "no rejected records")
+        return
+    sources = sorted({row["source"] for row in rejects})
+    counts = _top_reasons(rejects)
+    left = [0] * len(sources)
+    colors = _reason_colors(len(counts))
+    for (reason, per_source), color in zip(counts.items(), colors, strict=True):
+        values = [per_source.get(source, 0) for source in sources]
+        axes.barh(range(len(sources)), values, left=left, label=reason, color=color)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    axes.set_yticks(range(len(sources)), sources)
+    axes.invert_yaxis()  # first source on top, as in the tables
+    axes.set_xlabel("rejected records")
+    axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _top_reasons(rejects: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """``{reason: {source: records}}``, most frequent reason first; past MAX_REASONS the rest are "other"."""
+    totals: dict[str, int] = {}
+    for row in rejects:
+        totals[row["reason"]] = totals.get(row["reason"], 0) + row["records"]
+    ranked = sorted(totals, key=lambda reason: (-totals[reason], reason))
+    shown = ranked if len(ranked) <= MAX_REASONS else ranked[:MAX_REASONS - 1]
+    other = f"other ({len(ranked) - len(shown)} reasons)"
+    counts: dict[str, dict[str, int]] = {reason: {} for reason in shown}
+    for row in rejects:
+        per_source = counts.setdefault(row["reason"] if row["reason"] in shown else other, {})
+        per_source[row["source"]] = per_source.get(row["source"], 0) + row["records"]
+    return counts
+
+
+def _reason_colors(count: int) -> list[Any]:
+    """Set2, unlike the sources' tab10 colors on the left; its 8th color (gray) falls on "other"."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["Set2"].colors
+    return [palette[i % len(palette)] for i in range(count)]
 
 
 def _plot_source_mix(axes: Any, data: dict[str, Any]) -> None:
+    if not data["mix"]:
+        _no_data(axes, "no documents yet")
+        return
     sources = [row["source"] for row in data["mix"]]
     docs = [row["docs"] for row in data["mix"]]
     tokens = [row["tokens"] for row in data["mix"]]
@@ -152,13 +259,19 @@ def _plot_source_mix(axes: Any, data: dict[str, Any]) -> None:
 
 
 def _plot_doc_lengths(axes: Any, data: dict[str, Any]) -> None:
-    axes.hist(data["doc_lengths"] or [0], bins=50, log=True)
+    if not data["doc_lengths"]:
+        _no_data(axes, "no documents yet")
+        return
+    axes.hist(data["doc_lengths"], bins=50, log=True)
     axes.set_xlabel("characters per document")
     axes.set_ylabel("documents")
 
 
 def _plot_row_fill(axes: Any, data: dict[str, Any]) -> None:
-    axes.hist(data["row_fill"] or [0], bins=40)
+    if not data["row_fill"]:
+        _no_data(axes, "no packed rows yet")
+        return
+    axes.hist(data["row_fill"], bins=40)
     axes.set_xlabel("real tokens in the row")
     axes.set_ylabel("rows")
 
@@ -180,6 +293,13 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _reason_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    read = {row["source"]: row["records_read"] for row in data["funnel"]}
+    return [{"source": r["source"], "reason": r["reason"], "records": r["records"],
+             "% of read": round(100 * r["records"] / max(1, read.get(r["source"], 0)), 2),
+             "meaning": REJECT_REASONS.get(r["reason"], "")} for r in data["rejects"]]
+
+
 def _eval_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"step": r["step"], "val_loss": r.get("val_loss"), "val_ppl": r.get("val_ppl")} for r in data["eval"]]
 
@@ -196,6 +316,7 @@ def _html(run_dir: Path, data: dict[str, Any], images: dict[str, bytes]) -> str:
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head>
 <body><h1>tokenmill run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Data funnel</h2>{_table_html(data["funnel"])}
+<h3>Rejected by reason</h3>{_table_html(_reason_rows(data))}
 <h2>Evaluation</h2>{_table_html(_eval_rows(data))}
 <h2>Checkpoints</h2>{_table_html(data["checkpoints"])}
 <h2>Plots</h2>{figures}
@@ -208,8 +329,19 @@ def _b64(png: bytes) -> str:
 
 
 def _markdown(run_dir: Path, data: dict[str, Any]) -> str:
-    lines = [f"# tokenmill run `{run_dir.name}`", "", "## Evaluation", "", "| step | val_loss | val_ppl |",
-             "|---:|---:|---:|"]
-    lines += [f"| {r['step']} | {_fmt(r['val_loss'])} | {_fmt(r['val_ppl'])} |" for r in _eval_rows(data)]
-    lines += ["", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items()]
+    lines = [f"# tokenmill run `{run_dir.name}`", "", "## Data funnel", "", *_table_md(data["funnel"]),
+             "", "### Rejected by reason", "", *_table_md(_reason_rows(data)),
+             "", "## Evaluation", "", *_table_md(_eval_rows(data)),
+             "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items()]
     return "\n".join(lines) + "\n"
+
+
+def _table_md(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return ["none yet"]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    return [line(list(rows[0])), line(["---:"] * len(rows[0])),
+            *(line([_fmt(value).replace("|", "\\|") for value in row.values()]) for row in rows)]

@@ -47,6 +47,20 @@ def test_training_progress_artifact_follows_the_trainers_step_lines(finished_run
     assert max(float(artifact.data) for artifact in found) == 100.0
 
 
+def test_run_summary_artifact_links_the_report(finished_run: tuple[Path, dict, dict]) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    run_dir, first, _ = finished_run
+    report = (run_dir / "report" / "index.html").resolve()
+    assert first["train"]["report"] == first["prepare"]["report"] == str(run_dir / "report" / "index.html")
+    assert report.is_file() and (run_dir / "report" / "throughput.png").is_file()
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-summary"])))
+    trained = [str(a.data) for a in found if "validation loss" in str(a.data) and f"`{report}`" in str(a.data)]
+    assert trained and f"]({report.as_uri()})" in trained[0]
+
+
 def test_validation_loss_falls(finished_run: tuple[Path, dict, dict]) -> None:
     run_dir, first, _ = finished_run
     evals = [json.loads(line) for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
