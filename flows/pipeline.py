@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, unmapped
+from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.artifacts import publish_funnel, publish_training
+from flows.artifacts import publish_funnel, publish_training, publish_training_failure
 from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
+from flows.stage_processes import stage_processes
 from flows.tasks import (
     decontaminate_task,
     dedupe_task,
@@ -39,19 +40,22 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
         parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
-        ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root),
-                                        near=unmapped(loaded.dedupe.near)).result()
+        # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core.
+        with stage_processes(min(os.cpu_count() or 1, len(parts))):
+            ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root),
+                                            near=unmapped(loaded.dedupe.near)).result()
         deduped = dedupe_task(str(root), loaded.dedupe)
         decontaminated = decontaminate_task(str(root), loaded.dedupe.decontaminate, str(base))
         tokenizer = tokenizer_task(str(root), loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
         splits, sources = _split_source_pairs(manifests)
         pack_task.map(unmapped(str(root)), splits, sources, unmapped(loaded.pack)).result()
         shards = shard_index_task(str(root))
+        report = report_task(str(root))
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
                "decontaminate": decontaminated,
                "tokenizer": tokenizer, "num_shards": len(shards),
-               "num_tokens": sum(info.num_tokens for info in shards)}
-    publish_funnel(root, summary)
+               "num_tokens": sum(info.num_tokens for info in shards), "report": report}
+    publish_funnel(root, summary, report)
     return summary
 
 
@@ -69,7 +73,11 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
         record_recipe(loaded, base, root)
         until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
-        train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
+        try:
+            train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
+        except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
+            _report_failed_training(root, failure)
+            raise
         report = report_task(str(root))
     return publish_training(root, report)
 
@@ -101,6 +109,15 @@ def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
     names = [source.name for manifest in manifests for source in load_manifest(manifest).sources]
     pairs = [(split, name) for split in SPLITS for name in names]
     return [split for split, _ in pairs], [name for _, name in pairs]
+
+
+def _report_failed_training(root: Path, failure: Exception) -> None:
+    """Write the report after a failed training run; never raises, so the flow fails with the training error."""
+    try:
+        publish_training_failure(root, report_task(str(root)), failure)
+    except Exception:
+        get_run_logger().exception("Could not write the report of the failed training run in %s; the training "
+                                   "error follows", root)
 
 
 def _refuse_corrupt_shards(root: Path) -> None:

@@ -11,6 +11,7 @@ from flows.artifacts import TrainingProgress
 from flows.progress import TrainingBar, open_shared_bar, reports_progress, shows_bar, stage_meter
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
+from flows.stage_processes import run_stage_call
 from flows.subprocess_log import run_streaming
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
@@ -38,9 +39,10 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
 def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str,
                      near: NearDedupeConfig | None = None) -> dict[str, Any]:
     with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
-        return ingest_part(IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)),
-                           on_progress=lambda num_records, num_bytes: meter.advance(num_bytes, records=num_records),
-                           near=near)
+        return run_stage_call(ingest_part, IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)),
+                              on_progress=lambda num_records, num_bytes: meter.advance(num_bytes,
+                                                                                       records=num_records),
+                              near=near)
 
 
 @task(name="dedupe")

@@ -1,0 +1,152 @@
+"""Worker processes for CPU-bound stage calls, so a local flow's parts run on all cores.
+
+The local task runner is a thread pool: bars, logs, retries and errors all stay in the flow's process. But
+ingest is mostly pure Python (JSON, normalising, filters, building rows) and holds the GIL, so threads alone
+use about one core. A flow opens :func:`stage_processes` for its lifetime; a task then hands its stage call
+to :func:`run_stage_call`, which runs it in a worker process and forwards the call's progress to the task's
+meter. Where no pool is open (a Dask worker, a test calling a task's function) the call runs in place.
+
+Workers are spawned (forking a process that runs threads is unsafe), ignore Ctrl-C (the flow stops them),
+and exit within a second when the flow's process dies, even by ``kill -9``, so no orphan keeps writing into
+the run dir that a re-run is using.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+R = TypeVar("R")
+PARENT_POLL_S = 0.5
+_DONE = "done"
+
+
+@dataclass
+class _Call:
+    on_progress: Callable[..., None] | None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+class StageProcesses:
+    """A spawned process pool plus one thread that routes the workers' progress messages to their callers."""
+
+    def __init__(self, max_workers: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._messages = context.Queue()
+        self._executor = ProcessPoolExecutor(max_workers, mp_context=context, initializer=_start_worker,
+                                             initargs=(self._messages, os.getpid()))
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count()
+        self._broken = False
+        self._router = threading.Thread(target=self._route, name="stage-progress", daemon=True)
+        self._router.start()
+
+    def call(self, function: Callable[..., R], *args: Any, on_progress: Callable[..., None] | None = None,
+             **kwargs: Any) -> R:
+        """``function(*args, on_progress=…, **kwargs)`` in a worker; ``on_progress`` hears every report first."""
+        if self._broken:
+            return function(*args, on_progress=on_progress, **kwargs)
+        call_id = next(self._ids)
+        call = self._calls[call_id] = _Call(on_progress)
+        try:
+            result = self._executor.submit(_run, call_id, function, args, kwargs, on_progress is not None).result()
+            call.finished.wait(timeout=60)  # the worker queued "done" after its last report: none is lost
+            return result
+        except BrokenProcessPool as err:
+            self._broken = True
+            warnings.warn(f"a stage worker process died ({err}); this and the remaining calls run in the flow's "
+                          "process. If you call a flow from your own script, call it under "
+                          "`if __name__ == \"__main__\":` (spawned workers import the script).", stacklevel=2)
+            return function(*args, on_progress=on_progress, **kwargs)
+        finally:
+            self._calls.pop(call_id, None)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._messages.put(None)
+        self._router.join()
+        self._messages.close()
+        self._messages.join_thread()
+
+    def _route(self) -> None:
+        while (message := self._messages.get()) is not None:
+            call_id, kind, payload = message
+            call = self._calls.get(call_id)
+            if call is None:
+                continue
+            if kind == _DONE:
+                call.finished.set()
+            elif call.on_progress is not None:
+                call.on_progress(*payload)
+
+
+_OPEN: dict[str, StageProcesses] = {}
+"""The pool of this process while a flow holds :func:`stage_processes` open."""
+
+
+@contextlib.contextmanager
+def stage_processes(max_workers: int | None = None) -> Iterator[None]:
+    """Open a pool of ``max_workers`` (default: all cores) for :func:`run_stage_call` until the block ends.
+
+    With fewer than two workers (one core, one part), or when a pool is already open (a nested flow), it
+    opens none: spawning a worker costs about a second of imports, more than one part gains.
+    """
+    workers = (os.cpu_count() or 1) if max_workers is None else max_workers
+    if workers < 2 or "pool" in _OPEN:
+        yield
+        return
+    _OPEN["pool"] = pool = StageProcesses(workers)
+    try:
+        yield
+    finally:
+        del _OPEN["pool"]
+        pool.close()
+
+
+def run_stage_call(function: Callable[..., R], *args: Any, on_progress: Callable[..., None] | None = None,
+                   **kwargs: Any) -> R:
+    """``function(*args, on_progress=on_progress, **kwargs)``, in a worker process when a pool is open."""
+    pool = _OPEN.get("pool")
+    if pool is None:
+        return function(*args, on_progress=on_progress, **kwargs)
+    return pool.call(function, *args, on_progress=on_progress, **kwargs)
+
+
+# ---- in the worker process ----------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _start_worker(messages: Any, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER["messages"] = messages
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # the flow is gone: stop at once, mid-write included (outputs are temp files until renamed)
+
+
+def _run(call_id: int, function: Callable[..., R], args: tuple, kwargs: dict, reports: bool) -> R:
+    messages = _WORKER["messages"]
+
+    def report(*payload: Any) -> None:
+        messages.put((call_id, "progress", payload))
+
+    try:
+        return function(*args, on_progress=report if reports else None, **kwargs)
+    finally:
+        messages.put((call_id, _DONE, None))

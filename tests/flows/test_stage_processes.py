@@ -1,0 +1,110 @@
+"""flows/stage_processes.py: stage calls in spawned workers, with their progress, errors and lifetime."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.stage_processes import run_stage_call, stage_processes
+from pipeline.errors import SourceReadError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def count_up(steps: int, on_progress=None) -> tuple[int, int]:
+    for step in range(steps):
+        if on_progress is not None:
+            on_progress(step, 10)
+    return os.getpid(), steps
+
+
+def unreadable(on_progress=None) -> None:
+    raise SourceReadError("corpus/a.jsonl.gz: truncated gzip stream; fix or remove the file")
+
+
+def test_calls_run_in_workers_and_every_report_arrives_before_the_call_returns() -> None:
+    reports: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    results: dict[int, tuple[int, int]] = {}
+
+    def one_call(number: int) -> None:
+        results[number] = run_stage_call(count_up, 500, on_progress=lambda *report: reports[number].append(report))
+        assert len(reports[number]) == 500  # checked as the call returns, not later
+
+    with stage_processes(2):
+        threads = [threading.Thread(target=one_call, args=(number,)) for number in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert {number: result[1] for number, result in results.items()} == {0: 500, 1: 500}
+    assert os.getpid() not in {result[0] for result in results.values()}
+    assert reports[0] == [(step, 10) for step in range(500)] == reports[1]
+
+
+def test_a_stage_error_keeps_its_type_and_message() -> None:
+    with stage_processes(2), pytest.raises(SourceReadError, match=r"a\.jsonl\.gz: truncated gzip"):
+        run_stage_call(unreadable)
+
+
+def exit_in_a_worker(on_progress=None) -> int:
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)  # as an out-of-memory kill, or a script that re-runs its flow when a worker imports it
+    return os.getpid()
+
+
+def test_a_dead_worker_warns_and_the_calls_run_in_place() -> None:
+    with stage_processes(2):
+        with pytest.warns(UserWarning, match="a stage worker process died"):
+            assert run_stage_call(exit_in_a_worker) == os.getpid()
+        assert run_stage_call(count_up, 2)[0] == os.getpid()
+
+
+def test_without_an_open_pool_the_call_runs_in_place() -> None:
+    seen: list[tuple[int, int]] = []
+    assert run_stage_call(count_up, 3, on_progress=lambda *report: seen.append(report)) == (os.getpid(), 3)
+    assert seen == [(0, 10), (1, 10), (2, 10)]
+
+
+def test_workers_exit_when_the_flow_process_is_killed() -> None:
+    """kill -9 of the flow's process: no orphan worker goes on running (and writing into the run dir)."""
+    script = textwrap.dedent("""
+        from flows.stage_processes import run_stage_call, stage_processes
+        from tests.flows.test_stage_processes import sleep_long
+
+        with stage_processes(2):
+            print("open", flush=True)
+            run_stage_call(sleep_long)
+    """)
+    flow = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    workers: list[psutil.Process] = []
+    try:
+        assert flow.stdout is not None and flow.stdout.readline().strip() == "open"
+        for _ in range(300):  # the pool spawns a worker for the call
+            workers = [child for child in psutil.Process(flow.pid).children()
+                       if "spawn_main" in " ".join(child.cmdline())]
+            if workers:
+                break
+            psutil.wait_procs([], timeout=0.1)
+        assert workers, "no worker process was started"
+        flow.kill()
+        flow.wait(timeout=30)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert alive == []
+    finally:
+        flow.kill()
+        for worker in workers:
+            if worker.is_running():
+                worker.kill()
+
+
+def sleep_long(on_progress=None) -> None:
+    time.sleep(600)
