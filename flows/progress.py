@@ -33,7 +33,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 QUIET_ENV = "TOKENMILL_QUIET"
 COUNTERS = (("num_records", "records"), ("num_documents", "docs"), ("num_documents_in", "docs"),
-            ("num_bytes", "bytes"), ("num_tokens", "tokens"), ("num_rows", "rows"))
+            ("num_train_checked", "docs"), ("num_bytes", "bytes"), ("num_tokens", "tokens"), ("num_rows", "rows"))
 
 
 # ---- one line per stage call ------------------------------------------------------------------------

@@ -45,6 +45,9 @@ def test_shard_infos_skipped_stages_and_plans() -> None:
     assert describe_rates("dedupe", {"num_documents_in": 7, "skipped": True}, 0.1) == \
         "dedupe: 7 docs (already done, skipped)"
     assert describe_rates("plan-ingest", [{"part_id": 0}, {"part_id": 1}], 0.1) == "plan-ingest: 2 part(s) to do"
+    decontaminated = {"enabled": True, "num_train_checked": 1700, "num_contaminated": 3}
+    assert describe_rates("decontaminate", decontaminated, 0.5) == \
+        "decontaminate: 1,700 docs in 0.50 s (3,400 docs/s)"
 
 
 def test_decorator_logs_once_and_quiet_silences_it(caplog: pytest.LogCaptureFixture,
