@@ -2,7 +2,8 @@
 
 Words and shingles come from compiled one-pass loops over the batch's UTF-8 bytes
 (:mod:`pipeline.kernels`), banding is vectorised numpy, and the MinHash itself runs in rensa's Rust
-``RMinHash`` when installed (measured ~100x faster than numpy on the stdlib), else in numpy.
+``RMinHash`` when installed (measured 2x a numba loop and ~70x numpy: ``benchmarks/minhash_impls.py``),
+else in numpy.
 Signatures are cached per part, so the implementation name is recorded with them and a cache made by the
 other one is recomputed.
 """

@@ -41,7 +41,8 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote (runs/<name> by default).")
+        raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote "
+                         "(runs/<name> by default).")
     paths = RunPaths(run_dir)
     con = duckdb.connect(":memory:")
     _register(con, "_docs", _parquet_dataset(document_part_files(paths), DOCUMENTS_SCHEMA))
