@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,3 +42,14 @@ def write_small_recipe(root: Path, *, max_steps: int = 30, packages: tuple[str, 
                   "checkpoint_every": 10, "eval_every": 10, "eval_batches": 4, "log_every": 5},
     }))
     return recipe
+
+
+class Recorder(logging.Handler):
+    """Keeps the messages of the log records it handles (attach it to a Prefect logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from flows.subprocess_log import ChildProcessFailed
-from tests.flows.conftest import write_small_recipe
+from tests.flows.conftest import Recorder, write_small_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +30,6 @@ def links(markdown: str, report: Path) -> bool:
     """The summary links the report as a file:// URL and names its plain path."""
     path = report.resolve()
     return f"]({path.as_uri()})" in markdown and f"`{path}`" in markdown
-
-
-class Recorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.flows.conftest import write_small_recipe
+from tests.flows.conftest import Recorder, write_small_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +32,6 @@ def kill_trainer_after_first_checkpoint(run_dir: Path, timeout_s: float = 300) -
                     continue
         time.sleep(0.02)
     raise AssertionError("no checkpoint appeared")
-
-
-class Recorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def test_killed_training_child_is_retried_and_resumes(tmp_path: Path, prefect_server: None) -> None:
