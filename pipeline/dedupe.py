@@ -6,8 +6,8 @@ tokens may already be in shards. Such "locked" documents win every exact group a
 are in; otherwise the survivor is the earliest document by (part_id, row).
 
 Memory holds the per-document catalog (~0.15 KB/doc: ids, uri, content hash) and the near-duplicate
-candidates, never all signatures (0.5 KB/doc at 128 permutations), though one part's at a time while its
-band keys are made: see :mod:`pipeline.near_dedupe`.
+candidates, never all signatures (0.5 KB/doc at 128 permutations): band keys are made one signature row
+group at a time, and candidates' signatures read from the row groups that hold them (:mod:`pipeline.near_dedupe`).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class NearIndex:
 
     def signatures(self, docs: np.ndarray) -> np.ndarray:
         """``(len(docs), num_perm)`` signatures of the sorted catalog indices ``docs``, read part by part."""
-        pieces = [part_signatures(part, self.paths, self.config)[rows] for part, _, rows in self.rows_by_part(docs)]
+        pieces = [part_signature_rows(part, self.paths, self.config, rows) for part, _, rows in self.rows_by_part(docs)]
         return np.concatenate(pieces) if pieces else np.empty((0, self.config.near.num_perm), dtype=np.uint32)
 
     def rows_by_part(self, docs: np.ndarray) -> list[tuple[DocsPart, int, np.ndarray]]:
@@ -228,52 +228,58 @@ def signature_cache_writer(cache: Path, metadata: dict[str, str], num_perm: int)
         blocks.flush()
 
 
-def write_signature_cache(cache: Path, signatures: np.ndarray, metadata: dict[str, str]) -> None:
-    """``signatures`` as a signature cache (:func:`signature_cache_writer`), without copying whole blocks."""
-    with signature_cache_writer(cache, metadata, signatures.shape[1]) as blocks:
-        blocks.add(signatures)
+def _signature_block(table: pa.Table, num_perm: int) -> np.ndarray:
+    """One row group of a signature cache as a ``(documents, num_perm)`` array."""
+    column = table.column("signature").combine_chunks()
+    return column.flatten().to_numpy().reshape(-1, num_perm)
 
 
-def read_signature_cache(cache: Path, num_perm: int) -> np.ndarray:
-    """A signature cache as one ``(documents, num_perm)`` array, filled row group by row group (no second copy)."""
-    parquet = pq.ParquetFile(cache)
-    signatures = np.empty((parquet.metadata.num_rows, num_perm), dtype=np.uint32)
-    start = 0
-    for group in range(parquet.num_row_groups):
-        for chunk in parquet.read_row_group(group, columns=["signature"]).column("signature").chunks:
-            signatures[start : start + len(chunk)] = chunk.flatten().to_numpy().reshape(-1, num_perm)
-            start += len(chunk)
-    return signatures
-
-
-def part_signatures(part: DocsPart, paths: RunPaths, config: DedupeConfig) -> np.ndarray:
-    """MinHash signatures of one docs part: the cache ingest wrote (or an earlier dedupe run), when still valid."""
-    near = config.near
+def signature_cache(part: DocsPart, paths: RunPaths, near: NearDedupeConfig) -> pq.ParquetFile:
+    """The part's signature cache: the one ingest wrote (or an earlier dedupe run) when still valid, else made
+    now from the part's text, block by block like ingest makes it."""
     cache, _ = near_cache_files(paths, part.path.name)
     metadata = signature_cache_metadata(part.fingerprint, near)
-    if _cache_is_valid(cache, metadata):
-        return read_signature_cache(cache, near.num_perm)
-    parquet = pq.ParquetFile(part.path)
-    signatures = np.empty((parquet.metadata.num_rows, near.num_perm), dtype=np.uint32)
-    start = 0
-    for batch in parquet.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"]):
-        signatures[start : start + batch.num_rows] = text_signatures(batch.column("text"), near)
-        start += batch.num_rows
-    write_signature_cache(cache, signatures, metadata)
+    if not _cache_is_valid(cache, metadata):
+        with pq.ParquetFile(part.path) as documents, signature_cache_writer(cache, metadata, near.num_perm) as blocks:
+            for batch in documents.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"]):
+                blocks.add_texts(batch.column("text"), near)
+    return pq.ParquetFile(cache)
+
+
+def part_signature_rows(part: DocsPart, paths: RunPaths, config: DedupeConfig, rows: np.ndarray) -> np.ndarray:
+    """Signatures of the part's sorted ``rows``, reading only the cache's row groups that hold them."""
+    near = config.near
+    signatures = np.empty((len(rows), near.num_perm), dtype=np.uint32)
+    with signature_cache(part, paths, near) as cache:
+        group_start = 0
+        for group in range(cache.num_row_groups):
+            group_stop = group_start + cache.metadata.row_group(group).num_rows
+            first, last = np.searchsorted(rows, [group_start, group_stop])
+            if last > first:
+                block = _signature_block(cache.read_row_group(group, columns=["signature"]), near.num_perm)
+                signatures[first:last] = block[rows[first:last] - group_start]
+            group_start = group_stop
     return signatures
 
 
 def part_band_keys(part: DocsPart, paths: RunPaths, config: DedupeConfig, bands: int, rows: int) -> Path:
-    """``dedupe/bands/part-NNNNN.parquet``: one ``(row, band, key)`` per document and LSH band (made once)."""
+    """``dedupe/bands/part-NNNNN.parquet``: one ``(row, band, key)`` per document and LSH band (made once).
+
+    Written one signature row group at a time, so memory holds one block, not the part's signatures.
+    """
     _, cache = near_cache_files(paths, part.path.name)
     metadata = {**signature_cache_metadata(part.fingerprint, config.near), "bands": str(bands), "rows": str(rows)}
     if _cache_is_valid(cache, metadata):
         return cache
-    keys = minhash.band_keys(part_signatures(part, paths, config), bands, rows)
-    num_docs = keys.shape[0]
-    table = pa.table({"row": np.tile(np.arange(num_docs, dtype=np.int32), bands),
-                      "band": np.repeat(np.arange(bands, dtype=np.int16), num_docs),
-                      "key": keys.T.reshape(-1)})
-    with atomic_path(cache) as tmp:
-        pq.write_table(table.replace_schema_metadata(metadata), tmp, compression="zstd")
+    schema = pa.schema([("row", pa.int32()), ("band", pa.int16()), ("key", pa.uint64())], metadata=metadata)
+    with (signature_cache(part, paths, config.near) as signatures, atomic_path(cache) as tmp,
+          pq.ParquetWriter(tmp, schema, compression="zstd") as writer):
+        start = 0
+        for group in range(signatures.num_row_groups):
+            block = _signature_block(signatures.read_row_group(group, columns=["signature"]), config.near.num_perm)
+            keys = minhash.band_keys(block, bands, rows)
+            writer.write_table(pa.table({"row": np.tile(np.arange(start, start + len(block), dtype=np.int32), bands),
+                                         "band": np.repeat(np.arange(bands, dtype=np.int16), len(block)),
+                                         "key": keys.T.reshape(-1)}, schema=schema))
+            start += len(block)
     return cache

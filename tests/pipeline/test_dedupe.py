@@ -332,3 +332,39 @@ def test_read_rows_reads_only_the_row_groups_it_needs(tmp_path: Path) -> None:
     rows = np.array([0, 4, 5, 9])
     assert near_dedupe.read_rows(path, rows, "text").to_pylist() == [texts[i] for i in rows]
     assert near_dedupe.read_rows(path, np.empty(0, dtype=np.int64), "text").to_pylist() == []
+
+
+def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Band keys are made one signature row group at a time, and a candidate's signature comes from the one
+    row group that holds it: the stage never holds a whole part's signatures (0.5 KB a document)."""
+    from pipeline import ingest
+    from pipeline.dedupe import finished_parts
+    from tests.pipeline.test_ingest import write_manifest as write_sources
+    from tests.pipeline.test_ingest import write_short_docs
+
+    config = DedupeConfig(near=NearDedupeConfig(num_perm=16, threshold=0.7))
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * 16)
+    write_short_docs(tmp_path / "big.jsonl", 2_000)
+    manifest = write_sources(tmp_path / "m.yaml", [{"name": "s", "path": "big.jsonl", "format": "jsonl"}])
+    paths = RunPaths(tmp_path / "run")
+    (part,) = plan_ingest([manifest], paths, 1024)
+    ingest_part(part, 0.0, paths, near=config.near)
+    (docs_part,) = finished_parts(paths)
+    texts = pq.read_table(docs_part.path, columns=["text"]).column("text")
+    expected = minhash.signatures(texts, 16, config.near.ngram)
+
+    blocks: list[int] = []
+    signature_block = near_dedupe._signature_block
+    monkeypatch.setattr(near_dedupe, "_signature_block",
+                        lambda table, num_perm: blocks.append(table.num_rows) or signature_block(table, num_perm))
+    bands, rows = minhash.lsh_params(0.7, 16)
+    band_file = near_dedupe.part_band_keys(docs_part, paths, config, bands, rows)
+    assert max(blocks) == 200 and sum(blocks) == 2_000
+    stored = pq.read_table(band_file).sort_by([("band", "ascending"), ("row", "ascending")])
+    assert stored.column("key").to_numpy().tolist() == minhash.band_keys(expected, bands, rows).T.reshape(-1).tolist()
+
+    blocks.clear()
+    wanted = np.array([3, 250, 1_999])
+    assert (near_dedupe.part_signature_rows(docs_part, paths, config, wanted) == expected[wanted]).all()
+    assert blocks == [200, 200, 200]  # the row groups of rows 3, 250 and 1999 only, not all ten
