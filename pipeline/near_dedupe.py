@@ -154,13 +154,6 @@ def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:
     return all(stored.get(key) == value for key, value in metadata.items())
 
 
-def text_signatures(texts: pa.Array | pa.ChunkedArray, near: NearDedupeConfig) -> np.ndarray:
-    """``(len(texts), num_perm)`` MinHash signatures, SIGNATURE_BATCH_ROWS texts at a time (bounded memory)."""
-    signatures = np.empty((len(texts), near.num_perm), dtype=np.uint32)
-    for start in range(0, len(texts), SIGNATURE_BATCH_ROWS):
-        signatures[start : start + SIGNATURE_BATCH_ROWS] = minhash.signatures(
-            texts.slice(start, SIGNATURE_BATCH_ROWS), near.num_perm, near.ngram)
-    return signatures
 
 
 def signature_block_rows(num_perm: int) -> int:

@@ -308,7 +308,7 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file bigger than a part is a part of its own: held until the part ends, its signatures (512 bytes a
     document at 128 permutations, several times short documents' text) made memory grow with the file."""
-    from pipeline import ingest, near_dedupe
+    from pipeline import ingest, minhash, near_dedupe
     from pipeline.config import NearDedupeConfig
 
     near = NearDedupeConfig(num_perm=16)
@@ -329,7 +329,8 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
     texts = pq.read_table(paths.docs / "part-00000.parquet", columns=["text"]).column("text")
     stored = pq.read_table(cache).column("signature").combine_chunks()
     assert stored.type.list_size == near.num_perm
-    assert (stored.values.to_numpy().reshape(-1, near.num_perm) == near_dedupe.text_signatures(texts, near)).all()
+    expected = minhash.signatures(texts, near.num_perm, near.ngram)
+    assert (stored.values.to_numpy().reshape(-1, near.num_perm) == expected).all()
     assert [path.name for path in cache.parent.iterdir()] == [cache.name]
 
 
