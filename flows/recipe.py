@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError
@@ -16,6 +18,7 @@ from pipeline.config import (
     load_yaml_mapping,
 )
 from pipeline.errors import ConfigError
+from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import ModelConfig, TrainConfig
 
@@ -97,20 +100,41 @@ DATA_SECTIONS = ("data", "dedupe", "tokenizer", "pack")
 
 def source_weights(recipe: RunRecipe, base: Path) -> dict[str, float]:
     """``{source name: mixture weight}`` from the recipe's manifests (the trainer reads it from run.yaml)."""
-    from pipeline.manifest import load_manifest
-
-    return {source.name: source.weight for path in manifest_paths(recipe, base)
-            for source in load_manifest(path).sources}
+    return _mixture(load_manifests(recipe, base))
 
 
-def _recorded_recipe(path: Path) -> RunRecipe:
+def load_manifests(recipe: RunRecipe, base: Path) -> list[CorpusManifest]:
+    """The recipe's manifests, validated, in the recipe's order."""
+    return [load_manifest(path) for path in manifest_paths(recipe, base)]
+
+
+def _mixture(manifests: list[CorpusManifest]) -> dict[str, float]:
+    return {source.name: source.weight for manifest in manifests for source in manifest.sources}
+
+
+def _recorded_recipe(path: Path, recorded: dict[str, Any]) -> RunRecipe:
     """The recipe recorded in ``run.yaml``, re-validated so keys added in later versions get their defaults."""
-    recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     try:
         return RunRecipe.model_validate({key: recorded[key] for key in RunRecipe.model_fields if key in recorded})
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err, path) + "; the run dir was written by an "
                           "incompatible tokenmill: use another --run-dir.") from None
+
+
+def _recorded_manifests(path: Path, recorded: dict[str, Any]) -> list[CorpusManifest] | None:
+    """The manifests recorded in ``run.yaml`` (re-validated: later keys get their defaults), or None when
+    the run dir was prepared by a tokenmill that did not record them."""
+    if "manifests" not in recorded:
+        return None
+    items = recorded["manifests"]
+    try:
+        if not isinstance(items, list):
+            raise ValueError(f"manifests: a list of manifests, not {type(items).__name__}")
+        return [CorpusManifest.model_validate(item) for item in items]
+    except (ValidationError, ValueError) as err:
+        detail = describe_validation_error(err, path) if isinstance(err, ValidationError) else f"{path}: {err}"
+        raise ConfigError(detail + "; the run dir was written by an incompatible tokenmill: use another "
+                          "--run-dir.") from None
 
 
 def changed_data_keys(previous: RunRecipe, current: RunRecipe) -> list[str]:
@@ -125,23 +149,53 @@ def changed_data_keys(previous: RunRecipe, current: RunRecipe) -> list[str]:
     return sorted(key.lstrip(".") for key in set(old) | set(new) if old.get(key) != new.get(key))
 
 
-def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool = False) -> None:
-    """Write ``run.yaml`` (resolved recipe, source mixture weights, code version).
+def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest]) -> list[str]:
+    """What changed since ``run.yaml`` at ``path`` was written: data-section keys (``pack.seq_len, …``), then
+    one ``manifest corpus 'x': filters.min_chars, sources[s].glob`` per corpus whose content changed.
 
-    Refuses a changed data recipe on an existing run dir: its documents, tokenizer and shards were made
-    with the old settings. ``train`` and ``model`` may change (the trainer checks its checkpoints).
-    ``fresh=True`` is the user's explicit "start over".
+    Manifests are compared by content (:func:`pipeline.manifest.changed_manifest_keys`), so ``data.manifests``
+    (the manifests' path strings) may change. A run dir prepared before manifests were recorded is compared
+    as before (recipe sections only, ``data.manifests`` included), with a warning; its manifests are recorded
+    now, so later changes are seen.
+    """
+    recorded = load_yaml_mapping(path, "run recipe")
+    data_keys = changed_data_keys(_recorded_recipe(path, recorded), recipe)
+    previous = _recorded_manifests(path, recorded)
+    if previous is None:
+        warnings.warn(f"{path} was written by an earlier tokenmill that did not record the manifests' content: "
+                      "a manifest changed before this run is not detected; the current manifests are recorded "
+                      "now, and later changes are refused.", stacklevel=3)
+        return data_keys
+    by_corpus = changed_manifest_keys(previous, manifests)
+    data_part = [", ".join(key for key in data_keys if key != "data.manifests")]
+    manifest_parts = [f"manifest corpus '{corpus}': {', '.join(keys)}" for corpus, keys in by_corpus.items()]
+    return [part for part in data_part + manifest_parts if part]
+
+
+def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool = False) -> None:
+    """Write ``run.yaml`` (resolved recipe, resolved manifests, source mixture weights, code version).
+
+    Refuses a changed data recipe on an existing run dir, in the recipe's data sections or in any manifest it
+    names (filters, a source's path, format, glob, fields, a new or removed source): its documents, tokenizer
+    and shards were made with the old settings. ``train``, ``model`` and the sources' ``weight`` and
+    ``license`` may change (the trainer reads the mixture from run.yaml and checks its checkpoints); new files
+    in a source folder are the refresh's business, not a change. ``fresh=True`` is the user's explicit
+    "start over".
     """
     from pipeline.atomic import write_text_atomic
     from pipeline.rundir import CODE_VERSION
 
     path = run_dir / "run.yaml"
+    loaded = load_manifests(recipe, base)
+    manifests = [portable_manifest(manifest) for manifest in loaded]
     if path.is_file() and not fresh:
-        changed = changed_data_keys(_recorded_recipe(path), recipe)
+        changed = recipe_changes(path, recipe, manifests)
         if changed:
             raise ConfigError(
-                f"{path}: the recipe changed since this run dir was prepared ({', '.join(changed)}); "
+                f"{path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
                 "use another --run-dir, or delete the run dir to start fresh."
             )
-    mixture = yaml.safe_dump({"mixture": source_weights(recipe, base)}, sort_keys=True)
-    write_text_atomic(path, recipe_to_yaml(recipe) + mixture + f"code_version: {CODE_VERSION}\n")
+    recorded = yaml.safe_dump({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]},
+                              sort_keys=False)
+    mixture = yaml.safe_dump({"mixture": _mixture(loaded)}, sort_keys=True)
+    write_text_atomic(path, recipe_to_yaml(recipe) + recorded + mixture + f"code_version: {CODE_VERSION}\n")

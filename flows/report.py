@@ -1,4 +1,8 @@
-"""The run report: ``report/index.html`` (self-contained, opens offline) + ``report.md`` + PNG plots."""
+"""The run report: ``report/index.html`` (self-contained, opens offline) + ``report.md`` + PNG plots.
+
+Names and values read from the run dir (sources, reasons, metrics) are text, never markup: HTML-escaped in
+the page, escaped in the Markdown, and drawn without mathtext in the plots.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import base64
 import html
 import io
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,8 @@ FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}
 """Plots wider than the default 7 x 3.6 inches (the funnel has a second panel: rejects by reason)."""
 MAX_REASONS = 8
 """The rejects panel shows this many reasons at most; the rest share one "other" segment."""
+MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
+"""Backslash-escaped in a Markdown cell: no code span, emphasis, link or image, and no cell break."""
 
 
 def collect_report_data(run_dir: Path) -> dict[str, Any]:
@@ -86,15 +93,17 @@ def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=figsize, dpi=100)
-    try:
-        plot(axes, data)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
-    finally:
-        plt.close(figure)
+    # Source names label the axes: "$...$" in one must be drawn as it is, not parsed (a bad formula raised).
+    with matplotlib.rc_context({"text.parse_math": False}):
+        figure, axes = plt.subplots(figsize=figsize, dpi=100)
+        try:
+            plot(axes, data)
+            figure.tight_layout()
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png")
+            return buffer.getvalue()
+        finally:
+            plt.close(figure)
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[Any], list[Any]]:
@@ -329,7 +338,7 @@ def _b64(png: bytes) -> str:
 
 
 def _markdown(run_dir: Path, data: dict[str, Any]) -> str:
-    lines = [f"# tokenmill run `{run_dir.name}`", "", "## Data funnel", "", *_table_md(data["funnel"]),
+    lines = [f"# tokenmill run {_md_code(run_dir.name)}", "", "## Data funnel", "", *_table_md(data["funnel"]),
              "", "### Rejected by reason", "", *_table_md(_reason_rows(data)),
              "", "## Evaluation", "", *_table_md(_eval_rows(data)),
              "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items()]
@@ -343,5 +352,19 @@ def _table_md(rows: list[dict[str, Any]]) -> list[str]:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
-    return [line(list(rows[0])), line(["---:"] * len(rows[0])),
-            *(line([_fmt(value).replace("|", "\\|") for value in row.values()]) for row in rows)]
+    return [line([_md_text(str(key)) for key in rows[0]]), line(["---:"] * len(rows[0])),
+            *(line([_md_text(_fmt(value)) for value in row.values()]) for row in rows)]
+
+
+def _md_text(text: str) -> str:
+    """``text`` shown as it is in a Markdown table cell: one line, no HTML, no Markdown syntax."""
+    flat = " ".join(text.splitlines())
+    return html.escape(flat, quote=False).translate(MARKDOWN_SPECIALS)
+
+
+def _md_code(text: str) -> str:
+    """``text`` as one Markdown code span: a backtick fence longer than any backtick run inside it."""
+    flat = " ".join(text.splitlines())
+    longest = max((len(run) for run in re.findall("`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {flat} {fence}" if longest else f"`{flat}`"

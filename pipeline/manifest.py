@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sysconfig
 from pathlib import Path
@@ -135,3 +136,73 @@ def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path
             f"(resolved to {path}); fix the path, relative to the manifest's folder."
         )
     return path
+
+
+# ---- comparing a manifest with the one a run dir was prepared with ---------------------------------
+
+TRAINING_SIDE_KEYS = frozenset({"weight", "license"})
+"""Source keys that may change on a prepared run dir: no data stage reads them. The trainer reads the mixture
+weights from run.yaml at each launch (shards are per source, unweighted); the licence is metadata."""
+
+
+def portable_manifest(manifest: CorpusManifest) -> CorpusManifest:
+    """The manifest as ``run.yaml`` records it: source paths as written (relative or ``${PYTHON_STDLIB}/…``),
+    except an absolute one, recorded as ``sha256:<hex>`` of its text.
+
+    A run dir holds no absolute paths (it is copied and shared), yet a changed absolute path is still seen.
+    Paths are compared as written, never resolved: a run dir, recipe and manifests copied to another folder
+    or machine compare equal.
+    """
+    sources = [source.model_copy(update={"path": _portable_path(source.path)}) for source in manifest.sources]
+    return manifest.model_copy(update={"sources": sources})
+
+
+def _portable_path(path: str) -> str:
+    if not Path(path).is_absolute():
+        return path
+    return "sha256:" + hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def changed_manifest_keys(previous: list[CorpusManifest], current: list[CorpusManifest]) -> dict[str, list[str]]:
+    """``{corpus name: changed keys}`` between two recipes' manifests, e.g. ``{"x": ["filters.min_chars",
+    "sources[stdlib].glob"]}``; empty when every source would be read and filtered as before.
+
+    Sources are matched by name (unique across a recipe), each with its manifest's filters, so renaming a
+    corpus, reordering manifests or moving a source between manifests with equal filters is no change. Keys in
+    :data:`TRAINING_SIDE_KEYS` are ignored, and so is ``on_error`` going from ``fail`` to ``skip`` (under
+    ``fail`` every completed part read all its files, so it holds what ``skip`` would have written).
+    """
+    old, new = _source_settings(previous), _source_settings(current)
+    changed: dict[str, set[str]] = {}
+    for name in sorted(old.keys() | new.keys()):
+        corpus = (new.get(name) or old[name])[0]
+        if name not in old:
+            keys = {f"sources[{name}] (new source)"}
+        elif name not in new:
+            keys = {f"sources[{name}] (removed)"}
+        else:
+            keys = _changed_settings(name, old[name][1], new[name][1])
+        if keys:
+            changed.setdefault(corpus, set()).update(keys)
+    return {corpus: sorted(keys) for corpus, keys in sorted(changed.items())}
+
+
+def _source_settings(manifests: list[CorpusManifest]) -> dict[str, tuple[str, dict[str, object]]]:
+    """``{source name: (corpus name, {key: value})}``: what decides how the source is read and filtered."""
+    settings = {}
+    for manifest in manifests:
+        filters = {f"filters.{key}": value for key, value in manifest.filters.model_dump(mode="json").items()}
+        for source in manifest.sources:
+            own = source.model_dump(mode="json", exclude={"name", *TRAINING_SIDE_KEYS})
+            settings[source.name] = (manifest.name, {**own, **filters})
+    return settings
+
+
+def _changed_settings(name: str, old: dict[str, object], new: dict[str, object]) -> set[str]:
+    keys = set()
+    for key in old.keys() | new.keys():
+        before, after = old.get(key), new.get(key)
+        if before == after or (key == "on_error" and (before, after) == ("fail", "skip")):
+            continue
+        keys.add(key if key.startswith("filters.") else f"sources[{name}].{key}")
+    return keys

@@ -1,8 +1,11 @@
 """Read-only SQL over a run: DuckDB views on the run's Parquet, Arrow and JSONL artifacts.
 
-Every view is a pyarrow dataset registered in an in-memory DuckDB; then DuckDB's file access is switched
-off and its configuration locked, so a query can neither read nor write files (no ``COPY``, ``ATTACH``,
-``INSTALL``, ``read_csv('/etc/...')``) and the run dir is never changed.
+A run dir is data from whoever made it, so nothing read from it (folder names, paths, metadata, rows)
+is ever pasted into SQL. DuckDB's file access is switched off and its configuration locked first; then
+every artifact is registered as a pyarrow dataset or table (its paths and names are columns of data), and
+the only SQL executed is constant text. A query can neither read nor write files (no ``COPY``, ``ATTACH``,
+``INSTALL``, ``read_csv('/etc/...')``) and the run dir is never changed. Only files inside the run dir, in
+the layout tokenmill writes, are read: anything else under ``shards/`` is refused, naming it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,23 @@ import pyarrow.ipc as ipc
 from pipeline.documents import DUPLICATES_FILE, document_part_files
 from pipeline.errors import TokenmillError
 from pipeline.rundir import RunPaths
-from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
+from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
+from pipeline.shards import SHARD_LAYOUT, path_inside_run, scan_shard_files
 
 VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
                                   ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
 EVAL_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("val_loss", pa.float64()), ("val_ppl", pa.float64())])
+EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
+                                    ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
+                                    ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
+                                    ("source", pa.string()), ("shard_path", pa.string())])
+SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
+# Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
+DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
+                      "WHERE doc_id NOT IN (SELECT doc_id FROM duplicates) "
+                      "AND (source, uri) NOT IN (SELECT source, uri FROM rejects WHERE reason = 'contaminated')")
 
 
 class QueryError(TokenmillError):
@@ -38,25 +51,21 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
 
     Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
+    Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
+    (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote "
                          "(runs/<name> by default).")
-    paths = RunPaths(run_dir)
+    tables = _run_tables(run_dir)  # everything is read (or refused) before a connection exists
     con = duckdb.connect(":memory:")
-    _register(con, "_docs", _parquet_dataset(document_part_files(paths), DOCUMENTS_SCHEMA))
-    _register(con, "duplicates", _parquet_dataset(_existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA))
-    _register(con, "rejects", _parquet_dataset(sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA))
-    _register(con, "shards", _parquet_dataset(_existing([paths.shard_index]), SHARD_INDEX_SCHEMA))
-    _register(con, "train_metrics", _jsonl_table(paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA))
-    _register(con, "eval_metrics", _jsonl_table(paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA))
-    # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
-    con.execute("CREATE VIEW documents AS SELECT * FROM _docs WHERE doc_id NOT IN (SELECT doc_id FROM duplicates) "
-                "AND (source, uri) NOT IN (SELECT source, uri FROM rejects WHERE reason = 'contaminated')")
-    _create_sequences_view(con, run_dir)
+    # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+    for name, data in tables.items():
+        con.register(name, data)
+    con.execute(DOCUMENTS_VIEW_SQL)
     return con
 
 
@@ -79,57 +88,119 @@ def run_query(run_dir: str | Path, sql: str) -> pa.Table:
         con.close()
 
 
-def _register(con: duckdb.DuckDBPyConnection, name: str, data: ds.Dataset | pa.Table) -> None:
-    con.register(name, data)
+def _run_tables(run_dir: Path) -> dict[str, ds.Dataset | pa.Table]:
+    """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``)."""
+    paths = RunPaths(run_dir)
+    return {
+        "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
+        "duplicates": _parquet_dataset(run_dir, _existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA),
+        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA),
+        "shards": _parquet_dataset(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
+        "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
+        "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
+        "sequences": _sequences_table(run_dir, _checked_shard_files(run_dir)),
+    }
 
 
 def _existing(candidates: list[Path]) -> list[Path]:
-    return [path for path in candidates if path.is_file()]
+    return [path for path in candidates if path.exists()]
 
 
-def _parquet_dataset(files: list[Path], schema: pa.Schema) -> ds.Dataset | pa.Table:
+def _checked_files(run_dir: Path, files: list[Path]) -> list[Path]:
+    """``files``, each a regular file inside the run dir; QueryError naming the first that is not."""
+    for path in files:
+        if not path_inside_run(run_dir, path):
+            raise QueryError(f"{path}: resolves (through a symlink) outside the run dir {run_dir}; a run dir may "
+                             "only point inside itself: replace the link by the file, or remove it.")
+        if not path.is_file():
+            raise QueryError(f"{path}: not a regular file (a folder, FIFO or device); remove it from the run dir.")
+    return files
+
+
+def _parquet_dataset(run_dir: Path, files: list[Path], schema: pa.Schema) -> ds.Dataset | pa.Table:
     if not files:
         return schema.empty_table()
-    return ds.dataset([str(path) for path in files], format="parquet")
+    try:
+        return ds.dataset([str(path) for path in _checked_files(run_dir, files)], format="parquet")
+    except (pa.ArrowException, OSError) as err:
+        raise QueryError(f"{files[0].parent}: not readable as Parquet ({_first_line(err)}); remove or restore "
+                         "the broken file, or re-run the stage that wrote it.") from None
 
 
-def _jsonl_table(path: Path, empty_schema: pa.Schema) -> pa.Table:
+def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table:
     """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
     rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+    if path.exists():
+        for line in _checked_files(run_dir, [path])[0].read_text(encoding="utf-8", errors="replace").splitlines():
             with contextlib.suppress(json.JSONDecodeError):
                 row = json.loads(line)
                 if isinstance(row, dict):
                     rows.append(row)
     if not rows:
         return empty_schema.empty_table()
-    return pa.Table.from_pylist(rows)
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowException, UnicodeError) as err:
+        raise QueryError(f"{path}: rows do not form one table ({_first_line(err)}); each key must hold one "
+                         "type of value in every line: fix or remove the odd lines.") from None
 
 
-def _create_sequences_view(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
-    """``sequences``: every packed row, with its shard's ``split``, ``source`` and ``shard_path``."""
-    shard_files = sorted((run_dir / "shards").rglob("*.arrow"))
+def _checked_shard_files(run_dir: Path) -> list[Path]:
+    """The shard files under ``shards/``; QueryError naming the first folder or file tokenmill would not write."""
+    files, faults = scan_shard_files(run_dir)
+    if faults:
+        more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
+        raise QueryError(f"{run_dir}: {faults[0]}{more}; "
+                         f"shards live only at {SHARD_LAYOUT} inside the run dir: "
+                         "remove or move what is not a shard (`tokenmill shards verify` lists every fault).")
+    return files
+
+
+def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
+    """``sequences``: every packed row, with its shard's ``split``, ``source`` and ``shard_path`` as data.
+
+    One table of the memory-mapped shards (no copy of the tokens). The added columns share two arrays sized
+    by the largest shard: ``row_in_shard`` slices one arange; split, source and shard_path are one-value
+    dictionaries over one array of zero indices, so they cost a byte per row, not a string.
+    """
     if not shard_files:
-        empty = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
-                           ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
-                           ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
-                           ("source", pa.string()), ("shard_path", pa.string())])
-        _register(con, "sequences", empty.empty_table())
-        return
-    selects = []
-    for number, shard in enumerate(shard_files):
-        relpath = shard.relative_to(run_dir).as_posix()
-        split, source = (part.split("=", 1)[1] for part in shard.relative_to(run_dir / "shards").parts[:2])
-        name = f"_shard_{number}"
-        _register(con, name, _numbered_rows(shard))
-        selects.append(f"SELECT *, '{split}' AS split, '{source}' AS source, '{relpath}' AS shard_path FROM {name}")
-    con.execute("CREATE VIEW sequences AS " + " UNION ALL ".join(selects))
+        return EMPTY_SEQUENCES_SCHEMA.empty_table()
+    shards = [_open_shard(path) for path in shard_files]
+    max_rows = max(table.num_rows for table in shards)
+    row_numbers = pa.array(np.arange(max_rows, dtype=np.int64))
+    zeros = pa.array(np.zeros(max_rows, dtype=np.int8))
+    tables = []
+    for path, table in zip(shard_files, shards, strict=True):
+        relpath = path.relative_to(run_dir).as_posix()
+        split, source = (folder.split("=", 1)[1] for folder in relpath.split("/")[1:3])
+        indices = zeros.slice(0, table.num_rows)
+        for name, values in (("row_in_shard", row_numbers.slice(0, table.num_rows)),
+                             ("split", pa.DictionaryArray.from_arrays(indices, pa.array([split]))),
+                             ("source", pa.DictionaryArray.from_arrays(indices, pa.array([source]))),
+                             ("shard_path", pa.DictionaryArray.from_arrays(indices, pa.array([relpath])))):
+            table = table.append_column(name, values)
+        tables.append(table)
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid as err:
+        raise QueryError(f"{run_dir}/shards: shards have different columns ({_first_line(err)} ...); every shard "
+                         "of a run comes from one tokenizer and seq_len: re-run `tokenmill prepare` on a fresh "
+                         "run dir.") from None
 
 
-def _numbered_rows(shard: Path) -> pa.Table:
-    """A shard's rows, memory-mapped (no copy of the tokens), plus ``row_in_shard`` (0-based): a scan has no
-    row number of its own, and ``shard_path`` + ``row_in_shard`` name a row the way the loader and
-    ``tokenmill shards sample`` (its ``row``) do."""
-    table = ipc.open_file(pa.memory_map(str(shard))).read_all()
-    return table.append_column("row_in_shard", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+def _open_shard(shard: Path) -> pa.Table:
+    """A shard's rows, memory-mapped (no copy of the tokens), without schema metadata; QueryError if unreadable."""
+    try:
+        table = ipc.open_file(pa.memory_map(str(shard))).read_all().replace_schema_metadata(None)
+    except (pa.ArrowException, OSError) as err:
+        raise QueryError(f"{shard}: not a readable Arrow IPC shard ({_first_line(err)}); remove it, or re-run "
+                         "`tokenmill prepare` on a fresh run dir.") from None
+    if table.column_names != SHARD_COLUMNS:
+        raise QueryError(f"{shard}: columns {table.column_names}, a shard has {SHARD_COLUMNS}; it was not written "
+                         "by tokenmill's packer: remove it, or re-run `tokenmill prepare` on a fresh run dir.")
+    return table
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

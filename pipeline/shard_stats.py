@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, ShardFormatError
 from pipeline.shards import ShardInfo, ShardTokens, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
@@ -70,7 +70,8 @@ class _PairTotals:
 
 
 def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, Any]]:
-    """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index.
+    """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index, or
+    when an index row names a path outside the shard layout or the run dir (:func:`pipeline.shards.read_shard_index`).
 
     Keys: ``split, source, num_shards, size_bytes, num_rows, num_tokens`` (real tokens, padding excluded),
     ``num_documents`` (documents that start in the pair), ``eos_share`` (EOS tokens / real tokens),
@@ -93,8 +94,13 @@ def special_token_ids(run_dir: Path) -> tuple[int, int]:
     path = Path(run_dir) / "tokenizer" / "tokenizer.json"
     if not path.is_file():
         return CONTRACT_EOS_ID, CONTRACT_PAD_ID
-    added = {token.get("content"): token.get("id")
-             for token in json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])}
+    try:
+        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ShardFormatError(f"{path}: not a tokenizer.json ({err}); restore the run's tokenizer, or re-run "
+                               "`tokenmill prepare` on a fresh run dir.") from None
+    tokens = tokenizer.get("added_tokens", []) if isinstance(tokenizer, dict) else []
+    added = {token.get("content"): token.get("id") for token in tokens if isinstance(token, dict)}
     return added.get(EOS_TOKEN, CONTRACT_EOS_ID), added.get(PAD_TOKEN, CONTRACT_PAD_ID)
 
 

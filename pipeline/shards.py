@@ -2,10 +2,14 @@
 
 A shard is an uncompressed Arrow IPC *file* at ``shards/split=<split>/source=<source>/part-NNNNN.arrow``
 (schema: :func:`pipeline.schemas.shard_schema`); ``shards/index.parquet`` has one row per shard.
+
+A run dir is data from whoever made it: every path read from it (an index row, a folder under ``shards/``)
+must be in that layout and stay inside the run dir (:func:`index_path_fault`, :func:`scan_shard_files`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +18,18 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from pipeline.atomic import atomic_path, sha256_file
+from pipeline.atomic import TEMP_PREFIX, atomic_path, sha256_file
 from pipeline.errors import ShardFormatError
+from pipeline.manifest import NAME_PATTERN
 from pipeline.schemas import FORMAT_VERSION, SHARD_INDEX_SCHEMA, shard_schema
 
 REQUIRED_METADATA = ("format_version", "tokenizer_sha256", "seq_len", "vocab_size", "dtype", "split", "source")
+SHARD_SPLITS = ("train", "val")
+"""The splits tokenmill writes shards for (``pipeline.filters.assign_split``); a folder of another split is not its."""
+SHARD_LAYOUT = "shards/split=<train|val>/source=<source name>/part-NNNNN.arrow"
+_SHARD_FILE_NAME = re.compile(r"part-[0-9]{5,}\.arrow")  # shard_relpath's {part:05d}: six digits past 99999
+_SOURCE_NAME = re.compile(NAME_PATTERN)
+_FOLDER_LEVELS = ("split", "source")
 
 
 def token_dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -157,32 +168,176 @@ def write_shard_index(run_dir: Path, infos: list[ShardInfo]) -> None:
 
 
 def read_shard_index(run_dir: Path) -> list[ShardInfo]:
-    """The shard index as ShardInfo rows; raises ShardFormatError when it is missing or malformed."""
+    """The shard index as ShardInfo rows, every row safe to open (:func:`index_row_fault`).
+
+    Raises ShardFormatError when the index is missing or malformed, or when a row names a path outside the
+    shard layout or the run dir (absolute, ``..``, a symlink out): the loader and ``shards sample`` read
+    nothing such an index points to.
+    """
+    run_dir = Path(run_dir)
+    infos = _read_index_rows(run_dir)
+    for info in infos:
+        fault = index_row_fault(run_dir, info)
+        if fault is not None:
+            raise ShardFormatError(f"{run_dir / 'shards' / 'index.parquet'}: {fault}; "
+                                   f"an index may name only shards inside its run dir ({SHARD_LAYOUT}): "
+                                   "re-run `tokenmill prepare` on a fresh run dir.")
+    return infos
+
+
+def _read_index_rows(run_dir: Path) -> list[ShardInfo]:
+    """The index's rows as they are (unchecked); raises ShardFormatError when the file is missing or malformed."""
     path = run_dir / "shards" / "index.parquet"
     if not path.is_file():
         raise ShardFormatError(f"{path}: no shard index; run `tokenmill prepare` first.")
-    table = pq.read_table(path)
+    if not path_inside_run(run_dir, path):
+        raise ShardFormatError(f"{path}: the shard index resolves (through a symlink) outside the run dir; "
+                               "re-run `tokenmill prepare` on a fresh run dir.")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ShardFormatError(f"{path}: not a readable Parquet shard index ({first_line}); "
+                               "re-run `tokenmill prepare`.") from None
     missing = [name for name in SHARD_INDEX_SCHEMA.names if name not in table.column_names]
     if missing:
         raise ShardFormatError(f"{path}: shard index lacks columns {missing}; re-run `tokenmill prepare`.")
     return [ShardInfo(**{name: row[name] for name in SHARD_INDEX_SCHEMA.names}) for row in table.to_pylist()]
 
 
-def verify_shards(run_dir: Path) -> list[str]:
-    """Check every shard against the index: presence, sha256, schema, metadata, ids < vocab.
+def path_inside_run(run_dir: Path, path: Path) -> bool:
+    """Whether ``path``, every symlink followed, lies inside the run dir (a symlink loop counts as outside)."""
+    try:
+        return path.resolve().is_relative_to(Path(run_dir).resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        return False
 
-    Returns one human-readable line per fault (empty list = all good); also reports shard files on
-    disk that the index does not list.
+
+def shard_layout_fault(relpath: str) -> str | None:
+    """Why ``relpath`` is not a place tokenmill writes a shard (:data:`SHARD_LAYOUT`); None when it is one."""
+    parts = relpath.split("/")
+    if relpath.startswith("/"):
+        return "is an absolute path"
+    if ".." in parts:
+        return "contains '..'"
+    if len(parts) != 4 or parts[0] != "shards":
+        return f"is not at {SHARD_LAYOUT}"
+    for name, key in zip(parts[1:3], _FOLDER_LEVELS, strict=True):
+        expected = _expected_folder(name, key)
+        if expected is not None:
+            return f"has folder {name!r}, expected {expected}"
+    if not _SHARD_FILE_NAME.fullmatch(parts[3]):
+        return f"has file name {parts[3]!r}, expected part-NNNNN.arrow"
+    return None
+
+
+def _expected_folder(name: str, key: str) -> str | None:
+    """What a ``split=``/``source=`` folder tokenmill writes looks like, when ``name`` is not one; else None."""
+    value = name.removeprefix(f"{key}=") if name.startswith(f"{key}=") else None
+    if key == "split" and value not in SHARD_SPLITS:
+        return "split=train or split=val"
+    if key == "source" and (value is None or not _SOURCE_NAME.fullmatch(value)):
+        return f"source=<name> with a source name tokenmill accepts ({NAME_PATTERN})"
+    return None
+
+
+def index_path_fault(run_dir: Path, relpath: object) -> str | None:
+    """Why the path an index row names must not be opened, or None: the one check of every path an index names.
+
+    Faults: not a string, not in :data:`SHARD_LAYOUT` (absolute, ``..``, other folders), resolving outside the
+    run dir through a symlink, or not a regular file (a FIFO would block its reader). A missing file passes:
+    readers and ``verify`` report it as missing.
+    """
+    if not isinstance(relpath, str):
+        return f"index path {relpath!r} is not a string"
+    fault = shard_layout_fault(relpath)
+    path = Path(run_dir) / relpath
+    if fault is None and not path_inside_run(run_dir, path):
+        fault = "resolves (through a symlink) outside the run dir"
+    if fault is None and path.exists() and not path.is_file():
+        fault = "is not a regular file"
+    return None if fault is None else f"index path {relpath!r} {fault}"
+
+
+def index_row_fault(run_dir: Path, info: ShardInfo) -> str | None:
+    """Why an index row must not be used, or None: :func:`index_path_fault`, or split/source columns that
+    disagree with the path's folders (the loader weights sources by those columns)."""
+    fault = index_path_fault(run_dir, info.path)
+    if fault is None and _folder_values(info.path) != (info.split, info.source):
+        split, source = _folder_values(info.path)
+        fault = (f"index path {info.path!r} lies in split={split}/source={source}, the row says "
+                 f"split={info.split!r}, source={info.source!r}")
+    return fault
+
+
+def _folder_values(relpath: str) -> tuple[str, str]:
+    """(split, source) of a path in :data:`SHARD_LAYOUT`."""
+    split, source = (folder.split("=", 1)[1] for folder in relpath.split("/")[1:3])
+    return split, source
+
+
+def scan_shard_files(run_dir: Path) -> tuple[list[Path], list[str]]:
+    """The shard files under ``shards/`` (sorted) and one fault line per entry tokenmill would not have written.
+
+    Faults: a folder other than ``split=train|val`` / ``source=<name>``, a folder below the source level, an
+    ``.arrow`` file elsewhere or not named part-NNNNN.arrow, one that is not a regular file, anything that
+    resolves (through a symlink) outside the run dir. Those are never returned as shards. Other files
+    (``index.parquet``, ``state.json``) and temporary files of unfinished writes are not shards: passed over.
     """
     run_dir = Path(run_dir)
+    files: list[Path] = []
     faults: list[str] = []
-    infos = read_shard_index(run_dir)
+    if (run_dir / "shards").is_dir():
+        _scan_folder(run_dir, run_dir / "shards", 0, files, faults)
+    return sorted(files), faults
+
+
+def _scan_folder(run_dir: Path, folder: Path, depth: int, files: list[Path], faults: list[str]) -> None:
+    """One level of :func:`scan_shard_files` (depth 0 = ``shards/``, 1 = a split folder, 2 = a source folder)."""
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(TEMP_PREFIX) or not (entry.is_dir() or entry.suffix == ".arrow"):
+            continue  # not a shard: index.parquet, state.json, an unfinished write
+        fault = _entry_fault(run_dir, entry, depth)
+        if fault is not None:
+            faults.append(fault)
+        elif entry.is_dir():
+            _scan_folder(run_dir, entry, depth + 1, files, faults)
+        else:
+            files.append(entry)
+
+
+def _entry_fault(run_dir: Path, entry: Path, depth: int) -> str | None:
+    """Why a folder or ``.arrow`` file at ``depth`` under ``shards/`` is not what tokenmill writes; else None."""
+    relpath = entry.relative_to(run_dir).as_posix()
+    if not path_inside_run(run_dir, entry):
+        return f"{relpath!r} resolves (through a symlink) outside the run dir"
+    if entry.is_dir():
+        if depth == len(_FOLDER_LEVELS):
+            return f"folder {relpath!r} is below the source level of {SHARD_LAYOUT}"
+        expected = _expected_folder(entry.name, _FOLDER_LEVELS[depth])
+        return None if expected is None else f"folder {relpath!r} is not one tokenmill writes (expected {expected})"
+    fault = shard_layout_fault(relpath) or (None if entry.is_file() else "is not a regular file")
+    return None if fault is None else f"shard file {relpath!r} {fault}"
+
+
+def verify_shards(run_dir: Path) -> list[str]:
+    """Check every shard against the index: safe path, presence, sha256, schema, metadata, ids < vocab.
+
+    Returns one human-readable line per fault (empty list = all good); also reports shard files on
+    disk that the index does not list and entries under ``shards/`` outside the layout. An index row whose
+    path is outside the layout or the run dir (:func:`index_path_fault`) is a fault and is not opened; the
+    path's split/source folders, the shard's metadata and the index row must all agree.
+    """
+    run_dir = Path(run_dir)
+    infos = _read_index_rows(run_dir)
+    on_disk, faults = scan_shard_files(run_dir)
     listed = {info.path for info in infos}
-    for extra in sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "shards").rglob("*.arrow")):
+    for extra in (path.relative_to(run_dir).as_posix() for path in on_disk):
         if extra not in listed:
             faults.append(f"{extra}: shard file not in the index (extra file)")
     for info in infos:
-        faults.extend(_verify_one(run_dir, info))
+        fault = index_path_fault(run_dir, info.path)
+        faults.extend([fault] if fault is not None else _verify_one(run_dir, info))
     return faults
 
 
@@ -203,6 +358,9 @@ def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
               for key, want in (("split", info.split), ("source", info.source),
                                 ("tokenizer_sha256", info.tokenizer_sha256), ("seq_len", str(info.seq_len)))
               if metadata[key] != want]
+    if _folder_values(info.path) != (metadata["split"], metadata["source"]):
+        faults.append(f"{info.path}: lies in the folders of another split/source than its metadata "
+                      f"(split={metadata['split']!r}, source={metadata['source']!r})")
     vocab_size = int(metadata["vocab_size"])
     expected = shard_schema(pa.from_numpy_dtype(token_dtype_for_vocab(vocab_size)), info.seq_len, {})
     with pa.memory_map(str(path)) as source:

@@ -67,7 +67,11 @@ class SplitRows:
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
     def __init__(self, run_dir: Path, split: str, pad_id: int) -> None:
-        """``pad_id``: the padding id of the tokenizer the shards were packed with."""
+        """``pad_id``: the padding id of the tokenizer the shards were packed with.
+
+        Raises ShardFormatError (from :func:`pipeline.shards.read_shard_index`) when an index row names a path
+        that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on.
+        """
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
         self.split, self.pad_id = split, pad_id
         self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
