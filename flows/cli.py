@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flows.server import guard_temporary_server
 from flows.settings import configure_environment
 from pipeline.errors import TokenmillError
 from pipeline.rundir import RunLock
@@ -92,6 +93,7 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
+        guard_temporary_server()
         with live_progress():
             summary = data_to_model(str(recipe_path), _optional(run_dir), dask_address)
         _print_summary(summary)
@@ -109,6 +111,7 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
+        guard_temporary_server()
         with live_progress():
             summary = prepare_on(str(recipe_path), _optional(run_dir), dask_address)
         _print_summary(summary)
@@ -126,6 +129,7 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
 
     _hide_user_error_tracebacks()
     with _locked_run_dir(recipe_path, run_dir):
+        guard_temporary_server()
         with live_progress():
             summary = train_model(str(recipe_path), _optional(run_dir))
         _print_summary(summary)
@@ -156,6 +160,7 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
     """
     from flows.serve import serve_deployments
 
+    guard_temporary_server()
     serve_deployments(recipe, _optional(run_dir), limit)
 
 
@@ -260,6 +265,8 @@ def _locked_run_dir(recipe_path: Path, run_dir: Path | None) -> RunLock:
     """Take the run dir's lock before Prefect starts: a second process gets one clean line, not a failed flow.
 
     The flows take the same lock again (it nests within a process), so they are safe without the CLI too.
+    Inside it, :func:`flows.server.guard_temporary_server` makes a temporary Prefect server die with this
+    process (after the lock: a refused command never pays for Prefect's server import).
     """
     from flows.recipe import load_recipe, resolve_run_dir
 

@@ -10,11 +10,14 @@ parallelism or DeepSpeed come from the recipe (``trainer.parallel``), not from f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
 from pathlib import Path
+
+from pipeline.rundir import RunLock
 
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
@@ -51,6 +54,23 @@ PARENT_PID_ENV = "TOKENMILL_PARENT_PID"
 def parent_watch_env() -> dict[str, str]:
     """Environment telling the launched trainer which process to outlive no longer (see exit_with_parent)."""
     return {PARENT_PID_ENV: str(os.getpid())}
+
+
+def run_dir_lock(run_dir: Path) -> contextlib.AbstractContextManager[object]:
+    """The run-dir lock a trainer process holds while it trains: one training job per run dir, whoever starts it.
+
+    Only global rank 0 (``RANK``, unset = 0: one process) takes it; the other ranks of the launch run under
+    rank 0's lock, so the ranks of one ``accelerate launch`` never refuse each other, whether it was started
+    by hand or by the flow, on one machine or several sharing the run dir (the machines other than rank 0's
+    take no lock, so a copy of the run dir local to one of them is not guarded). Rank 0 takes the lock before
+    the process group forms: refused, it exits with the lock message and the launcher stops the other ranks.
+    Launched by a flow that holds the lock (``TOKENMILL_PARENT_PID`` names that flow, an ancestor), rank 0
+    shares it instead of being refused; started by hand, it takes it, and a ``tokenmill prepare`` is refused.
+    """
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    parent = os.environ.get(PARENT_PID_ENV)
+    return RunLock(run_dir, launched_by=int(parent) if parent and parent.isdigit() else None)
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:

@@ -29,7 +29,7 @@ from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.export import export_model, exported_step
-from trainer.launch import exit_with_parent
+from trainer.launch import exit_with_parent, run_dir_lock
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.mixture import MixtureOrder, resolve_weights
@@ -181,24 +181,26 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     ``until_step`` may pass ``max_steps``: an incremental refresh keeps training on new data, and the
     learning rate stays at its cosine floor past ``max_steps``.
 
-    Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row.
+    Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
+    RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
     """
     run_dir = Path(run_dir)
-    config = read_trainer_config(run_dir)
-    accelerator = build_accelerator(config.train, run_dir)
-    try:
-        if config.train.tensorboard:
-            accelerator.init_trackers(TRACKER_PROJECT)
-        loop = build_training_loop(run_dir, config, accelerator, allow_data_change)
-        resumed_step = loop.checkpointer.load_latest()
-        if resumed_step is not None:
-            accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
-        loop.metrics.drop_rows_after(resumed_step)
-        target_step = until_step if until_step is not None else config.train.max_steps
-        run_to(loop, target_step)
-        export_if_stale(loop, RunPaths(run_dir))
-    finally:
-        accelerator.end_training()  # flushes TensorBoard even when training stops with an error
+    with run_dir_lock(run_dir):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
+        config = read_trainer_config(run_dir)
+        accelerator = build_accelerator(config.train, run_dir)
+        try:
+            if config.train.tensorboard:
+                accelerator.init_trackers(TRACKER_PROJECT)
+            loop = build_training_loop(run_dir, config, accelerator, allow_data_change)
+            resumed_step = loop.checkpointer.load_latest()
+            if resumed_step is not None:
+                accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
+            loop.metrics.drop_rows_after(resumed_step)
+            target_step = until_step if until_step is not None else config.train.max_steps
+            run_to(loop, target_step)
+            export_if_stale(loop, RunPaths(run_dir))
+        finally:
+            accelerator.end_training()  # flushes TensorBoard even when training stops with an error
     return loop.counters.step
 
 
