@@ -293,11 +293,14 @@ def _emit(columns: list[str], rows: list[list[Any]], output_format: OutputFormat
         typer.echo(buffer.getvalue(), nl=False)
     else:
         from rich.console import Console
-        from rich.table import Table
+        from rich.table import Column, Table
+        from rich.text import Text
 
-        table = Table(*columns)
+        # Cells are data (a uri, a record's text): Text() shows them as they are, never as rich markup
+        # ("[/]" would crash the table, "[link=…]" would become a terminal hyperlink).
+        table = Table(*(Column(header=Text(column)) for column in columns))
         for row in rows:
-            table.add_row(*(str(value) for value in row))
+            table.add_row(*(Text(str(value)) for value in row))
         Console().print(table)
 
 

@@ -319,3 +319,16 @@ def test_hostile_source_and_reason_names_are_text_in_the_report(run_dir: Path) -
     assert "<img" not in markdown and "[click](" not in markdown and "|`x`" not in markdown
     assert "&lt;img src=x onerror=alert(1)&gt;" in markdown and "\\[click\\](javascript:alert(1))\\|\\`x\\`" in markdown
     assert "<img src=x" not in index.read_text()
+
+
+def test_rich_markup_in_a_record_is_printed_as_it_is(run_dir: Path) -> None:
+    """The terminal table shows data as text: a uri holding rich markup neither crashes it nor styles it."""
+    hostile = "[/][link=file:///etc/passwd]click[/link][bold red]x"
+    part = run_dir / "docs/part-00000.parquet"
+    table = pq.read_table(part)
+    uris = table.column("uri").to_pylist()
+    pq.write_table(table.set_column(table.schema.get_field_index("uri"), "uri",
+                                    pa.array([hostile, *uris[1:]])), part)
+    result = tokenmill("query", str(run_dir), "SELECT uri FROM documents WHERE uri LIKE '[%' ")
+    assert result.returncode == 0, result.stderr
+    assert hostile in result.stdout
