@@ -30,6 +30,7 @@ from accelerate.utils import DistributedType, broadcast_object_list
 
 from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
 from pipeline.errors import CheckpointError
+from pipeline.shards import path_inside_run
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
@@ -94,8 +95,13 @@ def verify_checkpoint(folder: Path) -> str | None:
     missing = [" or ".join(group) for group in REQUIRED_FILES if not any(name in files for name in group)]
     if missing:
         return f"manifest lacks {missing}"
+    if not path_inside_run(folder.parent, folder):
+        return "the folder resolves (through a symlink) outside the checkpoints folder"
     for name, entry in files.items():
         path = folder / name
+        # A checkpoint is data from whoever made the run dir: it may name only its own files.
+        if Path(name).is_absolute() or ".." in Path(name).parts or not path_inside_run(folder, path):
+            return f"{name} lies outside the checkpoint folder (an absolute path, '..' or a symlink out)"
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != entry["num_bytes"] or sha256_file(path) != entry["sha256"]:

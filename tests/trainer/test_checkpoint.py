@@ -148,3 +148,31 @@ def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
     restored = make_setup(tmp_path)
     restored.checkpointer.load_latest()
     assert all(torch.equal(v, restored.weights()[k]) for k, v in setup.weights().items())
+
+
+@pytest.mark.parametrize("escape", ["absolute", "dotdot", "symlinked_file", "symlinked_folder"])
+def test_a_checkpoint_naming_files_outside_itself_does_not_verify(tmp_path: Path, escape: str) -> None:
+    """A run dir is data from whoever made it: its checkpoint may point only at its own files, even when an
+    outside file has the right bytes (the manifest's sha256 then matches)."""
+    setup = make_setup(tmp_path / "checkpoints")
+    setup.train_step()
+    folder = setup.checkpointer.save(1)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    entry = manifest["files"]["model.safetensors"]
+    if escape == "absolute":
+        manifest["files"][str(outside / "model.safetensors")] = entry
+    elif escape == "dotdot":
+        manifest["files"]["../../elsewhere/model.safetensors"] = entry
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    if escape == "symlinked_file":
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
+    if escape == "symlinked_folder":
+        for path in folder.iterdir():
+            (outside / path.name).write_bytes(path.read_bytes())
+        folder.rename(tmp_path / "moved")
+        folder.symlink_to(outside)
+    assert "outside" in verify_checkpoint(folder)
