@@ -9,8 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.errors import RunDirError
 from pipeline.ingest import doc_id_for
 from pipeline.rundir import RunPaths
+from pipeline.shards import path_inside_run
 
 DUPLICATES_FILE = "duplicates.parquet"
 CONTAMINATED_FILE = "contaminated.parquet"
@@ -20,6 +22,10 @@ CONTAMINATED_FILE = "contaminated.parquet"
 def document_part_files(paths: RunPaths) -> list[Path]:
     """Finished document parts in part order (``part-NNNNN.parquet`` whose ``.json`` marker exists)."""
     parts = sorted(paths.docs.glob("part-*.parquet"))
+    for part in parts:
+        if not path_inside_run(paths.root, part) or not path_inside_run(paths.root, part.with_suffix(".json")):
+            raise RunDirError(f"{part}: resolves (through a symlink) outside the run dir {paths.root}; a run dir "
+                              "may only point inside itself: replace the link by the file, or use a fresh run dir.")
     return [part for part in parts if part.with_suffix(".json").is_file()]
 
 

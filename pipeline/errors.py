@@ -40,3 +40,7 @@ class RunLockedError(TokenmillError):
 
 class StageMismatchError(TokenmillError):
     """A stage's recorded fingerprint differs from the current inputs and settings."""
+
+
+class RunDirError(TokenmillError):
+    """The run directory holds what tokenmill never writes there (a crafted or damaged run dir)."""

@@ -21,8 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.report import write_report
-from pipeline.errors import ShardFormatError
+from pipeline.documents import document_part_files
+from pipeline.errors import RunDirError, ShardFormatError
 from pipeline.query import QueryError, connect
+from pipeline.rundir import RunPaths
 from pipeline.schemas import REJECTS_SCHEMA
 from pipeline.shard_stats import shard_stats
 from pipeline.shards import ShardRows, read_shard_index, verify_shards, write_shard, write_shard_index
@@ -198,9 +200,11 @@ def test_a_document_part_symlinked_outside_the_run_dir_is_not_read(run_dir: Path
     outside = tmp_path / "elsewhere.parquet"
     shutil.move(part, outside)
     part.symlink_to(outside)
-    with pytest.raises(QueryError, match="outside the run dir") as refused:
+    with pytest.raises((QueryError, RunDirError), match="outside the run dir") as refused:
         connect(run_dir)
     assert str(part) in str(refused.value)
+    with pytest.raises(RunDirError, match="outside the run dir"):  # the stages that read documents refuse it too
+        document_part_files(RunPaths(run_dir))
 
 
 def test_metrics_rows_of_mixed_types_are_one_line_naming_the_file(run_dir: Path) -> None:
