@@ -12,6 +12,13 @@ hashes: ~0.15 KB per document) grows with the corpus. ``--one-file`` writes the 
 instead of 32 MB shards: a file bigger than a part is a part of its own, so the largest part grows with
 the corpus too (what a part holds in memory, e.g. its MinHash signatures, must not).
 
+``--bombs`` measures hostile input instead: a 32 KB zstd file and a gzip file that each expand to one line
+of 256 MiB, then of 1 GiB (each with a valid record after it). A line longer than
+``pipeline.readers.record_byte_limit(filters.max_chars)`` (87 MiB at the default max_chars) is rejected as
+``too_long`` while it streams, so the peak stays within the same bound at both sizes (ratio ~1.0): imports +
+one record at that limit + a few 1 MiB chunks (measured: 277 MB at both sizes). Before that bound the
+same files took 3.3 GB (256 MiB) and 12.5 GB (1 GiB) of RSS.
+
 Run from the repo root: ``.venv/bin/python -m benchmarks.ingest_memory --quick``. The last line printed is JSON.
 """
 
@@ -40,10 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="1x = 40 MB (about a minute)")
     parser.add_argument("--mb", type=int, default=None, help="MB of text at 1x (default 200, quick 40)")
     parser.add_argument("--one-file", action="store_true", help="the jsonl half as one file, not 32 MB shards")
+    parser.add_argument("--bombs", action="store_true", help="decompression bombs of 256 MiB and 1 GiB instead")
     parser.add_argument("--child", nargs=2, metavar=("MANIFEST", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(ingest_and_dedupe(Path(args.child[0]), Path(args.child[1]))))
+        return
+    if args.bombs:
+        report_bombs({size: measure_bombs(size) for size in BOMB_SIZES})
         return
     base_mb = args.mb or (40 if args.quick else 200)
     shard_bytes = 1 << 62 if args.one_file else SHARD_BYTES
@@ -143,6 +154,61 @@ def ingest_and_dedupe(manifest: Path, run_dir: Path) -> dict:
     return {"imports_mb": imports_mb, "ingest_mb": ingest_mb, "peak_mb": _peak_rss_mb(), "ingest_s": ingest_s,
             "dedupe_s": time.perf_counter() - started, "num_parts": len(summaries),
             "num_documents": sum(s["num_documents"] for s in summaries), **dedupe}
+
+
+BOMB_SIZES = (256 << 20, 1 << 30)
+"""Bytes each bomb's single line expands to."""
+
+
+def measure_bombs(num_bytes: int) -> dict:
+    """Ingest (+ dedupe) a zstd and a gzip bomb of one ``num_bytes`` line each, in a fresh process."""
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="tokenmill-bench-bombs-") as tmp:
+        folder = Path(tmp) / "bombs"
+        compressed = write_bombs(folder, num_bytes)
+        manifest = Path(tmp) / "corpus.yaml"
+        manifest.write_text(yaml.safe_dump({"name": "bombs", "sources": [
+            {"name": "bombs", "path": "bombs", "format": "jsonl", "on_error": "skip"}]}), encoding="utf-8")
+        command = [sys.executable, "-m", "benchmarks.ingest_memory", "--child", str(manifest), f"{tmp}/run"]
+        child = subprocess.run(command, capture_output=True, text=True, check=False, cwd=Path(__file__).parents[1])
+        if child.returncode != 0:
+            raise SystemExit(f"the measured process failed:\n{child.stderr[-3000:]}")
+        return {**json.loads(child.stdout.strip().splitlines()[-1]), "compressed_bytes": compressed}
+
+
+def write_bombs(folder: Path, num_bytes: int) -> dict[str, int]:
+    """``bomb.jsonl.zst`` and ``bomb.jsonl.gz``: one line of ``num_bytes`` repeats, then one valid record; returns
+    ``{file name: compressed bytes}``."""
+    import zstandard
+
+    folder.mkdir(parents=True)
+    block = b"A" * (1 << 20)
+    valid = json.dumps({"text": "A valid record after the bomb, with enough words in it."}).encode() + b"\n"
+    with open(folder / "bomb.jsonl.zst", "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
+        out.write(b'{"text": "')
+        for _ in range(num_bytes >> 20):
+            out.write(block)
+        out.write(b'"}\n' + valid)
+    with gzip.open(folder / "bomb.jsonl.gz", "wb", compresslevel=1) as out:
+        for _ in range(num_bytes >> 20):
+            out.write(block)
+        out.write(b"\n" + valid)
+    return {path.name: path.stat().st_size for path in sorted(folder.iterdir())}
+
+
+def report_bombs(results: dict[int, dict]) -> None:
+    from pipeline.readers import DEFAULT_MAX_CHARS, record_byte_limit
+
+    print(f"record limit: {record_byte_limit(DEFAULT_MAX_CHARS) >> 20} MiB (default filters.max_chars)")
+    print(f"{'line':<9}{'zstd file':>11}{'gzip file':>11}{'docs':>6}{'RSS imports':>13}{'after ingest':>14}")
+    for size, row in results.items():
+        sizes = row["compressed_bytes"]
+        print(f"{size >> 20:>5} MiB{sizes['bomb.jsonl.zst']:>10}B{sizes['bomb.jsonl.gz']:>10}B"
+              f"{row['num_documents']:>6}{row['imports_mb']:>12.0f}M{row['ingest_mb']:>13.0f}M")
+    small, large = (results[size]["ingest_mb"] for size in BOMB_SIZES)
+    print(json.dumps({"name": "ingest_memory_bombs", "ours": round(large, 1), "baseline": round(small, 1),
+                      "unit": "MB peak RSS (1 GiB vs 256 MiB line)", "ratio": round(large / small, 3)}))
 
 
 def _peak_rss_mb() -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from pipeline.config import NearDedupeConfig
 from pipeline.errors import ManifestError
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
-from pipeline.readers import Record, Reject, read_file
+from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.rundir import RunPaths, fingerprint
 from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 
@@ -111,26 +112,117 @@ def source_root(source: SourceConfig, manifest_path: Path) -> Path:
     return path if path.is_dir() and source.format != "hf_disk" else path.parent
 
 
-def list_source_files(source: SourceConfig, manifest_path: Path) -> list[SourceFile]:
+RUN_DIR_SIGNATURES = ((f"docs/{PLAN_FILE}",), ("run.yaml", ".lock"))
+"""A folder holding ``docs/plan.json``, or both ``run.yaml`` and ``.lock``, is a tokenmill run dir."""
+
+
+def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path | None = None) -> list[SourceFile]:
     """The source's files (``glob`` minus ``exclude``, which may also name folders), sorted by path.
 
     One walk that prunes excluded folders: globbing first and filtering after would walk, say, the
-    11k files of ``site-packages`` under the stdlib only to drop them.
+    11k files of ``site-packages`` under the stdlib only to drop them. Folders that are tokenmill run dirs
+    (``run_dir``, the run being planned, or any other: :data:`RUN_DIR_SIGNATURES`) are not entered, with a
+    warning: a run never ingests its own or another run's outputs.
+
+    Symbolic links, files and folders alike: one that resolves inside the source folder is read under its
+    own path (a linked file is listed, a linked folder is not walked twice); one that resolves outside it,
+    and any FIFO, socket or device, is listed so that :func:`pipeline.readers.refusal` records it as an
+    ``outside_source`` / ``not_a_regular_file`` reject when its part is read; a link leading nowhere
+    (dangling, or a loop) holds nothing and is skipped with a warning.
+    Raises ManifestError when the source path is not a regular file or folder, or lies inside ``run_dir``.
     """
     path = resolve_source_path(source, manifest_path)
+    _check_source_path(path, source, manifest_path, run_dir)
     if not path.is_dir() or source.format == "hf_disk":
         return [_stat_file(path, path.name)]
     include = glob_regex(source.glob)
     excludes = [glob_regex(pattern) for pattern in source.exclude]
+    run_root = run_dir.resolve() if run_dir is not None else None
     files = []
     for folder, subfolders, names in os.walk(path):
         prefix = Path(folder).relative_to(path).as_posix() + "/" if folder != str(path) else ""
-        subfolders[:] = sorted(d for d in subfolders if not any(x.fullmatch(prefix + d) for x in excludes))
+        walked = []
+        for name in sorted(d for d in subfolders if not any(x.fullmatch(prefix + d) for x in excludes)):
+            entry = Path(folder) / name
+            if entry.is_symlink():  # a folder link: listed when it leads outside (for its reject), never walked
+                if not _is_inside(entry, path) and _glob_reaches(source.glob, prefix + name):
+                    files.append(_lstat_file(entry, prefix + name))
+            elif _is_run_dir(entry, run_root):
+                warnings.warn(f"source '{source.name}': {escape_file_name(prefix + name)}"
+                              "/ is a tokenmill run dir inside the source folder; it is not read "
+                              "(keep run dirs out of source folders)", stacklevel=2)
+            else:
+                walked.append(name)
+        subfolders[:] = walked
         for name in names:
             rel = prefix + name
-            if include.fullmatch(rel) and not any(x.fullmatch(rel) for x in excludes) and (path / rel).is_file():
-                files.append(_stat_file(path / rel, rel))
+            if include.fullmatch(rel) and not any(x.fullmatch(rel) for x in excludes):
+                files += _listed_file(path / rel, rel, path, source.name)
     return sorted(files, key=lambda file: file.rel)
+
+
+def _check_source_path(path: Path, source: SourceConfig, manifest_path: Path, run_dir: Path | None) -> None:
+    """A source path must be a regular file or a folder (a FIFO would hang the read, a device never end),
+    and must not be this run's own outputs."""
+    mode = path.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ManifestError(
+            f"{manifest_path}: sources[{source.name}].path {source.path!r} is a {file_kind(mode)} "
+            f"(resolved to {path}), not a regular file or a folder; tokenmill reads regular files only: "
+            "point path at a file or a folder of files."
+        )
+    if run_dir is not None and path.is_relative_to(run_dir.resolve()):
+        raise ManifestError(
+            f"{manifest_path}: sources[{source.name}].path {source.path!r} is inside the run dir {run_dir}; "
+            "a run never reads its own outputs: point path at the input files, or use another --run-dir."
+        )
+
+
+def _is_run_dir(folder: Path, run_root: Path | None) -> bool:
+    """Whether ``folder`` is the run being planned or looks like any tokenmill run dir."""
+    if run_root is not None and folder.resolve() == run_root:
+        return True
+    return any(all((folder / name).is_file() for name in signature) for signature in RUN_DIR_SIGNATURES)
+
+
+def _is_inside(entry: Path, root: Path) -> bool:
+    try:
+        return entry.resolve(strict=True).is_relative_to(root)
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop, up to Python 3.12
+        return False
+
+
+def _listed_file(path: Path, rel: str, root: Path, source_name: str) -> list[SourceFile]:
+    """``[the file as listed]``, or ``[]`` for a link that leads nowhere (a warning says so) or a file gone."""
+    try:
+        target = path.stat()
+    except (OSError, RuntimeError):
+        if path.is_symlink():
+            warnings.warn(f"source '{source_name}': {escape_file_name(rel)} is a symbolic link that leads nowhere "
+                          "(its target is missing, or it loops); it is skipped", stacklevel=3)
+        return []
+    if path.is_symlink() and not _is_inside(path, root):
+        return [_lstat_file(path, rel)]  # its size and time are the link's own: nothing outside is looked at
+    return [SourceFile(rel, target.st_size, target.st_mtime_ns)]
+
+
+def _lstat_file(path: Path, rel: str) -> SourceFile:
+    stat_result = path.lstat()
+    return SourceFile(rel, stat_result.st_size, stat_result.st_mtime_ns)
+
+
+def _glob_reaches(pattern: str, folder: str) -> bool:
+    """Whether ``pattern`` (a source glob) can match a path inside ``folder`` (posix, relative)."""
+    parts = pattern.strip("/").split("/")
+    names = folder.split("/")
+    for index, part in enumerate(parts):
+        if part == "**":
+            return True
+        if index == len(names):
+            return True  # the folder's own components matched; this one can match what is inside it
+        if not re.fullmatch(_component_regex(part), names[index], re.DOTALL):
+            return False
+    return False
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:
@@ -172,8 +264,8 @@ def _stat_file(path: Path, rel: str) -> SourceFile:
     if path.is_dir():  # an hf_disk dataset folder counts as one file
         stats = [child.stat() for child in path.rglob("*") if child.is_file()]
         return SourceFile(rel, sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0))
-    stat = path.stat()
-    return SourceFile(rel, stat.st_size, stat.st_mtime_ns)
+    stat_result = path.stat()
+    return SourceFile(rel, stat_result.st_size, stat_result.st_mtime_ns)
 
 
 def group_files(files: list[SourceFile], part_size_bytes: int) -> Iterator[list[SourceFile]]:
@@ -203,7 +295,7 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
     plan = read_json(plan_path) if plan_path.is_file() else {"version": PLAN_VERSION, "parts": [], "files": {}}
     before = repr(plan)
     for name, (manifest_path, source) in sorted(sources.items()):
-        _plan_source(plan, name, list_source_files(source, manifest_path), part_size_bytes, paths)
+        _plan_source(plan, name, list_source_files(source, manifest_path, paths.root), part_size_bytes, paths)
     if repr(plan) != before:
         write_json_atomic(plan_path, plan)
     return [
@@ -294,9 +386,10 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
         docs = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add)
         rejects = _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
-        sizes = {rel: _file_size(root / rel) for rel in part.files}
+        sizes = {rel: _file_size(root / rel, root) for rel in part.files}
         for rel in part.files:
-            for item in _reporting(read_file(root / rel, rel, source), on_progress, sizes[rel]):
+            items = read_file(root / rel, rel, source, filters.max_chars)
+            for item in _reporting(items, on_progress, sizes[rel]):
                 row = (_document_row(item, source.name, filters, val_fraction, redactions)
                        if isinstance(item, Record) else item)
                 if isinstance(row, Reject):
@@ -315,8 +408,11 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
             "num_bytes": sum(sizes.values())}
 
 
-def _file_size(path: Path) -> int:
-    return _stat_file(path, path.name).size if path.exists() else 0
+def _file_size(path: Path, root: Path) -> int:
+    """The file's size for progress; 0 for what is not read (a link leading outside ``root``, a missing file)."""
+    if not path.exists() or (path.is_symlink() and not _is_inside(path, root.resolve())):
+        return 0
+    return _stat_file(path, path.name).size
 
 
 def _reporting(items: Iterator[Record | Reject], on_progress: Callable[[int, int], None],

@@ -69,13 +69,17 @@ REJECT_REASONS: dict[str, str] = {
     "non_string_text": "the text field is not a string",
     "empty": "the text is empty after normalisation",
     "too_short": "fewer characters than filters.min_chars",
-    "too_long": "more characters than filters.max_chars",
+    "too_long": "more characters than filters.max_chars, or (not parsed; raw truncated to 1 MiB) more bytes than "
+                "12 × filters.max_chars + 64 MiB",
     "binary": "too many NUL/control characters (binary or garbage data)",
     "mean_word_length": "mean word length outside filters.min_mean_word_length..max_mean_word_length",
     "symbol_ratio": "more non-space symbols per letter/digit than filters.max_symbol_ratio",
     "duplicate_lines": "more of the text in repeated lines than filters.max_duplicate_line_fraction",
     "contaminated": "a train document sharing a dedupe.decontaminate.ngram-word n-gram with the validation "
                     "split or an evaluation file (the detail names which, and the n-gram)",
+    "outside_source": "a symbolic link (to a file or a folder) in the source folder that resolves outside it; "
+                      "not read",
+    "not_a_regular_file": "a FIFO, socket or device in the source folder; not opened (only regular files are read)",
 }
 """Every ``rejects.reason`` value with its meaning; later stages may add reasons, never rename them."""
 

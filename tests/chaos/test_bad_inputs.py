@@ -212,13 +212,21 @@ def parquet_case(table: pa.Table, rejects: list[tuple[str, str]], also_valid: tu
 
 
 def unreadable_file(path: Path) -> None:
-    """A file that cannot be read, even by root: chmod 000 for other users; for root, a link to
-    /proc/self/mem, a regular file whose read at offset 0 fails with EIO whoever reads it."""
+    """A file that cannot be read by other users than root (chmod 000)."""
+    path.write_text("secret")
+    path.chmod(0)
+
+
+def unreadable_case() -> Case:
+    """A file that cannot be read, even by root: chmod 000 for other users; for root, ``/proc/self/mem`` named as
+    the source path (a regular file whose read at offset 0 fails with EIO whoever reads it). A link to it inside
+    the folder would be an ``outside_source`` reject, never opened."""
     if os.geteuid() != 0:
-        path.write_text("secret")
-        path.chmod(0)
-    else:
-        path.symlink_to("/proc/self/mem")
+        return text_files({"locked.txt": unreadable_file, "a.txt": valid_texts(1)[0].encode()}, valid_texts(1),
+                          [("unreadable_file", "locked.txt")], source={"on_error": "skip"},
+                          detail={"locked.txt": "cannot read"})
+    return text_files({}, [], [("unreadable_file", "mem")], source={"on_error": "skip", "path": "/proc/self/mem"},
+                      detail={"mem": "cannot read"})
 
 
 def symlink_loop(path: Path) -> None:
@@ -259,9 +267,7 @@ CASES: dict[str, Callable[[], Case]] = {
         valid_texts(3), [("unreadable_file", "fake.parquet")], format="parquet", source={"on_error": "skip"},
         raw={"fake.parquet": b"PAR1 this is plain text pretending to be parquet"},
         detail={"fake.parquet": "not a Parquet file"}),
-    "unreadable-file": lambda: text_files(
-        {"locked.txt": unreadable_file, "a.txt": valid_texts(1)[0].encode()}, valid_texts(1),
-        [("unreadable_file", "locked.txt")], source={"on_error": "skip"}, detail={"locked.txt": "cannot read"}),
+    "unreadable-file": unreadable_case,
     "symlink-loop-in-folder": lambda: text_files(
         {"loop-a.txt": symlink_loop, "a.txt": valid_texts(1)[0].encode()}, valid_texts(1), []),
 }
