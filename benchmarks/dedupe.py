@@ -229,8 +229,8 @@ def write_jsonl(folder: Path, names: list[str], texts: list[str], docs_per_file:
 
 
 def ingest(manifest: Path, run_dir: Path):
+    from core.rundir import RunPaths
     from pipeline.ingest import ingest_part, plan_ingest
-    from pipeline.rundir import RunPaths
 
     paths = RunPaths(run_dir)
     for part in plan_ingest([manifest], paths, 32 << 20):
@@ -245,9 +245,9 @@ def run_ours(paths, names: list[str]) -> tuple[list[tuple[int, int]], dict[str, 
     does with the run's near settings)."""
     import pyarrow.parquet as pq
 
+    from core.documents import DUPLICATES_FILE, document_part_files
     from pipeline.config import DedupeConfig, NearDedupeConfig
     from pipeline.dedupe import dedupe_documents, finished_parts
-    from pipeline.documents import DUPLICATES_FILE, document_part_files
     from pipeline.filters import content_hash
     from pipeline.ingest import SignatureCollector
 

@@ -137,10 +137,10 @@ def chunk_lines(text: str) -> list[str]:
 
 def ingest_and_dedupe(manifest: Path, run_dir: Path) -> dict:
     """In the measured process: every stage on the corpus, with the peak RSS after each."""
+    from core.rundir import RunPaths
     from pipeline.config import DedupeConfig
     from pipeline.dedupe import dedupe_documents
     from pipeline.ingest import ingest_part, plan_ingest
-    from pipeline.rundir import RunPaths
 
     paths = RunPaths(run_dir)
     imports_mb = _peak_rss_mb()

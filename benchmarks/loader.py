@@ -27,8 +27,8 @@ import torch
 
 from benchmarks.result import print_result
 from benchmarks.train_step import bare_pytorch_step, token_rows
-from pipeline.atomic import sha256_file
-from pipeline.shards import ShardRows, shard_relpath, write_shard, write_shard_index
+from core.atomic import sha256_file
+from core.shards import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import MODEL_PRESETS, TrainConfig
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.model import ModelShape

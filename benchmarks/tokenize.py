@@ -60,7 +60,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_benchmark(run_dir: Path, texts: list[str], rounds: int, batch_docs: int) -> dict:
     """Time both sides ``rounds`` times (interleaved, best round counts) and the packer alone."""
-    from pipeline.rundir import RunPaths
+    from core.rundir import RunPaths
     from tokenization.config import PackConfig, TokenizerConfig
     from tokenization.train_tokenizer import load_tokenizer, prepare_tokenizer
 
@@ -86,7 +86,7 @@ def write_documents(run_dir: Path, texts: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.schemas import DOCUMENTS_SCHEMA
+    from core.schemas import DOCUMENTS_SCHEMA
 
     docs = run_dir / "docs"
     docs.mkdir(parents=True)
@@ -128,7 +128,7 @@ def _best_of(sides: dict[str, Callable[[], int]], rounds: int) -> dict[str, tupl
 
 def _packer_speed(tokenizer, texts: list[str], config) -> float:
     """Tokens/s of the Packer alone (add + take_rows + finish) on the encoded documents."""
-    from pipeline.shards import token_dtype_for_vocab
+    from core.shards import token_dtype_for_vocab
     from tokenization.encode import encode_texts
     from tokenization.pack import Packer
 

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
+from core.errors import TokenmillError
+from core.rundir import RunLock
 from flows.server import guard_temporary_server
 from flows.settings import configure_environment
-from pipeline.errors import TokenmillError
-from pipeline.rundir import RunLock
 
 app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.\n\n"
                        "Example: tokenmill run configs/tiny.yaml && tokenmill report runs/tiny",
@@ -198,7 +198,7 @@ def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
 
     Example: tokenmill shards verify runs/tiny
     """
-    from pipeline.shards import read_shard_index, verify_shards
+    from core.shards import read_shard_index, verify_shards
 
     faults = verify_shards(run_dir)
     for fault in faults:

@@ -9,6 +9,9 @@ from typing import Any
 from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from core.errors import ShardFormatError
+from core.rundir import RunLock
+from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_funnel, publish_training, publish_training_failure
 from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
 from flows.stage_processes import stage_processes
@@ -23,10 +26,7 @@ from flows.tasks import (
     tokenizer_task,
     train_task,
 )
-from pipeline.errors import ShardFormatError
 from pipeline.manifest import load_manifest
-from pipeline.rundir import RunLock
-from pipeline.shards import read_shard_index, verify_shards
 
 SPLITS = ("train", "val")
 

@@ -10,14 +10,9 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from pipeline.config import (
-    DataConfig,
-    DedupeConfig,
-    FrozenConfig,
-    describe_validation_error,
-    load_yaml_mapping,
-)
-from pipeline.errors import ConfigError
+from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.errors import ConfigError
+from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import ModelConfig, TrainConfig
@@ -182,8 +177,8 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool =
     in a source folder are the refresh's business, not a change. ``fresh=True`` is the user's explicit
     "start over".
     """
-    from pipeline.atomic import write_text_atomic
-    from pipeline.rundir import CODE_VERSION
+    from core.atomic import write_text_atomic
+    from core.rundir import CODE_VERSION
 
     path = run_dir / "run.yaml"
     loaded = load_manifests(recipe, base)

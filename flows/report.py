@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import write_bytes_atomic, write_text_atomic
+from core.atomic import write_bytes_atomic, write_text_atomic
+from core.schemas import REJECT_REASONS
 from pipeline.queries import data_funnel, rejects_by_reason
 from pipeline.query import connect
-from pipeline.schemas import REJECT_REASONS
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
 
 PREFECT_YAML = Path(__file__).resolve().parent.parent / "prefect.yaml"
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import TokenmillError
+from core.errors import TokenmillError
 
 if TYPE_CHECKING:
     from prefect.states import State

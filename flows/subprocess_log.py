@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
-from pipeline.errors import TokenmillError
+from core.errors import TokenmillError
 
 
 class ChildProcessFailed(TokenmillError):

@@ -7,6 +7,8 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from core.rundir import RunPaths
+from core.shards import ShardInfo
 from flows.artifacts import TrainingProgress
 from flows.progress import TrainingBar, open_shared_bar, reports_progress, shows_bar, stage_meter
 from flows.report import write_report
@@ -16,8 +18,6 @@ from flows.subprocess_log import run_streaming
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
-from pipeline.shards import ShardInfo
 from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index

@@ -1,5 +1,6 @@
-"""Data library: raw corpus files -> ingested, filtered, deduplicated documents -> Arrow token shards.
+"""Data stages: raw corpus files -> ingested, filtered, deduplicated, decontaminated documents.
 
-Input: corpus manifests (``data_manifests/*.yaml``). Output: ``docs/``, ``rejects/``, ``dedupe/`` and
-``shards/`` under one run directory. Plain functions; no Prefect here (``flows/`` wires the stages).
+Input: corpus manifests (``data_manifests/*.yaml``). Output: ``docs/``, ``rejects/`` and ``dedupe/`` under one
+run directory, plus the DuckDB views over a run. Stands on ``core`` (formats, run dir, errors); plain
+functions, no Prefect here (``flows/`` wires the stages).
 """

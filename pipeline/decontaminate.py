@@ -3,7 +3,7 @@
 A train document is contaminated when it shares a word n-gram (``ngram`` ASCII-lower-cased, whitespace-separated
 words; 13 by default) with a kept validation document or a user-given evaluation file. Each one becomes a
 ``contaminated`` reject (REJECTS_SCHEMA, raw = its text) whose detail names the matching val ``doc_id`` or
-eval ``file:line`` and the n-gram; :func:`pipeline.documents.removed_doc_ids` then leaves it out of the
+eval ``file:line`` and the n-gram; :func:`core.documents.removed_doc_ids` then leaves it out of the
 documents. Documents of parts checked by an earlier run with the same settings keep their decision (their
 tokens may already be in shards), so a refresh checks only new train documents against the val split. The
 other direction of a refresh, a new val document quoting a train document of an earlier part (already
@@ -26,18 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.atomic import atomic_path, read_json, write_json_atomic
+from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, doc_id_for
+from core.errors import ConfigError
+from core.rundir import RunPaths, fingerprint
+from core.schemas import REJECTS_SCHEMA
 from pipeline import minhash
-from pipeline.atomic import atomic_path, read_json, write_json_atomic
 from pipeline.config import DecontaminateConfig
 from pipeline.dedupe import DocsPart, finished_parts
-from pipeline.documents import CONTAMINATED_FILE, DUPLICATES_FILE
-from pipeline.errors import ConfigError
 from pipeline.filters import normalise_text
-from pipeline.ingest import doc_id_for
 from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, read_file
-from pipeline.rundir import RunPaths, fingerprint
-from pipeline.schemas import REJECTS_SCHEMA
 
 STATE_FILE = "decontaminate.json"
 """``dedupe/decontaminate.json``: settings fingerprint, the parts checked, the summary."""

@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.atomic import atomic_path, read_json, write_json_atomic
+from core.documents import DUPLICATES_FILE, document_part_files
+from core.rundir import RunPaths, fingerprint
+from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 from pipeline import minhash
-from pipeline.atomic import atomic_path, read_json, write_json_atomic
 from pipeline.config import DedupeConfig
-from pipeline.documents import DUPLICATES_FILE, document_part_files
 from pipeline.near_dedupe import BANDS_DIR, MINHASH_DIR, DocsPart, NearIndex, PairScorer
-from pipeline.rundir import RunPaths, fingerprint
-from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 
 STATE_FILE = "state.json"
 CLUSTERS_FILE = "clusters.parquet"

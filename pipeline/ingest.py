@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
-from pipeline.atomic import atomic_path, read_json, write_json_atomic
+from core.atomic import atomic_path, read_json, write_json_atomic
+from core.documents import doc_id_for
+from core.errors import ManifestError
+from core.rundir import RunPaths, fingerprint
+from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
-from pipeline.errors import ManifestError
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
-from pipeline.rundir import RunPaths, fingerprint
-from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 
 if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
@@ -42,7 +42,6 @@ ROW_GROUP_ROWS = 65_536
 ROW_GROUP_CHARS = 8 << 20
 """A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
 here, and for every later reader (a row group is the least a Parquet reader decompresses)."""
-DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
 PROGRESS_EVERY_RECORDS = 1_000
 """``ingest_part`` reports progress after each file and every this many records within a file."""
 
@@ -77,10 +76,6 @@ class SourceFile:
     size: int
     mtime_ns: int
 
-
-def doc_id_for(source: str, uri: str) -> int:
-    """Stable int64 document id: 63 bits of xxh3-64 over ``source \\0 uri``."""
-    return xxhash.xxh3_64_intdigest(f"{source}\x00{uri}".encode()) & DOC_ID_MASK
 
 
 def part_marker(paths: RunPaths, part_id: int) -> Path:

@@ -10,13 +10,13 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipeline.config import FrozenConfig, describe_validation_error, load_yaml_mapping
-from pipeline.errors import ManifestError
+from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.errors import ManifestError
+from core.schemas import NAME_PATTERN
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
 HF_FORMATS = ("hf_disk", "hf_local")
 """Formats read through the ``datasets`` library (local paths only, never a hub name)."""
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 # Placeholders a manifest path may start with, expanded on the machine that runs the stage.
 PATH_PLACEHOLDERS = {"${PYTHON_STDLIB}": lambda: sysconfig.get_paths()["stdlib"]}

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.atomic import atomic_path
+from core.rundir import RunPaths
 from pipeline import kernels, minhash
-from pipeline.atomic import atomic_path
 from pipeline.config import DedupeConfig, NearDedupeConfig
-from pipeline.rundir import RunPaths
 
 MINHASH_DIR = "minhash"
 BANDS_DIR = "bands"

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
-from pipeline.documents import DUPLICATES_FILE, document_part_files
-from pipeline.errors import TokenmillError
-from pipeline.rundir import RunPaths
-from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
-from pipeline.shards import SHARD_LAYOUT, path_inside_run, scan_shard_files
+from core.documents import DUPLICATES_FILE, document_part_files
+from core.errors import TokenmillError
+from core.rundir import RunPaths, path_inside_run
+from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
+from core.shards import SHARD_LAYOUT, scan_shard_files
 
 VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
-from pipeline.errors import SourceReadError
+from core.errors import SourceReadError
 from pipeline.manifest import FilterConfig, SourceConfig
 
 CHUNK_BYTES = 1 << 20

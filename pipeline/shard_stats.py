@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from pipeline.errors import ConfigError, ShardFormatError
-from pipeline.shards import ShardInfo, ShardTokens, read_shard_index
+from core.errors import ConfigError, ShardFormatError
+from core.shards import ShardInfo, ShardTokens, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 """Names of the special tokens (as in ``tokenization.config.SPECIAL_TOKENS``; ``pipeline`` does not import it)."""
@@ -71,7 +71,7 @@ class _PairTotals:
 
 def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, Any]]:
     """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index, or
-    when an index row names a path outside the shard layout or the run dir (:func:`pipeline.shards.read_shard_index`).
+    when an index row names a path outside the shard layout or the run dir (:func:`core.shards.read_shard_index`).
 
     Keys: ``split, source, num_shards, size_bytes, num_rows, num_tokens`` (real tokens, padding excluded),
     ``num_documents`` (documents that start in the pair), ``eos_share`` (EOS tokens / real tokens),

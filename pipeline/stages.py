@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from core.documents import document_part_files
+from core.rundir import RunPaths, fingerprint, mark_stage_done, stage_done, stage_summary
 from pipeline.config import DedupeConfig
 from pipeline.dedupe import dedupe_documents
-from pipeline.documents import document_part_files
-from pipeline.rundir import RunPaths, fingerprint, mark_stage_done, stage_done, stage_summary
 
 
 def documents_fingerprint(paths: RunPaths) -> list[str]:

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
-from pipeline.shards import ShardRows, write_shard, write_shard_index
+from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
+from core.shards import ShardRows, write_shard, write_shard_index
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

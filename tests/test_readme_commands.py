@@ -44,8 +44,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from core.schemas import REJECT_REASONS
 from pipeline.query import run_query
-from pipeline.schemas import REJECT_REASONS
 from tests.flows.prefect_server import background, free_port
 
 pytestmark = pytest.mark.slow

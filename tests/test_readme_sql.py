@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
+from core.rundir import RunPaths
 from flows.recipe import load_recipe, manifest_paths, record_recipe
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.queries import near_duplicate_pairs, token_mix
 from pipeline.query import run_query
-from pipeline.rundir import RunPaths
 from pipeline.stages import dedupe_stage
 from tests.flows.conftest import write_small_recipe
 from tokenization.stage import pack_split_source, write_index

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CODE_FOLDERS = ("pipeline", "tokenization", "trainer", "flows")
+CODE_FOLDERS = ("core", "pipeline", "tokenization", "trainer", "flows")
 
 
 def troubleshooting_messages() -> list[str]:

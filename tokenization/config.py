@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from pipeline.config import FrozenConfig
+from core.config import FrozenConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
 """Special tokens of a trained tokenizer, with ids 0 and 1: end-of-document (EOS) and padding."""

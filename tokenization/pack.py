@@ -12,8 +12,8 @@ from collections import deque
 
 import numpy as np
 
-from pipeline.errors import ConfigError
-from pipeline.shards import ShardRows
+from core.errors import ConfigError
+from core.shards import ShardRows
 
 
 class Packer:

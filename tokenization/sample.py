@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
-from pipeline.documents import document_part_files
-from pipeline.errors import ConfigError
-from pipeline.rundir import RunPaths
-from pipeline.shards import ShardInfo, ShardTokens, read_shard_index
+from core.documents import document_part_files
+from core.errors import ConfigError
+from core.rundir import RunPaths
+from core.shards import ShardInfo, ShardTokens, read_shard_index
 from tokenization.train_tokenizer import PAD_TOKEN, load_tokenizer
 
 

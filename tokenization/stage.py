@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import read_json, remove_stale_temps, sha256_file, write_json_atomic
-from pipeline.documents import document_part_files, iter_documents
-from pipeline.errors import ConfigError, StageMismatchError
-from pipeline.rundir import RunPaths
-from pipeline.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
+from core.atomic import read_json, remove_stale_temps, sha256_file, write_json_atomic
+from core.documents import document_part_files, iter_documents
+from core.errors import ConfigError, StageMismatchError
+from core.rundir import RunPaths
+from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
 from tokenization.pack import Packer

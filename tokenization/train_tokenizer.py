@@ -13,10 +13,10 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from pipeline.atomic import read_json, sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
-from pipeline.documents import iter_documents
-from pipeline.errors import ConfigError
-from pipeline.rundir import RunPaths, fingerprint
+from core.atomic import read_json, sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
+from core.documents import iter_documents
+from core.errors import ConfigError
+from core.rundir import RunPaths, fingerprint
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pipeline.atomic import atomic_path
+from core.atomic import atomic_path
 
 
 class Callback:

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list
 
-from pipeline.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
-from pipeline.errors import CheckpointError
-from pipeline.shards import path_inside_run
+from core.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
+from core.errors import CheckpointError
+from core.rundir import path_inside_run
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config import FrozenConfig
+from core.config import FrozenConfig
 
 Precision = Literal["fp32", "bf16", "fp16"]
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from pipeline.errors import CheckpointError, ShardFormatError
-from pipeline.shards import ShardInfo, ShardTokens, read_shard_index
+from core.errors import CheckpointError, ShardFormatError
+from core.shards import ShardInfo, ShardTokens, read_shard_index
 from trainer.mixture import MixtureOrder
 from trainer.model import IGNORE_INDEX
 
@@ -69,7 +69,7 @@ class SplitRows:
     def __init__(self, run_dir: Path, split: str, pad_id: int) -> None:
         """``pad_id``: the padding id of the tokenizer the shards were packed with.
 
-        Raises ShardFormatError (from :func:`pipeline.shards.read_shard_index`) when an index row names a path
+        Raises ShardFormatError (from :func:`core.shards.read_shard_index`) when an index row names a path
         that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on.
         """
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]

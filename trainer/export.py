@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from pipeline.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
+from core.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer, special_token_ids
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID

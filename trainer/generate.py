@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from pipeline.errors import CheckpointError
+from core.errors import CheckpointError
 from trainer.config import ModelDims
 from trainer.model import LlamaForCausalLM, ModelShape
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from pipeline.errors import TokenmillError
+from core.errors import TokenmillError
 
 
 class TrainingDivergedError(TokenmillError):

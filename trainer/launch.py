@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.rundir import RunLock
+from core.rundir import RunLock
 
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,

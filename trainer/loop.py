@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 
-from pipeline.errors import CheckpointError
+from core.errors import CheckpointError
 from trainer.callbacks import Callback
 from trainer.checkpoint import Checkpointer
 from trainer.config import TrainConfig

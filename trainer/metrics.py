@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import out_of_space, write_text_atomic
+from core.atomic import out_of_space, write_text_atomic
 
 TRAIN_FILE = "train.jsonl"
 EVAL_FILE = "eval.jsonl"

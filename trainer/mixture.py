@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError
 
 BLOCK_SAMPLES = 1024
 """Samples per schedule block: every block holds each source's weight share to within one sample."""

@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
 from trainer.config import TrainConfig
 from trainer.model import LlamaForCausalLM
 from trainer.precision import check_precision

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 """train.precision -> the dtype autocast computes in (None: no autocast)."""

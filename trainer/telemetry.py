@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from pipeline.atomic import read_json, write_json_atomic
+from core.atomic import read_json, write_json_atomic
 
 KNOWN_GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # Dense (no sparsity) peaks per GPU; fp32 is plain FP32 (TF32 is off by default in torch).

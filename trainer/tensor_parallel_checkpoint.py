@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from pipeline.atomic import read_json, write_json_atomic
-from pipeline.errors import CheckpointError
+from core.atomic import read_json, write_json_atomic
+from core.errors import CheckpointError
 from trainer.parallel import data_parallel_coordinates, local_tensor, tensor_parallel_mesh, tensor_parallel_rank
 from trainer.precision import unwrap_optimizer
 

@@ -18,10 +18,10 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError
 
-from pipeline.atomic import sha256_file
-from pipeline.config import FrozenConfig, describe_validation_error, load_yaml_mapping
-from pipeline.errors import ConfigError, ShardFormatError, TokenmillError
-from pipeline.rundir import RunPaths
+from core.atomic import sha256_file
+from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.errors import ConfigError, ShardFormatError, TokenmillError
+from core.rundir import RunPaths
 from tokenization.train_tokenizer import load_tokenizer, special_token_ids
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer

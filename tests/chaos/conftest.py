@@ -22,13 +22,13 @@ import psutil
 import pytest
 import yaml
 
+from core.atomic import TEMP_PREFIX
+from core.rundir import RunLock, RunPaths
+from core.shards import ShardInfo
 from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
-from pipeline.atomic import TEMP_PREFIX
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
 from pipeline.query import run_query
-from pipeline.rundir import RunLock, RunPaths
-from pipeline.shards import ShardInfo
 from pipeline.stages import dedupe_stage
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import prefect_server

@@ -27,13 +27,13 @@ import pytest
 import yaml
 import zstandard
 
+from core.errors import ConfigError, ManifestError, SourceReadError
+from core.rundir import RunPaths
+from core.shards import read_shard_index
 from flows.recipe import load_recipe, record_recipe
 from pipeline.config import DedupeConfig
-from pipeline.errors import ConfigError, ManifestError, SourceReadError
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.query import run_query
-from pipeline.rundir import RunPaths
-from pipeline.shards import read_shard_index
 from pipeline.stages import dedupe_stage
 from tests.chaos.conftest import (
     build_chaos_corpus,
@@ -318,7 +318,7 @@ def test_vocab_above_65536_selects_uint32_shards(tmp_path: Path) -> None:
             schema = ipc.open_file(source).schema
         assert schema.field("input_ids").type.value_type == pa.uint32()
         assert schema.metadata[b"dtype"] == b"uint32"
-    from pipeline.shards import verify_shards
+    from core.shards import verify_shards
 
     assert verify_shards(run_dir) == []
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from core.errors import ConfigError
 from flows.recipe import load_recipe, record_recipe
-from pipeline.errors import ConfigError
 from pipeline.query import run_query
 from tests.chaos.conftest import build_chaos_corpus, tokenmill, write_chaos_recipe
 

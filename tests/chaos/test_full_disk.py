@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.shards import verify_shards
+from core.shards import verify_shards
 from tests.chaos.conftest import (
     DATA_ARTIFACTS,
     build_chaos_corpus,
@@ -38,7 +38,7 @@ PACK_UNDER_LIMIT = """
 import sys
 from pathlib import Path
 
-from pipeline.errors import TokenmillError
+from core.errors import TokenmillError
 from tests.chaos.conftest import pack_and_index
 
 try:
@@ -107,9 +107,9 @@ def test_shard_write_out_of_space_keeps_the_old_shards_then_a_rerun_matches(tmp_
 
 def run_data_stages_without_pack(recipe: Path, run_dir: Path) -> None:
     """run.yaml, ingest, dedupe and tokenizer of the data stages (the pack runs under the limit)."""
+    from core.rundir import RunPaths
     from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
     from pipeline.ingest import ingest_part, plan_ingest
-    from pipeline.rundir import RunPaths
     from pipeline.stages import dedupe_stage
     from tokenization.train_tokenizer import prepare_tokenizer
 
@@ -167,7 +167,7 @@ EXPORT_AND_LOG_UNDER_LIMIT = """
 import sys
 from pathlib import Path
 
-from pipeline.errors import TokenmillError
+from core.errors import TokenmillError
 from tests.trainer.conftest import TEST_DIMS
 from trainer.export import export_model
 from trainer.metrics import MetricsSink

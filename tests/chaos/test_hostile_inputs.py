@@ -30,12 +30,12 @@ import pytest
 import yaml
 import zstandard
 
-from pipeline.errors import ManifestError
+from core.errors import ManifestError
+from core.rundir import RunPaths
+from core.schemas import REJECT_REASONS
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, Reject, iter_lines, read_file, record_byte_limit
-from pipeline.rundir import RunPaths
-from pipeline.schemas import REJECT_REASONS
 from tests.chaos.conftest import record_text, tokenmill
 from tests.conftest import copy_stdlib_slice
 
@@ -370,7 +370,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
+from core.rundir import RunPaths
 paths = RunPaths(Path(sys.argv[2]))
 summaries = [ingest_part(part, 0.0, paths) for part in plan_ingest([Path(sys.argv[1])], paths, 1 << 20)]
 peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))

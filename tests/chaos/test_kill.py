@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.shards import verify_shards
+from core.shards import verify_shards
 from tests.chaos.conftest import (
     DATA_ARTIFACTS,
     LiveCommand,

@@ -220,8 +220,8 @@ def test_flow_launched_two_rank_training_shares_the_flows_lock(tmp_path: Path, c
 
 SHARE_PROBE = """
 import sys
-from pipeline.errors import RunLockedError
-from pipeline.rundir import RunLock
+from core.errors import RunLockedError
+from core.rundir import RunLock
 lock = RunLock(sys.argv[1], launched_by=int(sys.argv[2]))
 try:
     lock.acquire()
@@ -234,7 +234,7 @@ else:
 
 HOLD = """
 import sys, time
-from pipeline.rundir import RunLock
+from core.rundir import RunLock
 RunLock(sys.argv[1]).acquire()
 print("holding", flush=True)
 time.sleep(120)
@@ -250,7 +250,7 @@ def probe_lock(run_dir: Path, launched_by: int, via_shell: bool = False) -> str:
 
 
 def test_a_launched_process_shares_its_launchers_lock_and_nobody_elses(tmp_path: Path) -> None:
-    from pipeline.rundir import RunLock
+    from core.rundir import RunLock
 
     run_dir = tmp_path / "run"
     with RunLock(run_dir):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
-from pipeline.shards import verify_shards
+from core.shards import verify_shards
 from tests.chaos.conftest import funnel_total, record_text, temp_leftovers, write_chaos_recipe
 from tests.conftest import STDLIB
 from trainer.checkpoint import list_checkpoints

@@ -116,7 +116,7 @@ def test_manifest_path_error_names_the_source(tmp_path: Path) -> None:
 
 
 def test_second_run_on_a_busy_run_dir_is_one_line_naming_the_holder(tmp_path: Path) -> None:
-    from pipeline.rundir import RunLock
+    from core.rundir import RunLock
 
     (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
     (tmp_path / "corpus").mkdir()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from core.shards import verify_shards
 from pipeline.query import run_query
-from pipeline.shards import verify_shards
 from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow

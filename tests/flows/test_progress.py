@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
+from core.shards import ShardInfo
 from flows.progress import (
     QUIET_ENV,
     TrainingBar,
@@ -25,7 +26,6 @@ from flows.progress import (
     reports_progress,
     stage_meter,
 )
-from pipeline.shards import ShardInfo
 from tests.flows.conftest import write_small_recipe
 from tests.flows.test_cli import TOKENMILL
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.errors import ConfigError
 from flows.recipe import changed_data_keys, load_recipe, record_recipe
-from pipeline.errors import ConfigError
 from tests.flows.conftest import write_small_recipe
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.shards import read_shard_index, verify_shards
 from pipeline.query import run_query
-from pipeline.shards import read_shard_index, verify_shards
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import write_small_recipe
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from core.errors import SourceReadError
 from flows.stage_processes import run_stage_call, stage_processes
-from pipeline.errors import SourceReadError
 
 REPO = Path(__file__).resolve().parents[2]
 

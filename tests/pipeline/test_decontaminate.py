@@ -11,15 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, iter_documents
+from core.errors import ConfigError
+from core.rundir import RunPaths
+from core.schemas import REJECT_REASONS, REJECTS_SCHEMA
 from pipeline.config import DecontaminateConfig, DedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.dedupe import dedupe_documents
-from pipeline.documents import CONTAMINATED_FILE, DUPLICATES_FILE, iter_documents
-from pipeline.errors import ConfigError
 from pipeline.filters import content_hash, normalise_text, split_for
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
-from pipeline.schemas import REJECT_REASONS, REJECTS_SCHEMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 VAL_FRACTION = 0.2

@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from core.documents import DUPLICATES_FILE, iter_documents
+from core.rundir import RunPaths
+from core.schemas import DUPLICATES_SCHEMA
 from pipeline import minhash, near_dedupe
 from pipeline.config import DedupeConfig, NearDedupeConfig
 from pipeline.dedupe import BANDS_DIR, CLUSTERS_FILE, MINHASH_DIR, dedupe_documents
-from pipeline.documents import DUPLICATES_FILE, iter_documents
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
-from pipeline.schemas import DUPLICATES_SCHEMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 PART_BYTES = 128 * 1024

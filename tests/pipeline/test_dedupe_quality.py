@@ -31,11 +31,11 @@ from benchmarks.dedupe import (
     shingle_set,
     write_jsonl,
 )
+from core.documents import document_part_files, iter_documents
+from core.rundir import RunPaths
 from pipeline.config import DedupeConfig, NearDedupeConfig
 from pipeline.dedupe import CLUSTERS_FILE, dedupe_documents
-from pipeline.documents import document_part_files, iter_documents
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.rundir import RunPaths
 
 NUM_FAMILIES = 60
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from core.schemas import REJECT_REASONS
 from pipeline.filters import (
     check_filters,
     content_hash,
@@ -18,7 +19,6 @@ from pipeline.filters import (
     split_for,
 )
 from pipeline.manifest import FilterConfig, load_manifest
-from pipeline.schemas import REJECT_REASONS
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "data_manifests" / "python-stdlib.yaml"

@@ -15,20 +15,20 @@ import pytest
 import yaml
 import zstandard
 
-from pipeline.errors import ManifestError, SourceReadError
+from core.documents import doc_id_for
+from core.errors import ManifestError, SourceReadError
+from core.rundir import RunPaths
+from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.filters import content_hash
 from pipeline.ingest import (
     IngestPart,
     SourceFile,
-    doc_id_for,
     glob_regex,
     group_files,
     ingest_part,
     part_marker,
     plan_ingest,
 )
-from pipeline.rundir import RunPaths
-from pipeline.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 PART_BYTES = 64 * 1024

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.errors import SourceReadError
+from core.errors import SourceReadError
+from core.schemas import REJECT_REASONS
 from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, Reject, read_file
-from pipeline.schemas import REJECT_REASONS
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import ConfigError, ShardFormatError
+from core.errors import ConfigError, ShardFormatError
+from core.shards import read_shard_index, shard_relpath, write_shard, write_shard_index
 from pipeline.query import run_query
 from pipeline.shard_stats import doc_length_histogram, format_histogram, histogram_bucket_labels, shard_stats
-from pipeline.shards import read_shard_index, shard_relpath, write_shard, write_shard_index
 from tests.test_readme_sql import build_small_run
 from tokenization.pack import Packer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.shards import ShardRows
+from core.errors import ConfigError
+from core.shards import ShardRows
 from tokenization.pack import Packer
 
 EOS, PAD = 0, 1

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
+from core.shards import read_shard_index
 from pipeline.query import run_query
-from pipeline.shards import read_shard_index
 from tests.test_readme_sql import build_small_run
 from tokenization.sample import sample_rows
 

@@ -14,10 +14,10 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import StageMismatchError
-from pipeline.rundir import RunPaths
-from pipeline.schemas import DOCUMENTS_SCHEMA
-from pipeline.shards import ShardTokens, read_shard_index, shard_metadata, verify_shards
+from core.errors import StageMismatchError
+from core.rundir import RunPaths
+from core.schemas import DOCUMENTS_SCHEMA
+from core.shards import ShardTokens, read_shard_index, shard_metadata, verify_shards
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import load_tokenizer, prepare_tokenizer

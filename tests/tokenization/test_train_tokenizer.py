@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.atomic import sha256_file
-from pipeline.errors import ConfigError
-from pipeline.rundir import RunPaths
-from pipeline.schemas import DOCUMENTS_SCHEMA
+from core.atomic import sha256_file
+from core.errors import ConfigError
+from core.rundir import RunPaths
+from core.schemas import DOCUMENTS_SCHEMA
 from tokenization.config import TokenizerConfig
 from tokenization.encode import encode_texts, split_text
 from tokenization.train_tokenizer import (

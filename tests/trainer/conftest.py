@@ -16,8 +16,8 @@ from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from pipeline.atomic import sha256_file
-from pipeline.shards import ShardRows, shard_relpath, write_shard, write_shard_index
+from core.atomic import sha256_file
+from core.shards import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import TrainConfig
 from trainer.data import EOS_ID, PAD_ID
 from trainer.metrics import read_metric_rows

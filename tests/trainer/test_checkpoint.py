@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import CheckpointError
+from core.errors import CheckpointError
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
 from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
 from trainer.config import ModelDims, TrainConfig

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import CheckpointError, ShardFormatError
-from pipeline.shards import ShardTokens, read_shard_index
+from core.errors import CheckpointError, ShardFormatError
+from core.shards import ShardTokens, read_shard_index
 from tests.trainer.conftest import SEQ_LEN, Corpus, write_corpus_shards
 from trainer.data import PAD_ID, ArrayRows, Batch, BatchLayout, SplitRows, TrainLoader, make_batch
 from trainer.model import IGNORE_INDEX

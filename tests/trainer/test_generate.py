@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import CheckpointError
+from core.errors import CheckpointError
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
 from trainer.config import ModelDims

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.errors import CheckpointError, ConfigError
+from core.errors import CheckpointError, ConfigError
 from tests.trainer.conftest import SEQ_LEN, Corpus, MakeRunDir, write_corpus_shards
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights

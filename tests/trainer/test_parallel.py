@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.atomic import sha256_file
-from pipeline.errors import ConfigError
+from core.atomic import sha256_file
+from core.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from trainer.checkpoint import verify_checkpoint
 from trainer.config import TrainConfig

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights
 from tests.trainer.test_parallel import FP32_ATOL, launch, max_weight_difference, one_process_reference
 from trainer.checkpoint import verify_checkpoint

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import ConfigError
+from core.errors import ConfigError
 from tests.trainer.conftest import VOCAB_SIZE, Corpus, MakeRunDir, edit_recipe, exported_weights, metric_steps
 from trainer import precision
 from trainer.data import EOS_ID, PAD_ID

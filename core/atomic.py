@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import OutOfSpaceError
+from core.errors import OutOfSpaceError
 
 TEMP_PREFIX = ".tmp-"
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -1,4 +1,4 @@
-"""pipeline.rundir: the run-dir lock (second process refused, stale lock taken over) and stage markers."""
+"""core.rundir: the run-dir lock (second process refused, stale lock taken over) and stage markers."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RunLockedError
-from pipeline.rundir import RunLock, RunPaths, fingerprint, mark_stage_done, stage_done, stage_summary
+from core.errors import RunLockedError
+from core.rundir import RunLock, RunPaths, fingerprint, mark_stage_done, stage_done, stage_summary
 
-HOLD_LOCK = "import sys, time; from pipeline.rundir import RunLock; RunLock(sys.argv[1]).acquire(); " \
+HOLD_LOCK = "import sys, time; from core.rundir import RunLock; RunLock(sys.argv[1]).acquire(); " \
             "print('locked', flush=True); time.sleep(600)"
 
 

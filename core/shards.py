@@ -1,7 +1,7 @@
 """Arrow token shards: write (atomic, deterministic), read (memory-mapped, zero-copy), index, verify.
 
 A shard is an uncompressed Arrow IPC *file* at ``shards/split=<split>/source=<source>/part-NNNNN.arrow``
-(schema: :func:`pipeline.schemas.shard_schema`); ``shards/index.parquet`` has one row per shard.
+(schema: :func:`core.schemas.shard_schema`); ``shards/index.parquet`` has one row per shard.
 
 A run dir is data from whoever made it: every path read from it (an index row, a folder under ``shards/``)
 must be in that layout and stay inside the run dir (:func:`index_path_fault`, :func:`scan_shard_files`).
@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from pipeline.atomic import TEMP_PREFIX, atomic_path, sha256_file
-from pipeline.errors import ShardFormatError
-from pipeline.manifest import NAME_PATTERN
-from pipeline.schemas import FORMAT_VERSION, SHARD_INDEX_SCHEMA, shard_schema
+from core.atomic import TEMP_PREFIX, atomic_path, sha256_file
+from core.errors import ShardFormatError
+from core.rundir import path_inside_run
+from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
 
 REQUIRED_METADATA = ("format_version", "tokenizer_sha256", "seq_len", "vocab_size", "dtype", "split", "source")
 SHARD_SPLITS = ("train", "val")
@@ -204,13 +204,6 @@ def _read_index_rows(run_dir: Path) -> list[ShardInfo]:
         raise ShardFormatError(f"{path}: shard index lacks columns {missing}; re-run `tokenmill prepare`.")
     return [ShardInfo(**{name: row[name] for name in SHARD_INDEX_SCHEMA.names}) for row in table.to_pylist()]
 
-
-def path_inside_run(run_dir: Path, path: Path) -> bool:
-    """Whether ``path``, every symlink followed, lies inside the run dir (a symlink loop counts as outside)."""
-    try:
-        return path.resolve().is_relative_to(Path(run_dir).resolve())
-    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
-        return False
 
 
 def shard_layout_fault(relpath: str) -> str | None:

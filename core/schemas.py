@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""What a corpus or source name may be: it becomes a shard folder (``source=<name>``) and a column value."""
+
 FORMAT_VERSION = 1
 """Bumped when a contract changes incompatibly; readers refuse files of another version."""
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.atomic import read_json, remove_stale_temps, write_json_atomic
-from pipeline.errors import RunLockedError
+from core.atomic import read_json, remove_stale_temps, write_json_atomic
+from core.errors import RunLockedError
 
 CODE_VERSION = "0.1.0"
 """Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
@@ -74,6 +74,14 @@ class RunPaths:
     def stages(self) -> Path:
         """Stage completion markers: ``<stage>.json`` holding the fingerprint the outputs were made from."""
         return self.root / "stages"
+
+
+def path_inside_run(run_dir: Path, path: Path) -> bool:
+    """Whether ``path``, every symlink followed, lies inside the run dir (a symlink loop counts as outside)."""
+    try:
+        return path.resolve().is_relative_to(Path(run_dir).resolve())
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        return False
 
 
 def fingerprint(*parts: Any) -> str:

@@ -8,15 +8,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import xxhash
 
-from pipeline.errors import RunDirError
-from pipeline.ingest import doc_id_for
-from pipeline.rundir import RunPaths
-from pipeline.shards import path_inside_run
+from core.errors import RunDirError
+from core.rundir import RunPaths, path_inside_run
 
 DUPLICATES_FILE = "duplicates.parquet"
 CONTAMINATED_FILE = "contaminated.parquet"
 """``rejects/contaminated.parquet``: train documents the decontaminate stage removed (REJECTS_SCHEMA)."""
+
+DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
+
+def doc_id_for(source: str, uri: str) -> int:
+    """Stable int64 document id: 63 bits of xxh3-64 over ``source \\0 uri``."""
+    return xxhash.xxh3_64_intdigest(f"{source}\x00{uri}".encode()) & DOC_ID_MASK
+
 
 
 def document_part_files(paths: RunPaths) -> list[Path]:
