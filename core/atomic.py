@@ -72,22 +72,6 @@ def no_space_message(target: Path, error_number: int, needed_bytes: int | None) 
             "file system; free space (or lift the file-size limit, `ulimit -f`) and re-run: finished work is kept.")
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; on success rename it to ``path`` (which must not exist)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_path(path) as tmp:

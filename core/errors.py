@@ -44,3 +44,17 @@ class StageMismatchError(TokenmillError):
 
 class RunDirError(TokenmillError):
     """The run directory holds what tokenmill never writes there (a crafted or damaged run dir)."""
+
+
+class QueryError(TokenmillError):
+    """A query was refused or failed."""
+
+
+class TrainingDivergedError(TokenmillError):
+    """Training produced non-finite losses or gradients for too many steps in a row."""
+
+
+class ChildProcessFailed(TokenmillError):
+    """The child process failed or ran past its deadline; worth a retry (training resumes from a checkpoint)."""
+
+    retryable = True

@@ -22,17 +22,34 @@ CODE_VERSION = "0.1.0"
 
 @dataclass(frozen=True)
 class RunPaths:
-    """The documented layout of ``runs/<name>/`` (see ARCHITECTURE.md, "The run directory")."""
+    """The documented layout of ``runs/<name>/`` (see ARCHITECTURE.md, "The run directory").
+
+    The only place that names a run's files: every other module asks it (a test greps for hand-built paths).
+    Frozen and made of one path, so a Prefect task can take it as a parameter.
+    """
 
     root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))  # a str from the CLI or a flow parameter
 
     @property
     def recipe(self) -> Path:
         return self.root / "run.yaml"
 
     @property
+    def lock(self) -> Path:
+        """``.lock``: see :class:`RunLock`."""
+        return self.root / ".lock"
+
+    @property
     def docs(self) -> Path:
         return self.root / "docs"
+
+    @property
+    def ingest_plan(self) -> Path:
+        """``docs/plan.json``: which source files go in which ingest part (ingest's stage state)."""
+        return self.docs / "plan.json"
 
     @property
     def rejects(self) -> Path:
@@ -63,6 +80,15 @@ class RunPaths:
         return self.root / "metrics"
 
     @property
+    def tensorboard(self) -> Path:
+        return self.metrics / "tensorboard"
+
+    @property
+    def profile(self) -> Path:
+        """``metrics/profile/``: the torch profiler's traces (``train.profile_steps``)."""
+        return self.metrics / "profile"
+
+    @property
     def model(self) -> Path:
         return self.root / "model"
 
@@ -72,7 +98,7 @@ class RunPaths:
 
     @property
     def stages(self) -> Path:
-        """Stage completion markers: ``<stage>.json`` holding the fingerprint the outputs were made from."""
+        """Stage completion markers (``<stage>.json``, ``<stage>/<unit>.json``): see :func:`done_summary`."""
         return self.root / "stages"
 
 
@@ -90,23 +116,121 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def stage_done(paths: RunPaths, stage: str, stage_fingerprint: str) -> bool:
-    """True when ``stage`` completed with exactly this fingerprint (its outputs can be reused)."""
-    marker = paths.stages / f"{stage}.json"
-    if not marker.is_file():
-        return False
-    return read_json(marker).get("fingerprint") == stage_fingerprint
+# ---- skip-if-done: the one completion mechanism of every stage ------------------------------------------
+#
+# A stage (or one unit of it: an ingest part, a pack (split, source)) is done when its marker holds the
+# fingerprint of its inputs + settings + CODE_VERSION. Markers live only under ``stages/``:
+# ``stages/<stage>.json`` for a whole-run stage, ``stages/<stage>/<unit>.json`` for a unit. Each holds
+# ``{"fingerprint", "summary", ...}`` and is written atomically, last, after every output is in place.
+# Incremental *state* a stage needs (dedupe's seen parts, pack's packed parts) stays with the stage's
+# outputs; whether the work is done is answered only here.
+
+MARKER_KEYS = ("fingerprint", "part", "summary")
+"""The keys a marker keeps when it is migrated from a run dir written before ``stages/`` held every marker."""
 
 
-def mark_stage_done(paths: RunPaths, stage: str, stage_fingerprint: str, summary: dict[str, Any]) -> None:
-    """Record that ``stage`` finished; written last, after every output of the stage is in place."""
-    write_json_atomic(paths.stages / f"{stage}.json", {"fingerprint": stage_fingerprint, "summary": summary})
+def stage_marker(paths: RunPaths, stage: str, unit: str | None = None) -> Path:
+    """``stages/<stage>.json``, or ``stages/<stage>/<unit>.json`` for one unit of the stage."""
+    return paths.stages / f"{stage}.json" if unit is None else paths.stages / stage / f"{unit}.json"
 
 
-def stage_summary(paths: RunPaths, stage: str) -> dict[str, Any] | None:
-    """The summary a finished stage recorded, or None when it has not finished."""
-    marker = paths.stages / f"{stage}.json"
-    return read_json(marker)["summary"] if marker.is_file() else None
+def legacy_marker(paths: RunPaths, stage: str, unit: str | None = None) -> Path | None:
+    """Where tokenmill 0.1.0 run dirs of before ``stages/`` kept this stage's fingerprint (None: nowhere else).
+
+    Read only when the marker under ``stages/`` is missing or does not match, then migrated (see
+    :func:`done_summary`), so run dirs written by that version keep their finished work.
+    """
+    legacy = {"ingest": paths.docs / f"{unit}.json", "dedupe": paths.dedupe / "state.json",
+              "decontaminate": paths.dedupe / "decontaminate.json", "tokenizer": paths.tokenizer.parent / "meta.json"}
+    return legacy.get(stage) if (stage != "ingest" or unit is not None) else None
+
+
+def finished_marker(paths: RunPaths, stage: str, unit: str | None = None) -> Path | None:
+    """The marker recording that (stage, unit) finished, with any fingerprint; None when it has not.
+
+    A legacy ingest part marker counts by its presence alone (as it did); the other legacy files also hold
+    stage state, so they count only while they still carry a fingerprint.
+    """
+    marker = stage_marker(paths, stage, unit)
+    if marker.is_file():
+        return marker
+    legacy = legacy_marker(paths, stage, unit)
+    if legacy is None or not legacy.is_file():
+        return None
+    return legacy if stage == "ingest" or "fingerprint" in read_json(legacy) else None
+
+
+def done_summary(paths: RunPaths, stage: str, stage_fingerprint: str, unit: str | None = None) -> dict[str, Any] | None:
+    """The recorded summary when (stage, unit) finished with exactly this fingerprint, else None.
+
+    A matching legacy marker is migrated: copied under ``stages/`` and its fingerprint dropped from the old place.
+    """
+    marker = stage_marker(paths, stage, unit)
+    if marker.is_file() and (record := read_json(marker)).get("fingerprint") == stage_fingerprint:
+        return record["summary"]
+    legacy = legacy_marker(paths, stage, unit)
+    if legacy is None or not legacy.is_file():
+        return None
+    record = read_json(legacy)
+    if record.get("fingerprint") != stage_fingerprint or "summary" not in record:
+        return None
+    write_json_atomic(marker, {key: record[key] for key in MARKER_KEYS if key in record})
+    _drop_legacy(legacy, record)
+    return record["summary"]
+
+
+def migrate_legacy_marker(paths: RunPaths, stage: str, unit: str | None = None) -> None:
+    """Move a legacy marker of (stage, unit) under ``stages/`` as it is (a no-op when there is none to move)."""
+    legacy = legacy_marker(paths, stage, unit)
+    marker = stage_marker(paths, stage, unit)
+    if legacy is None or marker.is_file() or not legacy.is_file():
+        return
+    record = read_json(legacy)
+    if "fingerprint" in record:
+        write_json_atomic(marker, {key: record[key] for key in MARKER_KEYS if key in record})
+        _drop_legacy(legacy, record)
+
+
+def stage_done(paths: RunPaths, stage: str, stage_fingerprint: str, unit: str | None = None) -> bool:
+    """True when (stage, unit) completed with exactly this fingerprint (its outputs can be reused)."""
+    return done_summary(paths, stage, stage_fingerprint, unit) is not None
+
+
+def mark_stage_done(paths: RunPaths, stage: str, stage_fingerprint: str, summary: dict[str, Any],
+                    unit: str | None = None, **record: Any) -> None:
+    """Record that (stage, unit) finished; call it last, after every output of the stage is in place.
+
+    ``record`` adds fields to the marker (an ingest part's ``part``). A legacy marker of the unit is dropped, so
+    it can never vouch for outputs made with other settings.
+    """
+    write_json_atomic(stage_marker(paths, stage, unit),
+                      {"fingerprint": stage_fingerprint, "summary": summary, **record})
+    legacy = legacy_marker(paths, stage, unit)
+    if legacy is not None and legacy.is_file():
+        _drop_legacy(legacy, read_json(legacy))
+
+
+def clear_stage_done(paths: RunPaths, stage: str, unit: str | None = None) -> None:
+    """Forget that (stage, unit) finished (before its outputs are rewritten), under ``stages/`` and legacy."""
+    stage_marker(paths, stage, unit).unlink(missing_ok=True)
+    legacy = legacy_marker(paths, stage, unit)
+    if legacy is not None and legacy.is_file():
+        _drop_legacy(legacy, read_json(legacy))
+
+
+def stage_summary(paths: RunPaths, stage: str, unit: str | None = None) -> dict[str, Any] | None:
+    """The summary a finished (stage, unit) recorded, whatever its fingerprint, or None when it has not finished."""
+    marker = finished_marker(paths, stage, unit)
+    return read_json(marker).get("summary") if marker is not None else None
+
+
+def _drop_legacy(legacy: Path, record: dict[str, Any]) -> None:
+    """Remove a legacy marker; one that also holds stage state (dedupe's parts) keeps the state, minus the marker."""
+    state = {key: value for key, value in record.items() if key not in MARKER_KEYS}
+    if state:
+        write_json_atomic(legacy, state)
+    else:
+        legacy.unlink()
 
 
 def _read_holder(fd: int, patience_s: float = 2.0) -> str:

@@ -29,7 +29,7 @@ REJECTS_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("source_id", pa.string()),
         pa.field("uri", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),  # one of REJECT_REASONS
+        pa.field("reason", pa.string(), nullable=False),  # one of pipeline.filters.REJECT_REASONS
         pa.field("detail", pa.string(), nullable=False),
         pa.field("raw", pa.large_binary()),  # original bytes, so a fixed record can be re-ingested
     ],
@@ -63,28 +63,23 @@ SHARD_INDEX_SCHEMA = pa.schema(
     metadata={"format_version": str(FORMAT_VERSION), "artifact": "shard_index"},
 )
 
-REJECT_REASONS: dict[str, str] = {
+NON_FILTER_REJECT_REASONS: dict[str, str] = {
     "unreadable_file": "the whole file could not be read (corrupt compression, not the declared format)",
     "invalid_json": "the line is not valid JSON",
     "not_an_object": "the JSON value is not an object",
     "invalid_utf8": "the bytes are not valid UTF-8",
     "missing_text": "the text field is absent or null",
     "non_string_text": "the text field is not a string",
-    "empty": "the text is empty after normalisation",
-    "too_short": "fewer characters than filters.min_chars",
-    "too_long": "more characters than filters.max_chars, or (not parsed; raw truncated to 1 MiB) more bytes than "
-                "12 × filters.max_chars + 64 MiB",
-    "binary": "too many NUL/control characters (binary or garbage data)",
-    "mean_word_length": "mean word length outside filters.min_mean_word_length..max_mean_word_length",
-    "symbol_ratio": "more non-space symbols per letter/digit than filters.max_symbol_ratio",
-    "duplicate_lines": "more of the text in repeated lines than filters.max_duplicate_line_fraction",
     "contaminated": "a train document sharing a dedupe.decontaminate.ngram-word n-gram with the validation "
                     "split or an evaluation file (the detail names which, and the n-gram)",
     "outside_source": "a symbolic link (to a file or a folder) in the source folder that resolves outside it; "
                       "not read",
     "not_a_regular_file": "a FIFO, socket or device in the source folder; not opened (only regular files are read)",
 }
-"""Every ``rejects.reason`` value with its meaning; later stages may add reasons, never rename them."""
+"""The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
+document that is contaminated), with their meaning; later stages may add reasons, never rename them. Each
+quality filter's reason is a row of ``pipeline.filters.QUALITY_FILTERS``; ``pipeline.filters.REJECT_REASONS``
+holds them all."""
 
 
 def shard_schema(token_type: pa.DataType, seq_len: int, metadata: dict[str, str]) -> pa.Schema:

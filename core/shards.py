@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from core.atomic import TEMP_PREFIX, atomic_path, sha256_file
 from core.errors import ShardFormatError
-from core.rundir import path_inside_run
+from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
 
 REQUIRED_METADATA = ("format_version", "tokenizer_sha256", "seq_len", "vocab_size", "dtype", "split", "source")
@@ -163,7 +163,7 @@ def write_shard_index(run_dir: Path, infos: list[ShardInfo]) -> None:
     ordered = sorted(infos, key=lambda info: info.path)
     columns = {name: [getattr(info, name) for info in ordered] for name in SHARD_INDEX_SCHEMA.names}
     table = pa.table(columns, schema=SHARD_INDEX_SCHEMA)
-    with atomic_path(run_dir / "shards" / "index.parquet") as tmp:
+    with atomic_path(RunPaths(run_dir).shard_index) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 
@@ -179,7 +179,7 @@ def read_shard_index(run_dir: Path) -> list[ShardInfo]:
     for info in infos:
         fault = index_row_fault(run_dir, info)
         if fault is not None:
-            raise ShardFormatError(f"{run_dir / 'shards' / 'index.parquet'}: {fault}; "
+            raise ShardFormatError(f"{RunPaths(run_dir).shard_index}: {fault}; "
                                    f"an index may name only shards inside its run dir ({SHARD_LAYOUT}): "
                                    "re-run `tokenmill prepare` on a fresh run dir.")
     return infos
@@ -187,7 +187,7 @@ def read_shard_index(run_dir: Path) -> list[ShardInfo]:
 
 def _read_index_rows(run_dir: Path) -> list[ShardInfo]:
     """The index's rows as they are (unchecked); raises ShardFormatError when the file is missing or malformed."""
-    path = run_dir / "shards" / "index.parquet"
+    path = RunPaths(run_dir).shard_index
     if not path.is_file():
         raise ShardFormatError(f"{path}: no shard index; run `tokenmill prepare` first.")
     if not path_inside_run(run_dir, path):
@@ -280,8 +280,9 @@ def scan_shard_files(run_dir: Path) -> tuple[list[Path], list[str]]:
     run_dir = Path(run_dir)
     files: list[Path] = []
     faults: list[str] = []
-    if (run_dir / "shards").is_dir():
-        _scan_folder(run_dir, run_dir / "shards", 0, files, faults)
+    shards = RunPaths(run_dir).shards
+    if shards.is_dir():
+        _scan_folder(run_dir, shards, 0, files, faults)
     return sorted(files), faults
 
 

@@ -5,15 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.progress import STEP_LINE, TrainingBar
-from pipeline.queries import data_funnel, eval_history, rejects_by_reason
+from core.rundir import RunPaths
+from pipeline.query import data_funnel, eval_history, rejects_by_reason
 
 
 def publish_funnel(run_dir: Path, summary: dict[str, Any], report_path: str) -> None:
@@ -45,7 +40,7 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
         "first_val_loss": evals[0]["val_loss"] if evals else None,
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
         "final_step": evals[-1]["step"] if evals else None,
-        "model_dir": str(run_dir / "model"),
+        "model_dir": str(RunPaths(run_dir).model),
         "report": report_path,
     }
     create_markdown_artifact(
@@ -74,30 +69,3 @@ def report_link(report_path: str) -> str:
     path = Path(report_path).resolve()
     return f"Report: [{path}]({path.as_uri()}) (path: `{path}`)"
 
-
-class TrainingProgress:
-    """A Prefect progress artifact fed by the trainer's ``step N/M`` log lines (updated every 2%).
-
-    Every line also goes on to ``bar`` (the terminal's training bar), when there is one.
-    """
-
-    def __init__(self, bar: TrainingBar | None = None) -> None:
-        self._artifact_id = None
-        self._shown = -1.0
-        self._bar = bar
-
-    def update(self, line: str) -> None:
-        if self._bar is not None:
-            self._bar.update(line)
-        match = STEP_LINE.match(line)
-        if match is None:
-            return
-        percent = 100.0 * int(match.group(1)) / max(1, int(match.group(2)))
-        if self._artifact_id is None:
-            self._artifact_id = create_progress_artifact(progress=percent, key="training-progress",
-                                                         description="Optimizer steps done / target")
-        elif percent - self._shown >= 2.0 or percent >= 100.0:
-            update_progress_artifact(artifact_id=self._artifact_id, progress=percent)
-        else:
-            return
-        self._shown = percent

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from core.errors import TokenmillError
-from core.rundir import RunLock
+from core.rundir import RunLock, RunPaths
 from flows.server import guard_temporary_server
 from flows.settings import configure_environment
 
@@ -87,16 +87,7 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
     """
-    recipe_path = _checked_recipe(recipe)
-    from flows.pipeline import data_to_model
-    from flows.progress import live_progress
-
-    _hide_user_error_tracebacks()
-    with _locked_run_dir(recipe_path, run_dir):
-        guard_temporary_server()
-        with live_progress():
-            summary = data_to_model(str(recipe_path), _optional(run_dir), dask_address)
-        _print_summary(summary)
+    _run_flow("data_to_model", recipe, run_dir, dask_address=dask_address)
 
 
 @app.command()
@@ -105,16 +96,7 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     Example: tokenmill prepare configs/tiny.yaml
     """
-    recipe_path = _checked_recipe(recipe)
-    from flows.pipeline import prepare_on
-    from flows.progress import live_progress
-
-    _hide_user_error_tracebacks()
-    with _locked_run_dir(recipe_path, run_dir):
-        guard_temporary_server()
-        with live_progress():
-            summary = prepare_on(str(recipe_path), _optional(run_dir), dask_address)
-        _print_summary(summary)
+    _run_flow("prepare_on", recipe, run_dir, dask_address=dask_address)
 
 
 @app.command()
@@ -123,16 +105,7 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
 
     Example: tokenmill train configs/tiny.yaml
     """
-    recipe_path = _checked_recipe(recipe)
-    from flows.pipeline import train_model
-    from flows.progress import live_progress
-
-    _hide_user_error_tracebacks()
-    with _locked_run_dir(recipe_path, run_dir):
-        guard_temporary_server()
-        with live_progress():
-            summary = train_model(str(recipe_path), _optional(run_dir))
-        _print_summary(summary)
+    _run_flow("train_model", recipe, run_dir)
 
 
 @app.command()
@@ -176,7 +149,7 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
     """
     from trainer.generate import generate_text, load_exported_model
 
-    model, tokenizer = load_exported_model(run_dir / "model")
+    model, tokenizer = load_exported_model(RunPaths(run_dir).model)
     typer.echo(generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))
 
@@ -240,9 +213,36 @@ def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
     _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
-def _checked_recipe(recipe: Path | None) -> Path:
-    """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line."""
-    from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths
+def _run_flow(flow_name: str, recipe: Path | None, run_dir: Path | None, **options: Any) -> None:
+    """What ``run``, ``prepare`` and ``train`` share: check the recipe, lock the run dir, run the flow, print it.
+
+    ``flow_name`` names the function of :mod:`flows.pipeline` (imported only now: it imports Prefect), called
+    as ``flow(recipe, run_dir, **options)``.
+
+    The recipe is read once here (the lock needs its run dir); the flows read it again by path, since a
+    deployment starts them the same way. The lock is taken before Prefect starts, so a second process gets one
+    clean line, not a failed flow; the flows take it again (it nests within a process). Inside it,
+    :func:`flows.server.guard_temporary_server` makes a temporary Prefect server die with this process (after
+    the lock: a refused command never pays for Prefect's server import).
+    """
+    recipe_path, root = _checked_recipe(recipe, run_dir)
+    import flows.pipeline
+    from flows.progress import live_progress
+
+    _hide_user_error_tracebacks()
+    with RunLock(root):
+        guard_temporary_server()
+        with live_progress():
+            summary = getattr(flows.pipeline, flow_name)(str(recipe_path), _optional(run_dir), **options)
+        _print_summary(summary)
+
+
+def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> tuple[Path, Path]:
+    """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line.
+
+    Returns the recipe's path and the run dir it resolves to (``--run-dir``, else the recipe's, else ``runs/<name>``).
+    """
+    from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths, resolve_run_dir
     from pipeline.manifest import load_manifest, resolve_source_path
 
     path = recipe or DEFAULT_RECIPE
@@ -250,7 +250,7 @@ def _checked_recipe(recipe: Path | None) -> Path:
     for manifest_path in manifest_paths(loaded, base):
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
-    return path
+    return path, resolve_run_dir(loaded, run_dir)
 
 
 def _hide_user_error_tracebacks() -> None:
@@ -259,18 +259,6 @@ def _hide_user_error_tracebacks() -> None:
         from flows.settings import hide_user_error_tracebacks
 
         hide_user_error_tracebacks()
-
-
-def _locked_run_dir(recipe_path: Path, run_dir: Path | None) -> RunLock:
-    """Take the run dir's lock before Prefect starts: a second process gets one clean line, not a failed flow.
-
-    The flows take the same lock again (it nests within a process), so they are safe without the CLI too.
-    Inside it, :func:`flows.server.guard_temporary_server` makes a temporary Prefect server die with this
-    process (after the lock: a refused command never pays for Prefect's server import).
-    """
-    from flows.recipe import load_recipe, resolve_run_dir
-
-    return RunLock(resolve_run_dir(load_recipe(recipe_path)[0], run_dir))
 
 
 def _optional(path: Path | None) -> str | None:

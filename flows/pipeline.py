@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.rundir import RunLock
+from core.rundir import RunLock, RunPaths
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_funnel, publish_training, publish_training_failure
 from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
@@ -36,21 +36,22 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
     """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done)."""
     loaded, base = load_recipe(recipe)
     root = resolve_run_dir(loaded, run_dir)
+    paths = RunPaths(root)
     with RunLock(root):
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
-        parts = plan_ingest_task(manifests, str(root), loaded.data.part_size_bytes)
+        parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
         # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core.
         with stage_processes(min(os.cpu_count() or 1, len(parts))):
-            ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, run_dir=str(root),
+            ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
                                             near=unmapped(loaded.dedupe.near)).result()
-        deduped = dedupe_task(str(root), loaded.dedupe)
-        decontaminated = decontaminate_task(str(root), loaded.dedupe.decontaminate, str(base))
-        tokenizer = tokenizer_task(str(root), loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
+        deduped = dedupe_task(paths, loaded.dedupe)
+        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base))
+        tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
         splits, sources = _split_source_pairs(manifests)
-        pack_task.map(unmapped(str(root)), splits, sources, unmapped(loaded.pack)).result()
-        shards = shard_index_task(str(root))
-        report = report_task(str(root))
+        pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack)).result()
+        shards = shard_index_task(paths)
+        report = report_task(paths)
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
                "decontaminate": decontaminated,
                "tokenizer": tokenizer, "num_shards": len(shards),
@@ -74,11 +75,11 @@ def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) 
         until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
         try:
-            train_task(str(root), loaded.train.num_processes, until_step, deadline_s)
+            train_task(RunPaths(root), loaded.train.num_processes, until_step, deadline_s)
         except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
             _report_failed_training(root, failure)
             raise
-        report = report_task(str(root))
+        report = report_task(RunPaths(root))
     return publish_training(root, report)
 
 
@@ -114,7 +115,7 @@ def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
 def _report_failed_training(root: Path, failure: Exception) -> None:
     """Write the report after a failed training run; never raises, so the flow fails with the training error."""
     try:
-        publish_training_failure(root, report_task(str(root)), failure)
+        publish_training_failure(root, report_task(RunPaths(root)), failure)
     except Exception:
         get_run_logger().exception("Could not write the report of the failed training run in %s; the training "
                                    "error follows", root)
@@ -129,7 +130,7 @@ def _refuse_corrupt_shards(root: Path) -> None:
     faults = verify_shards(root)
     if faults:
         more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
-        raise ShardFormatError(f"{root / 'shards'}: {faults[0]}{more}; training refuses corrupt shards: see "
+        raise ShardFormatError(f"{RunPaths(root).shards}: {faults[0]}{more}; training refuses corrupt shards: see "
                                f"`tokenmill shards verify {root}`, then re-run `tokenmill prepare` in a fresh run dir.")
 
 
@@ -142,15 +143,17 @@ def _until_step(root: Path, max_steps: int, steps_per_refresh: int | None, refre
 
 def _latest_checkpoint_step(root: Path) -> int | None:
     """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
-    steps = [int(path.name.split("-", 1)[1]) for path in (root / "checkpoints").glob("step-*")
-             if (path / "manifest.json").is_file() and path.name.split("-", 1)[1].isdigit()]
+    from trainer.checkpoint import MANIFEST_NAME, list_checkpoints  # here: it imports accelerate, slow for the CLI
+
+    steps = [step for step, folder in list_checkpoints(RunPaths(root).checkpoints)
+             if (folder / MANIFEST_NAME).is_file()]
     return max(steps, default=None)
 
 
 def _num_indexed_shards(recipe: str, run_dir: str | None) -> int:
     loaded, _ = load_recipe(recipe)
-    index = resolve_run_dir(loaded, run_dir) / "shards" / "index.parquet"
-    return len(read_shard_index(index.parent.parent)) if index.is_file() else 0
+    paths = RunPaths(resolve_run_dir(loaded, run_dir))
+    return len(read_shard_index(paths.root)) if paths.shard_index.is_file() else 0
 
 
 def _optional_str(path: Path | None) -> str | None:

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import threading
 import time
 from collections import Counter
@@ -64,7 +63,7 @@ def _amount(unit: str, value: float) -> str:
     return f"{value:,.0f} {unit}"
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter:
+def stage_logger() -> logging.Logger | logging.LoggerAdapter:
     """The task run's logger (console + Prefect UI), or a plain logger outside a Prefect run."""
     try:
         return get_run_logger()
@@ -81,7 +80,7 @@ def reports_progress(label: str, rates: bool = True) -> Callable[[Callable[P, R]
             started = time.perf_counter()
             result = function(*args, **kwargs)
             if not os.environ.get(QUIET_ENV):
-                _logger().info(describe_rates(label, result, time.perf_counter() - started, rates))
+                stage_logger().info(describe_rates(label, result, time.perf_counter() - started, rates))
             return result
 
         return wrapper
@@ -219,45 +218,6 @@ def shows_bar(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         return wrapper
 
     return decorate
-
-
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| loss (\S+) \|.*?\| ([\d,]+) tokens/s")
-"""The trainer's line after each logged step (trainer/loop.py): step, target step, loss, tokens/s."""
-
-
-class TrainingBar:
-    """Feeds the training bar from the trainer's output lines (``step N/M | loss L | … | T tokens/s``).
-
-    ``Resuming from checkpoint at step N`` restarts the bar's clock there, so steps/s and the ETA count only
-    this run's steps; the note shows the latest loss, tokens/s and ``val_loss``.
-    """
-
-    RESUME = re.compile(r"^Resuming from checkpoint at step (\d+)")
-    TARGET = re.compile(r"^training to step (\d+)")
-    NOTHING_TO_DO = re.compile(r"^already at step (\d+) \(target (\d+)\)")
-    EVAL = re.compile(r"^eval step \d+ \| val_loss (\S+)")
-    STEP = STEP_LINE
-
-    def __init__(self, meter: Meter) -> None:
-        self._meter = meter
-        self._notes = {"loss": "", "tokens": "", "val_loss": ""}
-
-    def update(self, line: str) -> None:
-        if match := self.RESUME.match(line):
-            self._meter.restart(int(match[1]))
-        elif match := self.TARGET.match(line):
-            self._meter.update(total=int(match[1]))
-        elif match := self.NOTHING_TO_DO.match(line):
-            self._meter.update(completed=int(match[1]), total=int(match[2]), note="nothing to train")
-        elif match := self.EVAL.match(line):
-            self._notes["val_loss"] = f"val_loss {match[1]}"
-            self._meter.update(note=self._note())
-        elif match := self.STEP.match(line):
-            self._notes.update(loss=f"loss {match[3]}", tokens=f"{match[4]} tokens/s")
-            self._meter.update(completed=int(match[1]), total=int(match[2]), note=self._note())
-
-    def _note(self) -> str:
-        return " · ".join(note for note in self._notes.values() if note)
 
 
 @contextlib.contextmanager

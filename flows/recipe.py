@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -84,11 +83,6 @@ def recipe_to_yaml(recipe: RunRecipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json", exclude={"run_dir"}), sort_keys=False)
 
 
-def is_safe_name(name: str) -> bool:
-    """True for names usable as a folder (sources, runs)."""
-    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) is not None
-
-
 # Sections whose change makes the existing data stages' outputs meaningless to mix with new ones.
 DATA_SECTIONS = ("data", "dedupe", "tokenizer", "pack")
 
@@ -167,23 +161,23 @@ def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest
     return [part for part in data_part + manifest_parts if part]
 
 
-def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path, *, fresh: bool = False) -> None:
+def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     """Write ``run.yaml`` (resolved recipe, resolved manifests, source mixture weights, code version).
 
     Refuses a changed data recipe on an existing run dir, in the recipe's data sections or in any manifest it
     names (filters, a source's path, format, glob, fields, a new or removed source): its documents, tokenizer
     and shards were made with the old settings. ``train``, ``model`` and the sources' ``weight`` and
     ``license`` may change (the trainer reads the mixture from run.yaml and checks its checkpoints); new files
-    in a source folder are the refresh's business, not a change. ``fresh=True`` is the user's explicit
-    "start over".
+    in a source folder are the refresh's business, not a change. To start over, the user deletes the run dir
+    (or its ``run.yaml``), as the error says.
     """
     from core.atomic import write_text_atomic
-    from core.rundir import CODE_VERSION
+    from core.rundir import CODE_VERSION, RunPaths
 
-    path = run_dir / "run.yaml"
+    path = RunPaths(run_dir).recipe
     loaded = load_manifests(recipe, base)
     manifests = [portable_manifest(manifest) for manifest in loaded]
-    if path.is_file() and not fresh:
+    if path.is_file():
         changed = recipe_changes(path, recipe, manifests)
         if changed:
             raise ConfigError(

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import write_bytes_atomic, write_text_atomic
-from core.schemas import REJECT_REASONS
-from pipeline.queries import data_funnel, rejects_by_reason
-from pipeline.query import connect
+from core.rundir import RunPaths
+from pipeline.filters import REJECT_REASONS
+from pipeline.query import connect, data_funnel, rejects_by_reason
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
@@ -67,7 +67,7 @@ def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     data = collect_report_data(run_dir)
     images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
-    report_dir = run_dir / "report"
+    report_dir = RunPaths(run_dir).report
     for name, png in images.items():
         write_bytes_atomic(report_dir / f"{name}.png", png)
     write_text_atomic(report_dir / "report.md", _markdown(run_dir, data))
@@ -78,7 +78,7 @@ def write_report(run_dir: str | Path) -> Path:
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     found = []
-    for folder in sorted((run_dir / "checkpoints").glob("step-*")):
+    for folder in sorted(RunPaths(run_dir).checkpoints.glob("step-*")):
         if folder.is_dir() and folder.name[5:].isdigit():
             size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
             found.append({"checkpoint": folder.name, "step": int(folder.name[5:]),

@@ -13,13 +13,7 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
-from core.errors import TokenmillError
-
-
-class ChildProcessFailed(TokenmillError):
-    """The child process failed or ran past its deadline; worth a retry (training resumes from a checkpoint)."""
-
-    retryable = True
+from core.errors import ChildProcessFailed
 
 
 def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAdapter, *,

@@ -1,4 +1,8 @@
-"""Prefect tasks: each wraps one stage call (retries only on I/O-bound work)."""
+"""Prefect tasks: each wraps one stage call (retries only on I/O-bound work).
+
+Each takes the run dir as the :class:`core.rundir.RunPaths` the flow resolved once (a frozen dataclass of one
+path: Prefect hashes and Dask pickles it like the string it replaces).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ from prefect import get_run_logger, task
 
 from core.rundir import RunPaths
 from core.shards import ShardInfo
-from flows.artifacts import TrainingProgress
-from flows.progress import TrainingBar, open_shared_bar, reports_progress, shows_bar, stage_meter
+from flows.progress import open_shared_bar, reports_progress, shows_bar, stage_meter
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.stage_processes import run_stage_call
 from flows.subprocess_log import run_streaming
+from flows.training_progress import training_progress
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, plan_ingest
@@ -27,8 +31,8 @@ from trainer.launch import launch_command, parent_watch_env
 
 @task(name="plan-ingest")
 @reports_progress("plan-ingest")
-def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -> list[dict[str, Any]]:
-    parts = plan_ingest([Path(m) for m in manifests], RunPaths(Path(run_dir)), part_size_bytes)
+def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
+    parts = plan_ingest([Path(m) for m in manifests], paths, part_size_bytes)
     open_shared_bar("ingest", "bytes", total=sum(part.num_bytes for part in parts), num_calls=len(parts))
     return [part.to_dict() for part in parts]
 
@@ -36,10 +40,10 @@ def plan_ingest_task(manifests: list[str], run_dir: str, part_size_bytes: int) -
 @task(name="ingest-part", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="ingest-part-{part[part_id]}")
 @reports_progress("ingest-part")
-def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str,
+def ingest_part_task(part: dict[str, Any], val_fraction: float, paths: RunPaths,
                      near: NearDedupeConfig | None = None) -> dict[str, Any]:
     with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
-        return run_stage_call(ingest_part, IngestPart.from_dict(part), val_fraction, RunPaths(Path(run_dir)),
+        return run_stage_call(ingest_part, IngestPart.from_dict(part), val_fraction, paths,
                               on_progress=lambda num_records, num_bytes: meter.advance(num_bytes,
                                                                                        records=num_records),
                               near=near)
@@ -48,49 +52,51 @@ def ingest_part_task(part: dict[str, Any], val_fraction: float, run_dir: str,
 @task(name="dedupe")
 @reports_progress("dedupe")
 @shows_bar("dedupe")
-def dedupe_task(run_dir: str, config: DedupeConfig) -> dict[str, Any]:
-    return dedupe_stage(RunPaths(Path(run_dir)), config)
+def dedupe_task(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
+    return dedupe_stage(paths, config)
 
 
 @task(name="decontaminate")
 @reports_progress("decontaminate")
 @shows_bar("decontaminate")
-def decontaminate_task(run_dir: str, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
-    return decontaminate_documents(RunPaths(Path(run_dir)), config, base_dir=Path(recipe_dir))
+def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
+    return decontaminate_documents(paths, config, base_dir=Path(recipe_dir))
 
 
 @task(name="tokenizer")
 @reports_progress("tokenizer")
-def tokenizer_task(run_dir: str, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
+def tokenizer_task(paths: RunPaths, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
     with stage_meter("tokenizer", "bytes") as meter:
-        return prepare_tokenizer(RunPaths(Path(run_dir)), config, Path(given_path) if given_path else None,
+        return prepare_tokenizer(paths, config, Path(given_path) if given_path else None,
                                  on_progress=lambda fed, total: meter.update(completed=fed, total=total))
 
 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="pack-{split}-{source}")
 @reports_progress("pack")
-def pack_task(run_dir: str, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
+def pack_task(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
     with stage_meter(f"pack {split}/{source}", "tokens") as meter:
-        return pack_split_source(RunPaths(Path(run_dir)), split, source, config, on_progress=meter.advance)
+        return pack_split_source(paths, split, source, config, on_progress=meter.advance)
 
 
 @task(name="shard-index")
 @reports_progress("shard-index", rates=False)
-def shard_index_task(run_dir: str) -> list[ShardInfo]:
-    return write_index(RunPaths(Path(run_dir)))
+def shard_index_task(paths: RunPaths) -> list[ShardInfo]:
+    return write_index(paths)
 
 
 @task(name="train", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error)
-def train_task(run_dir: str, num_processes: int, until_step: int | None, deadline_s: float | None) -> None:
-    """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint."""
-    argv = launch_command(Path(run_dir), num_processes, until_step)
-    with stage_meter("train", "steps") as meter:
-        progress = TrainingProgress(TrainingBar(meter))
-        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env(), on_line=progress.update)
+def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s: float | None) -> None:
+    """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint.
+
+    The bar and the ``training-progress`` artifact follow the metrics files; the child's lines go to the log.
+    """
+    argv = launch_command(paths.root, num_processes, until_step)
+    with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
+        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env())
 
 
 @task(name="report")
 @shows_bar("report")
-def report_task(run_dir: str) -> str:
-    return str(write_report(Path(run_dir)))
+def report_task(paths: RunPaths) -> str:
+    return str(write_report(paths.root))

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from core.atomic import atomic_path, read_json, write_json_atomic
 from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, doc_id_for
 from core.errors import ConfigError
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths, clear_stage_done, done_summary, fingerprint, mark_stage_done
 from core.schemas import REJECTS_SCHEMA
 from pipeline import minhash
 from pipeline.config import DecontaminateConfig
@@ -39,7 +39,8 @@ from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, read_file
 
 STATE_FILE = "decontaminate.json"
-"""``dedupe/decontaminate.json``: settings fingerprint, the parts checked, the summary."""
+"""``dedupe/decontaminate.json``: stage state, the settings fingerprint and the parts checked with it (whether the
+stage is done is recorded in ``stages/decontaminate.json``)."""
 BATCH_ROWS = 512
 MAX_DETAIL_NGRAM_CHARS = 200
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
@@ -86,6 +87,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     output = paths.rejects / CONTAMINATED_FILE
     if not config.enabled:
         output.unlink(missing_ok=True)
+        clear_stage_done(paths, "decontaminate")
         return {"enabled": False, "num_train_checked": 0, "num_contaminated": 0, "num_reference_ngrams": 0,
                 "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}}
     eval_files = _eval_paths(config, base_dir)
@@ -94,10 +96,11 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                            [(path.name, _file_digest(path)) for path in eval_files])
     run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
                                   _file_digest(paths.dedupe / DUPLICATES_FILE))
+    done = done_summary(paths, "decontaminate", run_fingerprint)
+    if done is not None and output.is_file():
+        return done
     state_path = paths.dedupe / STATE_FILE
     state = read_json(state_path) if state_path.is_file() else {}
-    if state.get("fingerprint") == run_fingerprint and output.is_file():
-        return state["summary"]
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
     locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
     removed = _duplicate_doc_ids(paths)
@@ -113,8 +116,9 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
         chosen |= val_quoting_earlier_train(new_parts, earlier_train, removed, not_trained, config)
     rows = carried + _reject_rows(parts, chosen, config.ngram)
     summary = _write_rejects(output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
-    write_json_atomic(state_path, {"fingerprint": run_fingerprint, "settings": settings, "summary": summary,
+    write_json_atomic(state_path, {"settings": settings,
                                    "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    mark_stage_done(paths, "decontaminate", run_fingerprint, summary)
     return summary
 
 

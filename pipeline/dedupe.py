@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import atomic_path, read_json, write_json_atomic
-from core.documents import DUPLICATES_FILE, document_part_files
-from core.rundir import RunPaths, fingerprint
+from core.documents import DUPLICATES_FILE, document_part_files, document_part_marker
+from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 from pipeline import minhash
 from pipeline.config import DedupeConfig
@@ -66,29 +66,36 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
 
     Returns ``{"num_documents_in", "num_exact_duplicates", "num_near_duplicates", "num_kept"}``. Outputs
     are deterministic (same parts and settings -> same bytes); a repeat call with nothing new returns
-    the recorded summary without work.
+    the summary recorded in ``stages/dedupe.json`` without work. ``dedupe/state.json`` keeps the parts seen
+    (stage state: their documents stay locked).
     """
     parts = finished_parts(paths)
-    settings = config.model_dump(exclude={"decontaminate"})  # a later stage's settings; not dedupe's
-    run_fingerprint = fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION,
-                                  [(part.part_id, part.fingerprint) for part in parts])
+    stage_fingerprint = dedupe_fingerprint(parts, config)
+    done = done_summary(paths, "dedupe", stage_fingerprint)
+    if done is not None and (paths.dedupe / DUPLICATES_FILE).is_file():
+        return done
     state_path = paths.dedupe / STATE_FILE
     state = read_json(state_path) if state_path.is_file() else {"parts": {}}
-    if state.get("fingerprint") == run_fingerprint and (paths.dedupe / DUPLICATES_FILE).is_file():
-        return state["summary"]
     catalog, part_ids = load_catalog(parts)
     locked = locked_documents(catalog, part_ids, parts, state, paths)
     decisions = decide(catalog, part_ids, locked, parts, paths, config)
     summary = write_outputs(catalog, decisions, paths)
-    write_json_atomic(state_path, {"fingerprint": run_fingerprint, "summary": summary,
-                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    write_json_atomic(state_path, {"parts": {str(part.part_id): part.fingerprint for part in parts}})
+    mark_stage_done(paths, "dedupe", stage_fingerprint, summary)
     return summary
+
+
+def dedupe_fingerprint(parts: list[DocsPart], config: DedupeConfig) -> str:
+    """The dedupe stage's one fingerprint: its rules, its settings (not decontaminate's), the parts' fingerprints."""
+    settings = config.model_dump(exclude={"decontaminate"})  # a later stage's settings; not dedupe's
+    return fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION,
+                       [(part.part_id, part.fingerprint) for part in parts])
 
 
 def finished_parts(paths: RunPaths) -> list[DocsPart]:
     """Finished docs parts in part order, with their marker fingerprints."""
     return [
-        DocsPart(int(path.stem.split("-")[1]), path, read_json(path.with_suffix(".json"))["fingerprint"])
+        DocsPart(int(path.stem.split("-")[1]), path, read_json(document_part_marker(paths, path))["fingerprint"])
         for path in document_part_files(paths)
     ]
 

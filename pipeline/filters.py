@@ -10,10 +10,13 @@ import ipaddress
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
+from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.manifest import FilterConfig
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
@@ -152,47 +155,129 @@ def _replace_spans(text: str, spans: list[tuple[int, int]], placeholder: str) ->
     return "".join(pieces), len(spans)
 
 
-def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
-    """``(reason, detail)`` when the normalised ``text`` fails a quality filter, else None.
+class MeasuredText:
+    """A normalised text and the counts more than one quality filter reads, each computed at most once.
 
-    Reasons are ``REJECT_REASONS`` keys, checked in this order (a huge binary blob is reported as
-    too_long without scanning it): empty, too_long, binary, too_short, mean_word_length, symbol_ratio,
-    duplicate_lines.
+    Slotted, with a hand-written cache: ``functools.cached_property`` (locked on Python 3.11) measured 1.0 us per
+    document against 0.3 us.
     """
-    num_chars = len(text)
-    if num_chars == 0:
-        return "empty", "no text left after normalisation"
-    if num_chars > filters.max_chars:
-        return "too_long", f"{num_chars} characters, above filters.max_chars={filters.max_chars}"
-    num_control = count_control_chars(text)
+
+    __slots__ = ("_word_counts", "num_chars", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.num_chars = len(text)
+        self._word_counts: tuple[int, int, int] | None = None
+
+    def word_counts(self) -> tuple[int, int, int]:
+        """``(words, characters in words, symbols)``, see :func:`_word_counts`."""
+        if self._word_counts is None:
+            self._word_counts = _word_counts(self.text)
+        return self._word_counts
+
+
+def _check_empty(document: MeasuredText, filters: FilterConfig) -> str | None:
+    return "no text left after normalisation" if document.num_chars == 0 else None
+
+
+def _check_too_long(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if document.num_chars > filters.max_chars:
+        return f"{document.num_chars} characters, above filters.max_chars={filters.max_chars}"
+    return None
+
+
+def _check_binary(document: MeasuredText, filters: FilterConfig) -> str | None:
+    num_chars, num_control = document.num_chars, count_control_chars(document.text)
     if num_control / num_chars > filters.max_control_char_fraction:
-        return "binary", (
-            f"{num_control} of {num_chars} characters are NUL/control characters "
-            f"({num_control / num_chars:.1%}), above filters.max_control_char_fraction="
-            f"{filters.max_control_char_fraction}"
-        )
-    if num_chars < filters.min_chars:
-        return "too_short", f"{num_chars} characters, below filters.min_chars={filters.min_chars}"
-    return _check_words(text, filters) or _check_duplicate_lines(text, filters)
+        return (f"{num_control} of {num_chars} characters are NUL/control characters "
+                f"({num_control / num_chars:.1%}), above filters.max_control_char_fraction="
+                f"{filters.max_control_char_fraction}")
+    return None
 
 
-def _check_words(text: str, filters: FilterConfig) -> tuple[str, str] | None:
-    """Mean word length and symbol/alphanumeric ratio (words: whitespace-separated runs)."""
-    num_words, num_word_chars, num_symbols = _word_counts(text)
+def _check_too_short(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if document.num_chars < filters.min_chars:
+        return f"{document.num_chars} characters, below filters.min_chars={filters.min_chars}"
+    return None
+
+
+def _check_mean_word_length(document: MeasuredText, filters: FilterConfig) -> str | None:
+    num_words, num_word_chars, _ = document.word_counts()
     mean_length = num_word_chars / max(num_words, 1)
     if not filters.min_mean_word_length <= mean_length <= filters.max_mean_word_length:
-        return "mean_word_length", (
-            f"mean word length {mean_length:.1f} characters over {num_words} words, outside filters."
-            f"min_mean_word_length={filters.min_mean_word_length}..max_mean_word_length="
-            f"{filters.max_mean_word_length}"
-        )
+        return (f"mean word length {mean_length:.1f} characters over {num_words} words, outside filters."
+                f"min_mean_word_length={filters.min_mean_word_length}..max_mean_word_length="
+                f"{filters.max_mean_word_length}")
+    return None
+
+
+def _check_symbol_ratio(document: MeasuredText, filters: FilterConfig) -> str | None:
+    _, num_word_chars, num_symbols = document.word_counts()
     num_alphanumeric = num_word_chars - num_symbols
     if num_symbols > filters.max_symbol_ratio * num_alphanumeric:
         ratio = num_symbols / max(num_alphanumeric, 1)
-        return "symbol_ratio", (
-            f"{num_symbols} symbols to {num_alphanumeric} letters/digits (ratio {ratio:.2f}), above "
-            f"filters.max_symbol_ratio={filters.max_symbol_ratio}"
-        )
+        return (f"{num_symbols} symbols to {num_alphanumeric} letters/digits (ratio {ratio:.2f}), above "
+                f"filters.max_symbol_ratio={filters.max_symbol_ratio}")
+    return None
+
+
+def _check_duplicate_lines(document: MeasuredText, filters: FilterConfig) -> str | None:
+    fraction = duplicate_line_fraction(document.text)
+    if fraction > filters.max_duplicate_line_fraction:
+        return (f"{fraction:.1%} of the characters are in repeated lines, above "
+                f"filters.max_duplicate_line_fraction={filters.max_duplicate_line_fraction}")
+    return None
+
+
+@dataclass(frozen=True)
+class QualityFilter:
+    """One quality filter: a row of :data:`QUALITY_FILTERS`."""
+
+    reason: str
+    """The ``rejects.reason`` a failing document is recorded with."""
+    config_fields: tuple[str, ...]
+    """The ``FilterConfig`` fields (``filters:`` keys of a manifest) the check reads."""
+    check: Callable[[MeasuredText, FilterConfig], str | None]
+    """The reject's one-line detail when the document fails, else None; may assume every earlier row passed."""
+    meaning: str
+    """What the reason means, as ``REJECT_REASONS`` and the run report give it."""
+
+
+QUALITY_FILTERS: tuple[QualityFilter, ...] = (
+    QualityFilter("empty", (), _check_empty, "the text is empty after normalisation"),
+    QualityFilter("too_long", ("max_chars",), _check_too_long,
+                  "more characters than filters.max_chars, or (not parsed; raw truncated to 1 MiB) more bytes than "
+                  "12 × filters.max_chars + 64 MiB"),
+    QualityFilter("binary", ("max_control_char_fraction",), _check_binary,
+                  "too many NUL/control characters (binary or garbage data)"),
+    QualityFilter("too_short", ("min_chars",), _check_too_short, "fewer characters than filters.min_chars"),
+    QualityFilter("mean_word_length", ("min_mean_word_length", "max_mean_word_length"), _check_mean_word_length,
+                  "mean word length outside filters.min_mean_word_length..max_mean_word_length"),
+    QualityFilter("symbol_ratio", ("max_symbol_ratio",), _check_symbol_ratio,
+                  "more non-space symbols per letter/digit than filters.max_symbol_ratio"),
+    QualityFilter("duplicate_lines", ("max_duplicate_line_fraction",), _check_duplicate_lines,
+                  "more of the text in repeated lines than filters.max_duplicate_line_fraction"),
+)
+"""The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
+``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
+zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary."""
+
+REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
+                                  **{row.reason: row.meaning for row in QUALITY_FILTERS}}
+"""Every ``rejects.reason`` value with its meaning: the readers' and later stages' (``core.schemas``) and one
+per quality filter. Reasons may be added, never renamed."""
+
+
+def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
+    """``(reason, detail)`` of the first row of :data:`QUALITY_FILTERS` the normalised ``text`` fails, else None.
+
+    Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines.
+    """
+    document = MeasuredText(text)
+    for quality_filter in QUALITY_FILTERS:
+        detail = quality_filter.check(document, filters)
+        if detail is not None:
+            return quality_filter.reason, detail
     return None
 
 
@@ -238,16 +323,6 @@ def duplicate_line_fraction(text: str) -> float:
     if num_chars <= 0:
         return 0.0
     return (num_chars - len("".join(set(lines)))) / num_chars
-
-
-def _check_duplicate_lines(text: str, filters: FilterConfig) -> tuple[str, str] | None:
-    fraction = duplicate_line_fraction(text)
-    if fraction > filters.max_duplicate_line_fraction:
-        return "duplicate_lines", (
-            f"{fraction:.1%} of the characters are in repeated lines, above "
-            f"filters.max_duplicate_line_fraction={filters.max_duplicate_line_fraction}"
-        )
-    return None
 
 
 def split_for(text_hash: str, val_fraction: float) -> str:

@@ -2,7 +2,7 @@
 
 Two steps, so a Prefect task per part can be retried alone: :func:`plan_ingest` groups the sources'
 files into parts and persists that plan (``docs/plan.json``), :func:`ingest_part` reads one part,
-normalises and filters every record and writes its outputs, then its marker ``docs/part-NNNNN.json``.
+normalises and filters every record and writes its outputs, then its marker ``stages/ingest/part-NNNNN.json``.
 Given the run's near-dedupe settings, it also leaves the part's MinHash signatures for the dedupe stage
 (``dedupe/minhash/part-NNNNN.parquet``), made from the text while it is in memory.
 """
@@ -26,7 +26,15 @@ import pyarrow.parquet as pq
 from core.atomic import atomic_path, read_json, write_json_atomic
 from core.documents import doc_id_for
 from core.errors import ManifestError
-from core.rundir import RunPaths, fingerprint
+from core.rundir import (
+    RunPaths,
+    done_summary,
+    fingerprint,
+    finished_marker,
+    mark_stage_done,
+    migrate_legacy_marker,
+    stage_marker,
+)
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
@@ -36,7 +44,6 @@ from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_f
 if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
 
-PLAN_FILE = "plan.json"
 PLAN_VERSION = 1
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_CHARS = 8 << 20
@@ -79,8 +86,22 @@ class SourceFile:
 
 
 def part_marker(paths: RunPaths, part_id: int) -> Path:
-    """``docs/part-NNNNN.json``: written last, so its presence means the part is complete."""
-    return paths.docs / f"part-{part_id:05d}.json"
+    """``stages/ingest/part-NNNNN.json``: written last, so its presence means the part is complete."""
+    return stage_marker(paths, "ingest", part_unit(part_id))
+
+
+def part_unit(part_id: int) -> str:
+    """The part's unit name in the skip-if-done markers: ``part-NNNNN``, the stem of its Parquet files."""
+    return f"part-{part_id:05d}"
+
+
+def part_finished(paths: RunPaths, part_id: int) -> bool:
+    """Whether the part's documents and marker exist (``stages/ingest/``, or ``docs/`` in an older run dir).
+
+    The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
+    """
+    documents = paths.docs / part_file_name(part_id)
+    return documents.is_file() and finished_marker(paths, "ingest", part_unit(part_id)) is not None
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -107,7 +128,7 @@ def source_root(source: SourceConfig, manifest_path: Path) -> Path:
     return path if path.is_dir() and source.format != "hf_disk" else path.parent
 
 
-RUN_DIR_SIGNATURES = ((f"docs/{PLAN_FILE}",), ("run.yaml", ".lock"))
+RUN_DIR_SIGNATURES = (("ingest_plan",), ("recipe", "lock"))
 """A folder holding ``docs/plan.json``, or both ``run.yaml`` and ``.lock``, is a tokenmill run dir."""
 
 
@@ -177,7 +198,8 @@ def _is_run_dir(folder: Path, run_root: Path | None) -> bool:
     """Whether ``folder`` is the run being planned or looks like any tokenmill run dir."""
     if run_root is not None and folder.resolve() == run_root:
         return True
-    return any(all((folder / name).is_file() for name in signature) for signature in RUN_DIR_SIGNATURES)
+    layout = RunPaths(folder)
+    return any(all(getattr(layout, name).is_file() for name in signature) for signature in RUN_DIR_SIGNATURES)
 
 
 def _is_inside(entry: Path, root: Path) -> bool:
@@ -286,18 +308,20 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
     manifests define the same source name.
     """
     sources = collect_sources(manifest_paths)
-    plan_path = paths.docs / PLAN_FILE
+    plan_path = paths.ingest_plan
     plan = read_json(plan_path) if plan_path.is_file() else {"version": PLAN_VERSION, "parts": [], "files": {}}
     before = repr(plan)
     for name, (manifest_path, source) in sorted(sources.items()):
         _plan_source(plan, name, list_source_files(source, manifest_path, paths.root), part_size_bytes, paths)
     if repr(plan) != before:
         write_json_atomic(plan_path, plan)
+    for part in plan["parts"]:  # a run dir of before stages/ held every marker: move its part markers there
+        migrate_legacy_marker(paths, "ingest", part_unit(part["part_id"]))
     return [
         IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
                    sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
         for part in plan["parts"]
-        if part["source"] in sources and not part_marker(paths, part["part_id"]).is_file()
+        if part["source"] in sources and not part_finished(paths, part["part_id"])
     ]
 
 
@@ -305,7 +329,7 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
                  paths: RunPaths) -> None:
     known: dict[str, list[int]] = plan["files"].setdefault(name, {})
     ingested = {rel for part in plan["parts"] if part["source"] == name
-                and part_marker(paths, part["part_id"]).is_file() for rel in part["files"]}
+                and part_finished(paths, part["part_id"]) for rel in part["files"]}
     for file in listed:
         recorded = known.get(file.rel)
         if recorded is None or recorded == [file.size, file.mtime_ns]:
@@ -349,16 +373,16 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
     part_fingerprint = fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(),
                                    val_fraction)
-    marker = part_marker(paths, part.part_id)
-    if marker.is_file() and (done := read_json(marker)).get("fingerprint") == part_fingerprint:
-        return done["summary"]
+    done = done_summary(paths, "ingest", part_fingerprint, part_unit(part.part_id))
+    if done is not None and (paths.docs / part_file_name(part.part_id)).is_file():
+        return done
     root = source_root(source, manifest_path)
     with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
         summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
                               signatures)
         signatures.write()
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
-    write_json_atomic(marker, {"fingerprint": part_fingerprint, "part": record, "summary": summary})
+    mark_stage_done(paths, "ingest", part_fingerprint, summary, part_unit(part.part_id), part=record)
     return summary
 
 

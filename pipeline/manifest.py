@@ -23,6 +23,9 @@ PATH_PLACEHOLDERS = {"${PYTHON_STDLIB}": lambda: sysconfig.get_paths()["stdlib"]
 
 
 class FilterConfig(FrozenConfig):
+    """A manifest's ``filters:``: the thresholds of the quality filters, each read by one row of
+    ``pipeline.filters.QUALITY_FILTERS`` (whose reason its docstring names), and PII redaction, which never rejects."""
+
     min_chars: int = Field(default=1, ge=1)
     """Documents shorter than this (after normalisation) are rejected as ``too_short``."""
     max_chars: int = Field(default=2_000_000, ge=1)
@@ -36,7 +39,8 @@ class FilterConfig(FrozenConfig):
     max_symbol_ratio: float = Field(default=3.0, ge=0.0)
     """Non-space symbols per letter/digit above which a document is rejected (``symbol_ratio``): ASCII art, tables."""
     max_duplicate_line_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
-    """Share of characters in lines repeating an earlier line above which a document is rejected (1.0: off)."""
+    """Share of characters in lines repeating an earlier line above which a document is rejected (``duplicate_lines``;
+    1.0: off)."""
     redact_pii: bool = False
     """Replace e-mail addresses with ``<EMAIL>`` and IPv4/IPv6 addresses with ``<IP>`` before hashing."""
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
+from core.rundir import RunPaths
 from core.shards import ShardInfo, ShardTokens, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
@@ -91,7 +92,7 @@ def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, 
 
 def special_token_ids(run_dir: Path) -> tuple[int, int]:
     """(eos_id, pad_id) from the run's ``tokenizer/tokenizer.json`` (its added tokens), else the contract's 0, 1."""
-    path = Path(run_dir) / "tokenizer" / "tokenizer.json"
+    path = RunPaths(run_dir).tokenizer
     if not path.is_file():
         return CONTRACT_EOS_ID, CONTRACT_PAD_ID
     try:

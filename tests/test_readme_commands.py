@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from core.schemas import REJECT_REASONS
+from pipeline.filters import REJECT_REASONS
 from pipeline.query import run_query
 from tests.flows.prefect_server import background, free_port
 
@@ -491,7 +491,7 @@ def test_prefect_server_start_and_export_give_a_working_api(server_env: dict[str
 def test_prepare_and_train_skip_finished_work(quick_start: QuickStart, server_env: dict[str, str]) -> None:
     """On the finished run: prepare redoes no stage, train resumes from the last checkpoint and adds no step."""
     run_dir = quick_start.run_dir
-    outputs = [*run_dir.glob("stages/*.json"), *run_dir.glob("docs/*"), *run_dir.glob("dedupe/*"),
+    outputs = [*run_dir.glob("stages/**/*.json"), *run_dir.glob("docs/*"), *run_dir.glob("dedupe/*"),
                *run_dir.glob("tokenizer/*"), *run_dir.glob("shards/**/*.arrow")]
     stamps = {path: path.stat().st_mtime_ns for path in outputs}
     index = (run_dir / "shards" / "index.parquet").read_bytes()

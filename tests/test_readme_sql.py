@@ -17,8 +17,7 @@ from accelerate.state import AcceleratorState, GradientState
 from core.rundir import RunPaths
 from flows.recipe import load_recipe, manifest_paths, record_recipe
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.queries import near_duplicate_pairs, token_mix
-from pipeline.query import run_query
+from pipeline.query import near_duplicate_pairs, run_query, token_mix
 from pipeline.stages import dedupe_stage
 from tests.flows.conftest import write_small_recipe
 from tokenization.stage import pack_split_source, write_index

@@ -36,7 +36,7 @@ def sample_rows(run_dir: str | Path, n: int, seed: int = 0, split: str | None = 
     """
     if n < 1:
         raise ConfigError(f"n={n}: ask for at least one row.")
-    paths = RunPaths(Path(run_dir))
+    paths = RunPaths(run_dir)
     infos = _matching_shards(read_shard_index(paths.root), split, source)
     chosen = _choose_rows(infos, n, seed)
     rows = [row for info, numbers in chosen for row in _read_rows(paths.root, info, numbers)]

@@ -1,8 +1,10 @@
 """Encode + pack stage of the data path: kept documents of one (split, source) -> Arrow token shards.
 
 Each ``shards/split=<split>/source=<source>/`` folder holds ``part-NNNNN.arrow`` shards and a
-``state.json`` (written last) that records which document parts are packed. A later call packs only
-new document parts into new shards, so an incremental run appends without rewriting old shards.
+``state.json`` (stage state) that records which document parts are packed; the marker
+``stages/pack/split=<split>/source=<source>.json``, written last, says the pair is done for the current
+parts. A later call packs only new document parts into new shards, so an incremental run appends without
+rewriting old shards.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from core.atomic import read_json, remove_stale_temps, sha256_file, write_json_atomic
 from core.documents import document_part_files, iter_documents
 from core.errors import ConfigError, StageMismatchError
-from core.rundir import RunPaths
+from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
@@ -42,8 +44,14 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     tokenizer_sha256 = sha256_file(paths.tokenizer)
     state = _load_state(folder, tokenizer_sha256, config.seq_len)
     infos = [ShardInfo(**info) for info in state["shards"]]
-    new_parts = [part for part in document_part_files(paths) if part.name not in state["packed_parts"]]
-    if not new_parts:
+    parts = document_part_files(paths)
+    unit, stage_fingerprint = pack_unit(split, source), fingerprint("pack", STATE_VERSION, tokenizer_sha256,
+                                                                    config.seq_len, [part.name for part in parts])
+    if (folder / STATE_FILE).is_file() and done_summary(paths, "pack", stage_fingerprint, unit) == _pack_summary(state):
+        return infos  # the summary check: a marker never vouches for shards deleted since (to re-pack)
+    new_parts = [part for part in parts if part.name not in state["packed_parts"]]
+    if not new_parts:  # packed by a version that kept no marker under stages/: record it now
+        mark_stage_done(paths, "pack", stage_fingerprint, _pack_summary(state), unit)
         return infos
     remove_stale_temps(folder)
     _remove_unrecorded_shards(folder, state["next_part"])
@@ -57,8 +65,19 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         next_part=writer.next_part, num_documents=state["num_documents"] + num_documents,
         shards=[dataclasses.asdict(info) for info in infos],
     )
-    write_json_atomic(folder / STATE_FILE, state)  # last: the shards above are now committed
+    write_json_atomic(folder / STATE_FILE, state)  # the shards above are now committed
+    mark_stage_done(paths, "pack", stage_fingerprint, _pack_summary(state), unit)  # last
     return infos
+
+
+def pack_unit(split: str, source: str) -> str:
+    """The (split, source) unit of the pack stage's markers: ``stages/pack/split=<split>/source=<source>.json``."""
+    return f"split={split}/source={source}"
+
+
+def _pack_summary(state: dict[str, Any]) -> dict[str, Any]:
+    return {"num_documents": state["num_documents"], "num_shards": len(state["shards"]),
+            "num_packed_parts": len(state["packed_parts"])}
 
 
 def write_index(paths: RunPaths) -> list[ShardInfo]:

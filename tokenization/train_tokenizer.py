@@ -1,8 +1,8 @@
 """Tokenizer step of the data path: train-split documents -> ``tokenizer/tokenizer.json`` (byte-level BPE).
 
 Either trains a byte-level BPE on the first ``sample_bytes`` of train-split text (documents order) or
-copies a given ``tokenizer.json``. Either way the file is written atomically and a ``meta.json`` beside it
-records the settings fingerprint, so a re-run with the same settings is skipped.
+copies a given ``tokenizer.json``. Either way the file is written atomically and the stage marker
+``stages/tokenizer.json`` records the settings fingerprint, so a re-run with the same settings is skipped.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from core.atomic import read_json, sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
+from core.atomic import sha256_file, write_bytes_atomic, write_text_atomic
 from core.documents import iter_documents
 from core.errors import ConfigError
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
 
 EOS_TOKEN, PAD_TOKEN = SPECIAL_TOKENS
-META_FILE = "meta.json"
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
@@ -84,7 +83,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path
                       on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write ``paths.tokenizer`` (copied from ``given_path``, or trained) and return its summary.
 
-    Returns ``{"tokenizer_sha256", "vocab_size", "trained", "sample_bytes"}``. Skipped when ``meta.json``
+    Returns ``{"tokenizer_sha256", "vocab_size", "trained", "sample_bytes"}``. Skipped when ``stages/tokenizer.json``
     records the same settings fingerprint and the file is unchanged. The documents are deliberately not
     part of the fingerprint: an incremental run with new documents keeps the tokenizer its shards were
     written with (delete ``tokenizer/`` and ``shards/`` to retrain). Raises ConfigError for an invalid
@@ -100,7 +99,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path
     if done is not None:
         return done
     summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config, on_progress)
-    write_json_atomic(paths.tokenizer.parent / META_FILE, {"fingerprint": stage_fingerprint, "summary": summary})
+    mark_stage_done(paths, "tokenizer", stage_fingerprint, summary)
     return summary
 
 
@@ -113,14 +112,10 @@ def _training_settings(config: TokenizerConfig) -> dict[str, Any]:
 
 def _recorded_summary(paths: RunPaths, stage_fingerprint: str) -> dict[str, Any] | None:
     """The recorded summary when the tokenizer on disk was made with this fingerprint and is intact."""
-    meta_path = paths.tokenizer.parent / META_FILE
-    if not (meta_path.is_file() and paths.tokenizer.is_file()):
+    if not paths.tokenizer.is_file():
         return None
-    meta = read_json(meta_path)
-    summary = meta.get("summary", {})
-    if meta.get("fingerprint") != stage_fingerprint:
-        return None
-    if summary.get("tokenizer_sha256") != sha256_file(paths.tokenizer):
+    summary = done_summary(paths, "tokenizer", stage_fingerprint)
+    if summary is None or summary.get("tokenizer_sha256") != sha256_file(paths.tokenizer):
         return None
     return summary
 

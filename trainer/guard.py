@@ -13,11 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from core.errors import TokenmillError
-
-
-class TrainingDivergedError(TokenmillError):
-    """Training produced non-finite losses or gradients for too many steps in a row."""
+from core.errors import TrainingDivergedError
 
 
 class GuardCounters(Protocol):

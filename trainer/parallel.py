@@ -30,12 +30,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from core.errors import ConfigError
+from core.rundir import RunPaths
 from trainer.config import TrainConfig
 from trainer.model import LlamaForCausalLM
 from trainer.precision import check_precision
-
-TENSORBOARD_DIR = Path("metrics") / "tensorboard"
-"""Where TensorBoard event files go, relative to the run dir (``tensorboard --logdir RUN/metrics/tensorboard``)."""
 
 TRACKER_PROJECT = "train"
 """Accelerate's tracker project name: the event files land in ``metrics/tensorboard/train/``."""
@@ -130,7 +128,7 @@ def tracking_options(train: TrainConfig, run_dir: Path | None) -> dict[str, obje
     run_dir = Path(run_dir)
     return {"log_with": "tensorboard",
             "project_config": ProjectConfiguration(project_dir=str(run_dir),
-                                                   logging_dir=str(run_dir / TENSORBOARD_DIR))}
+                                                   logging_dir=str(RunPaths(run_dir).tensorboard))}
 
 
 def apply_model_options(model: LlamaForCausalLM, train: TrainConfig) -> LlamaForCausalLM:

@@ -49,7 +49,6 @@ from trainer.precision import MixedPrecision
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
 
-PROFILE_DIR = Path("metrics") / "profile"
 """Where ``train.profile_steps`` traces go, relative to the run dir."""
 
 DEVICE_PEAK_FILE = "device_peak.json"
@@ -67,7 +66,7 @@ class TrainerSections(FrozenConfig):
 
 def read_trainer_config(run_dir: Path) -> TrainerSections:
     """Validate ``model``, ``train`` and ``mixture`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
-    path = RunPaths(Path(run_dir)).recipe
+    path = RunPaths(run_dir).recipe
     recipe = load_yaml_mapping(path, "run recipe")
     sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
     try:
@@ -122,7 +121,7 @@ def build_telemetry(accelerator: Accelerator, train: TrainConfig, paths: RunPath
 def build_callbacks(accelerator: Accelerator, train: TrainConfig, paths: RunPaths) -> list[Callback]:
     if not train.profile_steps:
         return []
-    return [ProfilerCallback(train.profile_steps, paths.root / PROFILE_DIR, accelerator.process_index,
+    return [ProfilerCallback(train.profile_steps, paths.profile, accelerator.process_index,
                              accelerator.device)]
 
 
@@ -137,7 +136,7 @@ multi-machine test). A launched rank leaves through ``exit_without_finalising``,
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
                         allow_data_change: bool = False) -> TrainingLoop:
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
-    paths, train = RunPaths(Path(run_dir)), config.train
+    paths, train = RunPaths(run_dir), config.train
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
     shape = ModelShape(config.model.resolved_dims(), train_rows.vocab_size, train_rows.seq_len)

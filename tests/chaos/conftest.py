@@ -254,7 +254,7 @@ def file_bytes(run_dir: Path, patterns: tuple[str, ...]) -> dict[str, bytes]:
 
 
 DATA_ARTIFACTS = ("run.yaml", "docs/*", "rejects/*", "dedupe/*.parquet", "dedupe/state.json", "tokenizer/*",
-                  "shards/**/*.arrow", "shards/**/state.json", "shards/index.parquet", "stages/*.json")
+                  "shards/**/*.arrow", "shards/**/state.json", "shards/index.parquet", "stages/**/*.json")
 """Data-stage outputs promised to be deterministic (same input and settings -> same bytes)."""
 
 

@@ -32,10 +32,11 @@ import zstandard
 
 from core.errors import ManifestError
 from core.rundir import RunPaths
-from core.schemas import REJECT_REASONS
+from pipeline.filters import REJECT_REASONS
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import SourceConfig
-from pipeline.readers import Record, Reject, iter_lines, read_file, record_byte_limit
+from pipeline.readers import Record, Reject, read_file
+from pipeline.streams import iter_lines, record_byte_limit
 from tests.chaos.conftest import record_text, tokenmill
 from tests.conftest import copy_stdlib_slice
 

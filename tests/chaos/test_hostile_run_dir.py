@@ -21,12 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.documents import document_part_files
-from core.errors import RunDirError, ShardFormatError
+from core.errors import QueryError, RunDirError, ShardFormatError
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from core.shards import ShardRows, read_shard_index, verify_shards, write_shard, write_shard_index
 from flows.report import write_report
-from pipeline.query import QueryError, connect
+from pipeline.query import connect
 from pipeline.shard_stats import shard_stats
 from tests.chaos.conftest import tokenmill
 from tests.conftest import build_query_run

@@ -13,8 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from core.atomic import read_json, write_json_atomic
 from core.errors import RunLockedError
-from core.rundir import RunLock, RunPaths, fingerprint, mark_stage_done, stage_done, stage_summary
+from core.rundir import (
+    RunLock,
+    RunPaths,
+    clear_stage_done,
+    done_summary,
+    fingerprint,
+    finished_marker,
+    mark_stage_done,
+    migrate_legacy_marker,
+    stage_done,
+    stage_marker,
+    stage_summary,
+)
 
 HOLD_LOCK = "import sys, time; from core.rundir import RunLock; RunLock(sys.argv[1]).acquire(); " \
             "print('locked', flush=True); time.sleep(600)"
@@ -79,3 +92,43 @@ def test_stage_markers_record_fingerprint_and_summary(tmp_path: Path) -> None:
     mark_stage_done(paths, "dedupe", first, {"kept": 3})
     assert stage_done(paths, "dedupe", first) and not stage_done(paths, "dedupe", second)
     assert stage_summary(paths, "dedupe") == {"kept": 3}
+
+
+def test_unit_markers_live_under_stages_and_are_written_whole(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    assert stage_marker(paths, "dedupe") == tmp_path / "stages" / "dedupe.json"
+    assert stage_marker(paths, "ingest", "part-00003") == tmp_path / "stages" / "ingest" / "part-00003.json"
+    done = fingerprint("ingest_part", ["a.py"])
+    assert done_summary(paths, "ingest", done, "part-00003") is None
+    mark_stage_done(paths, "ingest", done, {"num_documents": 2}, "part-00003", part={"part_id": 3})
+    assert done_summary(paths, "ingest", done, "part-00003") == {"num_documents": 2}
+    assert done_summary(paths, "ingest", fingerprint("other"), "part-00003") is None
+    assert done_summary(paths, "ingest", done, "part-00004") is None  # units are apart
+    assert finished_marker(paths, "ingest", "part-00003") == stage_marker(paths, "ingest", "part-00003")
+    clear_stage_done(paths, "ingest", "part-00003")
+    assert finished_marker(paths, "ingest", "part-00003") is None
+
+
+def test_a_legacy_marker_is_honoured_once_then_moved_under_stages(tmp_path: Path) -> None:
+    """Run dirs of before ``stages/`` held every marker: their fingerprints still count, and move to stages/."""
+    paths = RunPaths(tmp_path)
+    done = fingerprint("dedupe", {"threshold": 0.8})
+    legacy_state = {"fingerprint": done, "summary": {"num_kept": 5}, "parts": {"0": "abc"}}
+    write_json_atomic(paths.dedupe / "state.json", legacy_state)
+    write_json_atomic(paths.stages / "dedupe.json", {"fingerprint": "an older, wider fingerprint", "summary": {}})
+    assert done_summary(paths, "dedupe", fingerprint("dedupe", {"threshold": 0.7})) is None
+    assert read_json(paths.dedupe / "state.json") == legacy_state  # a mismatch moves nothing
+    assert done_summary(paths, "dedupe", done) == {"num_kept": 5}
+    assert read_json(stage_marker(paths, "dedupe")) == {"fingerprint": done, "summary": {"num_kept": 5}}
+    assert read_json(paths.dedupe / "state.json") == {"parts": {"0": "abc"}}  # the state stays, the marker went
+
+    write_json_atomic(paths.docs / "part-00000.json", {"fingerprint": done, "part": {"part_id": 0}, "summary": {}})
+    assert finished_marker(paths, "ingest", "part-00000") == paths.docs / "part-00000.json"
+    migrate_legacy_marker(paths, "ingest", "part-00000")
+    assert not (paths.docs / "part-00000.json").exists()
+    assert read_json(stage_marker(paths, "ingest", "part-00000"))["part"] == {"part_id": 0}
+
+    write_json_atomic(paths.tokenizer.parent / "meta.json", {"fingerprint": done, "summary": {"vocab_size": 9}})
+    mark_stage_done(paths, "tokenizer", fingerprint("new settings"), {"vocab_size": 10})
+    assert not (paths.tokenizer.parent / "meta.json").exists()  # never again vouches for outputs it did not see
+    assert done_summary(paths, "tokenizer", done) is None

@@ -36,8 +36,8 @@ def test_every_stage_leaves_its_artifacts(finished_run: tuple[Path, dict, dict])
     assert first["prepare"]["num_tokens"] > 10_000
 
 
-def test_training_progress_artifact_follows_the_trainers_step_lines(finished_run: tuple[Path, dict, dict]) -> None:
-    # The artifact is fed by parsing the trainer's printed lines: a change of their format would freeze it.
+def test_training_progress_artifact_follows_the_metrics_file(finished_run: tuple[Path, dict, dict]) -> None:
+    # The artifact follows metrics/train.jsonl as the real trainer writes it (flows/training_progress.py).
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 

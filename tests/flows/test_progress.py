@@ -1,4 +1,5 @@
-"""flows.progress: one readable line per finished stage call, and live bars on a terminal."""
+"""flows.progress and flows.training_progress: one line per finished stage call, live bars on a terminal, and
+the training bar and artifact that follow the metrics files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pty
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,17 +19,21 @@ from rich.console import Console
 from rich.progress import Progress
 
 from core.shards import ShardInfo
+from flows import training_progress
 from flows.progress import (
     QUIET_ENV,
-    TrainingBar,
+    Meter,
     describe_rates,
     live_progress,
     open_shared_bar,
     reports_progress,
     stage_meter,
 )
+from flows.subprocess_log import run_streaming
+from flows.training_progress import MetricsTail, TrainingArtifact, TrainingBar, TrainingFollower, follow_training
 from tests.flows.conftest import write_small_recipe
 from tests.flows.test_cli import TOKENMILL
+from trainer.metrics import MetricsSink
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 BAR = "━"
@@ -147,23 +153,130 @@ def test_pack_counts_tokens_per_second_without_a_total(bars: Progress, clock: Fa
     assert rows(bars)["dedupe"].endswith("0:02")  # a spinner: just the time it took
 
 
-def test_training_bar_follows_trainer_lines(bars: Progress, clock: FakeClock) -> None:
-    lines = ["Resuming from checkpoint at step 100", "training to step 200 on 1 process(es), 4,096 tokens/step",
-             "step 110/200 | loss 3.2100 | lr 3.00e-03 | grad_norm 0.512 | 40,960 tokens/s",
-             "step 120/200 | loss 3.1000 | lr 3.00e-03 | grad_norm 0.498 | 41,000 tokens/s",
-             "eval step 120 | val_loss 3.3000 | val_ppl 27.11"]
+def train_row(step: int, loss: float = 3.0, tokens_per_s: float = 41_000.0) -> dict[str, float]:
+    return {"step": step, "loss": loss, "lr": 3e-3, "grad_norm": 0.5, "tokens_per_s": tokens_per_s}
+
+
+def test_training_bar_follows_the_metrics_files(bars: Progress, clock: FakeClock, tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path / "metrics")  # the trainer's own writer: what it wrote before it was killed
+    for step in (50, 100, 110, 130):
+        sink.log_train(train_row(step))
     with stage_meter("train", "steps") as meter:
-        bar = TrainingBar(meter)
-        for line in lines:
+        follower = TrainingFollower(tmp_path / "metrics", [TrainingBar(meter, target_step=200)])
+        steps = [lambda: sink.drop_rows_after(100),  # the resumed trainer keeps the rows up to its checkpoint
+                 lambda: None,  # it starts training: no row yet
+                 lambda: sink.log_train(train_row(110, 3.21, 40_960.0)),
+                 lambda: sink.log_train(train_row(120, 3.1, 41_000.0)),
+                 lambda: sink.log_eval({"step": 120, "val_loss": 3.3, "val_ppl": 27.11})]
+        for write in steps:
             clock.now += 2.0
-            bar.update(line)
+            write()
+            follower.poll()
         row = rows(bars)["train"]
         assert "120/200 steps" in row and "5.0 steps/s" in row and "eta 0:16" in row
         assert "loss 3.1000 · 41,000 tokens/s · val_loss 3.3000" in row
         clock.now += 2.0
-        bar.update("step 200/200 | loss 2.9000 | lr 3.00e-04 | grad_norm 0.4 | 41,000 tokens/s")
+        sink.log_train(train_row(200, 2.9, 41_000.0))
+        follower.end()
     assert bars.tasks[0].finished and bars.tasks[0].completed == bars.tasks[0].total == 200
     assert "200 steps 10 steps/s 0:10" in rows(bars)["train"]  # 100 steps since the resume, 10 s ago
+
+
+def test_a_finished_run_shows_nothing_to_train(bars: Progress, tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path / "metrics")
+    sink.log_train(train_row(30))
+    with stage_meter("train", "steps") as meter:
+        follower = TrainingFollower(tmp_path / "metrics", [TrainingBar(meter, target_step=30)])
+        sink.drop_rows_after(30)  # resumed at the last checkpoint, which is the target
+        follower.end()
+        assert bars.tasks[0].completed == 30 and bars.tasks[0].fields["note"] == "nothing to train"
+
+
+# ---- tailing one metrics file -------------------------------------------------------------------------
+
+
+def test_tail_waits_for_the_file_and_for_a_torn_line_to_complete(tmp_path: Path) -> None:
+    path = tmp_path / "metrics" / "train.jsonl"
+    tail = MetricsTail(path)
+    assert tail.poll() == ([], [])  # no file yet, not even its folder
+    path.parent.mkdir()
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": 1}) + "\n" + '{"step": 2, "lo')
+        handle.flush()
+        assert tail.poll() == ([], [{"step": 1}])
+        assert tail.poll() == ([], [])  # the torn line stays out until its newline arrives
+        handle.write('ss": 3.5}\n')
+        handle.flush()
+        assert tail.poll() == ([], [{"step": 2, "loss": 3.5}])
+    tail.close()
+
+
+def test_tail_skips_the_earlier_runs_rows_and_splits_a_rewrite_into_kept_and_new(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path)
+    for step in (5, 10, 15):  # an attempt killed after its checkpoint at step 10
+        sink.log_train(train_row(step))
+    tail = MetricsTail(tmp_path / "train.jsonl")
+    assert tail.poll() == ([], [])  # the earlier attempt's rows are not this run's progress
+    sink.drop_rows_after(10)  # the retry resumes at 10 and drops the row of step 15
+    sink.log_train(train_row(15, loss=2.5))  # the replayed step: its row differs from the dropped one
+    assert tail.poll() == ([train_row(5), train_row(10)], [train_row(15, loss=2.5)])
+    sink.log_train(train_row(20))
+    assert tail.poll() == ([], [train_row(20)])
+    sink.drop_rows_after(None)  # a fresh start drops every row: nothing kept
+    sink.log_train(train_row(5, loss=9.0))
+    assert tail.poll() == ([], [train_row(5, loss=9.0)])
+    tail.close()
+
+
+# ---- the numbers come from the files, never from printed lines ----------------------------------------
+
+
+class RecordingMeter(Meter):
+    """A meter without bars that remembers every position and total it was set to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: list[int] = []
+        self.totals: list[int] = []
+
+    def update(self, *, completed: int | None = None, total: int | None = None, note: str | None = None) -> None:
+        self.positions += [] if completed is None else [completed]
+        self.totals += [] if total is None else [total]
+
+    def restart(self, completed: int) -> None:
+        self.positions.append(completed)
+
+
+FAKE_TRAINER = """
+import sys, time
+from pathlib import Path
+from trainer.metrics import MetricsSink
+sink = MetricsSink(Path(sys.argv[1]))
+sink.drop_rows_after(None)
+print("step 150/200 | loss 1.0000 | lr 1.00e-03 | grad_norm 0.100 | 9,999 tokens/s", flush=True)  # not in the file
+print("training to step 999 on 1 process(es), 4,096 tokens/step", flush=True)
+for step in range(20, 201, 20):
+    sink.log_train({"step": step, "loss": 2.0, "tokens_per_s": 1000.0})
+    time.sleep(0.05)
+sink.log_eval({"step": 200, "val_loss": 2.5})
+"""
+
+
+def test_bar_and_artifact_follow_the_jsonl_not_the_printed_lines(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list[float] = []
+    monkeypatch.setattr(training_progress, "create_progress_artifact", lambda progress, **_: shown.append(progress))
+    monkeypatch.setattr(training_progress, "update_progress_artifact", lambda progress, **_: shown.append(progress))
+    meter = RecordingMeter()
+    lines: list[str] = []
+    logger = logging.getLogger("test.fake_trainer")
+    with follow_training(tmp_path / "metrics", [TrainingBar(meter, 200), TrainingArtifact(200)], poll_s=0.02):
+        run_streaming([sys.executable, "-c", FAKE_TRAINER, str(tmp_path / "metrics")], logger, deadline_s=60,
+                      on_line=lines.append)
+    assert any(line.startswith("step 150/200") for line in lines), "the decoy line was printed (and logged)"
+    assert meter.positions[-1] == 200 and set(meter.totals) == {200}
+    assert set(meter.positions) <= set(range(20, 201, 20)), "a printed step line moved the bar"
+    assert shown[-1] == 100.0 and all(percent % 10 == 0 for percent in shown)
 
 
 def test_no_bars_off_a_terminal_or_when_quiet(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,9 @@ def test_changed_data_section_is_refused_naming_the_keys(tmp_path: Path) -> None
     changed, _ = load_recipe(path)
     with pytest.raises(ConfigError, match=r"pack\.seq_len\); use another --run-dir"):
         record_recipe(changed, base, tmp_path / "run")
-    record_recipe(changed, base, tmp_path / "run", fresh=True)
+    shutil.rmtree(tmp_path / "run")  # starting fresh, as the message says: delete the run dir
+    record_recipe(changed, base, tmp_path / "run")
+    assert yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())["pack"]["seq_len"] == 128
 
 
 def test_keys_added_by_a_later_version_are_not_a_change(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.subprocess_log import ChildProcessFailed
+from core.errors import ChildProcessFailed
 from tests.flows.conftest import Recorder, write_small_recipe
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.subprocess_log import ChildProcessFailed, run_streaming
+from core.errors import ChildProcessFailed
+from flows.subprocess_log import run_streaming
 
 # A launcher stand-in: like torchrun, it starts its "rank" in a session of its own; the rank ignores SIGTERM.
 LAUNCHER = textwrap.dedent("""

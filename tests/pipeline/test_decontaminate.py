@@ -14,11 +14,11 @@ import yaml
 from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths
-from core.schemas import REJECT_REASONS, REJECTS_SCHEMA
+from core.schemas import REJECTS_SCHEMA
 from pipeline.config import DecontaminateConfig, DedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.dedupe import dedupe_documents
-from pipeline.filters import content_hash, normalise_text, split_for
+from pipeline.filters import REJECT_REASONS, content_hash, normalise_text, split_for
 from pipeline.ingest import ingest_part, plan_ingest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

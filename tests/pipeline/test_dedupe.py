@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from core.documents import DUPLICATES_FILE, iter_documents
-from core.rundir import RunPaths
+from core.rundir import RunPaths, stage_marker
 from core.schemas import DUPLICATES_SCHEMA
 from pipeline import minhash, near_dedupe
 from pipeline.config import DedupeConfig, NearDedupeConfig
 from pipeline.dedupe import BANDS_DIR, CLUSTERS_FILE, MINHASH_DIR, dedupe_documents
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.ingest import ingest_part, part_marker, plan_ingest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 PART_BYTES = 128 * 1024
@@ -123,7 +123,8 @@ def test_dedupe_is_deterministic_cached_and_resumable(planted: tuple[Path, list[
     stamps = {name: (first.dedupe / name).stat().st_mtime_ns for name in outputs}
     summary = dedupe_documents(first, CONFIG)
     assert {name: (first.dedupe / name).stat().st_mtime_ns for name in outputs} == stamps  # nothing redone
-    (first.dedupe / "state.json").unlink()  # as if killed before the state was written
+    (first.dedupe / "state.json").unlink()  # as if killed before the state and the marker were written
+    stage_marker(first, "dedupe").unlink()
     before = (first.dedupe / DUPLICATES_FILE).read_bytes()
     assert dedupe_documents(first, CONFIG) == summary
     assert (first.dedupe / DUPLICATES_FILE).read_bytes() == before
@@ -157,7 +158,7 @@ def test_signatures_made_at_ingest_are_the_ones_dedupe_would_make(planted: tuple
     assert signatures.type.list_size == 64
 
     # A part ingested again (its marker lost) drops the caches of its earlier documents, with or without near.
-    marker = at_ingest.docs / "part-00000.json"
+    marker = part_marker(at_ingest, 0)
     marker.unlink()
     ingest_part(parts[0], 0.1, at_ingest)
     assert not (at_ingest.dedupe / MINHASH_DIR / caches[0]).exists()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
+import re
 import sysconfig
 from pathlib import Path
 
 import pytest
 
-from core.schemas import REJECT_REASONS
+from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.filters import (
+    QUALITY_FILTERS,
+    REJECT_REASONS,
+    MeasuredText,
     check_filters,
     content_hash,
     count_control_chars,
@@ -21,7 +28,8 @@ from pipeline.filters import (
 from pipeline.manifest import FilterConfig, load_manifest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "data_manifests" / "python-stdlib.yaml"
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MANIFEST = REPO / "data_manifests" / "python-stdlib.yaml"
 BASE64_LINE = "QmluYXJ5IGRhdGEgZW5jb2RlZCBhcyBiYXNlNjQgbG9va3MgbGlrZSBvbmUgdmVyeSBsb25nIHdvcmQgcGVyIGxpbmUu"
 
 
@@ -46,21 +54,26 @@ def test_content_hash_ignores_whitespace_changes_only() -> None:
     assert len(content_hash(original)) == 32  # hex xxh3-128
 
 
-@pytest.mark.parametrize(
-    ("text", "filters", "reason"),
-    [
-        ("", FilterConfig(), "empty"),
-        ("short", FilterConfig(min_chars=10), "too_short"),
-        ("x" * 101, FilterConfig(max_chars=100), "too_long"),
-        ("\x00" * 50 + "some text", FilterConfig(), "binary"),
-        ("text with one \x07 bell among many characters" * 10, FilterConfig(max_control_char_fraction=0.0), "binary"),
-        ("\n".join([BASE64_LINE] * 40), FilterConfig(max_duplicate_line_fraction=1.0), "mean_word_length"),
-        ("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 20, FilterConfig(), "mean_word_length"),
-        ("+--------+--------+\n| a      | b      |\n+--------+--------+\n" * 3, FilterConfig(), "symbol_ratio"),
-        ("\u2500\u2500\u2500\u2500 \u2502 box \u2502 \u2500\u2500\u2500\u2500", FilterConfig(), "symbol_ratio"),
-        ("BUY NOW at the lowest price ever!\n" * 30 + "unsubscribe", FilterConfig(), "duplicate_lines"),
-    ],
-)
+FAILING_EXAMPLES = [
+    ("", FilterConfig(), "empty"),
+    ("short", FilterConfig(min_chars=10), "too_short"),
+    ("x" * 101, FilterConfig(max_chars=100), "too_long"),
+    ("\x00" * 50 + "some text", FilterConfig(), "binary"),
+    ("text with one \x07 bell among many characters" * 10, FilterConfig(max_control_char_fraction=0.0), "binary"),
+    ("\n".join([BASE64_LINE] * 40), FilterConfig(max_duplicate_line_fraction=1.0), "mean_word_length"),
+    ("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 20, FilterConfig(), "mean_word_length"),
+    ("+--------+--------+\n| a      | b      |\n+--------+--------+\n" * 3, FilterConfig(), "symbol_ratio"),
+    ("\u2500\u2500\u2500\u2500 \u2502 box \u2502 \u2500\u2500\u2500\u2500", FilterConfig(), "symbol_ratio"),
+    ("BUY NOW at the lowest price ever!\n" * 30 + "unsubscribe", FilterConfig(), "duplicate_lines"),
+]
+"""``(text, filters, reason)``: a document each quality filter rejects."""
+CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines")
+"""The documented order of the quality filters (README, ``check_filters``): the first failing one is the reason."""
+NON_FILTER_FIELDS = {"redact_pii"}
+"""``FilterConfig`` fields no quality filter reads: redaction replaces text, it never rejects."""
+
+
+@pytest.mark.parametrize(("text", "filters", "reason"), FAILING_EXAMPLES)
 def test_check_filters_reports_documented_reasons(text: str, filters: FilterConfig, reason: str) -> None:
     failed = check_filters(text, filters)
     assert failed is not None
@@ -144,3 +157,99 @@ def test_split_for_is_deterministic_and_near_the_fraction() -> None:
     assert splits == [split_for(h, 0.1) for h in hashes]
     assert 0.08 < splits.count("val") / len(splits) < 0.12
     assert all(split_for(h, 0.0) == "train" for h in hashes)
+
+
+@pytest.mark.parametrize(
+    ("text", "filters", "first", "also"),
+    [
+        ("\x00" * 300, FilterConfig(max_chars=100), "too_long", "binary"),  # a huge blob is not scanned
+        ("\x00" * 5, FilterConfig(min_chars=10), "binary", "too_short"),
+        ("x" * 50, FilterConfig(min_chars=100), "too_short", "mean_word_length"),
+        ("+-" * 30, FilterConfig(), "mean_word_length", "symbol_ratio"),
+        (normalise_text("+--+ |\n" * 30), FilterConfig(), "symbol_ratio", "duplicate_lines"),
+    ],
+)
+def test_check_filters_reports_the_first_failing_filter(text: str, filters: FilterConfig, first: str,
+                                                        also: str) -> None:
+    failed = check_filters(text, filters)
+    assert failed is not None and failed[0] == first
+    later = next(row for row in QUALITY_FILTERS if row.reason == also)
+    assert later.check(MeasuredText(text), filters) is not None  # the text fails the later filter too
+
+
+def test_filter_table_runs_in_the_documented_order_and_completes_reject_reasons() -> None:
+    reasons = [row.reason for row in QUALITY_FILTERS]
+    assert tuple(reasons) == CHECK_ORDER
+    assert not set(reasons) & set(NON_FILTER_REJECT_REASONS)
+    assert set(REJECT_REASONS) == set(NON_FILTER_REJECT_REASONS) | set(reasons)
+    assert all(REJECT_REASONS[row.reason] == row.meaning and row.meaning for row in QUALITY_FILTERS)
+    assert all(REJECT_REASONS[reason] == meaning for reason, meaning in NON_FILTER_REJECT_REASONS.items())
+    assert {reason for _, _, reason in FAILING_EXAMPLES} == set(reasons)  # every filter has a failing example
+
+
+def filter_config_docstrings() -> dict[str, str]:
+    """``{field: docstring}`` of ``FilterConfig``, read from its source (pydantic keeps no attribute docstrings)."""
+    body = ast.parse(inspect.getsource(FilterConfig)).body[0].body
+    return {node.target.id: following.value.value for node, following in itertools.pairwise(body)
+            if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr)}
+
+
+def test_every_filter_config_field_is_read_by_one_filter_that_its_docstring_and_detail_name() -> None:
+    fields = [field for row in QUALITY_FILTERS for field in row.config_fields]
+    assert sorted(fields) == sorted(set(FilterConfig.model_fields) - NON_FILTER_FIELDS)  # each exactly once
+    docstrings = filter_config_docstrings()
+    assert set(docstrings) == set(FilterConfig.model_fields)
+    details = {reason: check_filters(text, filters)[1] for text, filters, reason in FAILING_EXAMPLES}
+    for row in QUALITY_FILTERS:
+        for field in row.config_fields:
+            assert f"``{row.reason}``" in docstrings[field], field
+            assert field in details[row.reason], (row.reason, field)  # the reject says which key to change
+
+
+def readme_reject_reasons() -> list[str]:
+    """The reasons the README's ``Reject reasons:`` paragraph lists, in its order."""
+    paragraph = (REPO / "README.md").read_text(encoding="utf-8").split("\nReject reasons:", 1)[1].split("\n\n")[0]
+    return re.findall(r"`([a-z0-9_]+)`", paragraph.split("(see `REJECT_REASONS`", 1)[0])
+
+
+def readme_filters_block() -> dict[str, str]:
+    """``{key: comment}`` of the ``filters:`` block in the README's manifest reference."""
+    block = (REPO / "README.md").read_text(encoding="utf-8").split("\nfilters:", 1)[1].split("\n```", 1)[0]
+    entries = {}
+    for line in block.splitlines()[1:]:
+        match = re.fullmatch(r"  (\w+): [^#]*?(?:#\s*(.*))?", line)
+        assert match is not None, f"README filters: block, unexpected line {line!r}"
+        entries[match[1]] = match[2] or ""
+    return entries
+
+
+def test_readme_lists_every_reject_reason_and_names_each_filter_at_its_keys() -> None:
+    listed = readme_reject_reasons()
+    assert sorted(listed) == sorted(REJECT_REASONS)  # each once
+    comments = readme_filters_block()
+    assert list(comments) == list(FilterConfig.model_fields)
+    for row in QUALITY_FILTERS:
+        if row.config_fields:
+            assert re.match(rf"{row.reason}\b", comments[row.config_fields[0]]), (row.reason, comments)
+
+
+def data_docs_filter_table() -> dict[str, tuple[str, str | None]]:
+    """``{key: (default as written, reason or None)}`` from docs/data.md's quality-filter table."""
+    section = (REPO / "docs" / "data.md").read_text(encoding="utf-8").split("## Quality filters", 1)[1]
+    rows = {}
+    for line in section.split("\n\n")[2].splitlines()[2:]:
+        keys, defaults, reasons = (re.findall(r"`(\w+)`", cell) or cell.strip() for cell in line.strip("|").split("|"))
+        defaults = [part.split()[0].replace(",", "") for part in defaults.split(" / ")]
+        for i, key in enumerate(keys):
+            rows[key] = (defaults[i], reasons[min(i, len(reasons) - 1)] if isinstance(reasons, list) else None)
+    return rows
+
+
+def test_data_docs_table_gives_each_key_its_default_and_reason() -> None:
+    reason_of = {field: row.reason for row in QUALITY_FILTERS for field in row.config_fields}
+    table = data_docs_filter_table()
+    assert list(table) == list(FilterConfig.model_fields)
+    for key, default in FilterConfig().model_dump().items():
+        written, reason = table[key]
+        assert reason == reason_of.get(key), key
+        assert (written == str(default).lower() if isinstance(default, bool) else float(written) == default), key

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.query import VIEWS, QueryError, connect, run_query
+from core.errors import QueryError
+from pipeline.query import VIEWS, connect, run_query
 from tests.conftest import build_query_run
 
 

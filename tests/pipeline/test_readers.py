@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from core.errors import SourceReadError
-from core.schemas import REJECT_REASONS
+from pipeline.filters import REJECT_REASONS
 from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, Reject, read_file
 

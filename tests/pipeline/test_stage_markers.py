@@ -1,0 +1,79 @@
+"""The one skip-if-done mechanism: every data stage's marker lives under ``stages/``, and a run dir written
+before that (markers in ``docs/``, ``dedupe/``, ``tokenizer/``; none for pack) keeps its finished work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.rundir import RunLock, RunPaths
+from pipeline.config import DecontaminateConfig
+from pipeline.decontaminate import decontaminate_documents
+from tests.chaos.conftest import build_chaos_corpus, run_data_stages, write_chaos_recipe
+
+DATA_OUTPUTS = ("docs/*.parquet", "rejects/*.parquet", "dedupe/*.parquet", "dedupe/*/*.parquet",
+                "tokenizer/tokenizer.json", "shards/**/*.arrow")
+DECONTAMINATE = DecontaminateConfig(enabled=True, ngram=8)
+
+
+def run_all(root: Path, run_dir: Path) -> dict[str, object]:
+    """Every data stage (decontaminate included); returns the decontaminate summary."""
+    recipe = write_chaos_recipe(root, root / "corpus")
+    run_data_stages(recipe, run_dir)
+    with RunLock(run_dir):
+        return decontaminate_documents(RunPaths(run_dir), DECONTAMINATE, base_dir=root)
+
+
+def stamps(run_dir: Path) -> dict[str, int]:
+    return {path.relative_to(run_dir).as_posix(): path.stat().st_mtime_ns
+            for pattern in DATA_OUTPUTS for path in sorted(run_dir.glob(pattern))}
+
+
+def read(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())
+
+
+def write(path: Path, record: dict[str, object]) -> None:
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def to_legacy_layout(run_dir: Path) -> None:
+    """Rewrite the markers as tokenmill 0.1.0 kept them before ``stages/`` held every one of them."""
+    stages = run_dir / "stages"
+    for marker in sorted((stages / "ingest").glob("part-*.json")):
+        shutil.move(marker, run_dir / "docs" / marker.name)
+    dedupe = read(stages / "dedupe.json")
+    write(run_dir / "dedupe/state.json", {**read(run_dir / "dedupe/state.json"), **dedupe})
+    write(stages / "dedupe.json", {"fingerprint": "the old wrapper's, over decontaminate's settings too",
+                                   "summary": dedupe["summary"]})
+    write(run_dir / "dedupe/decontaminate.json",
+          {**read(run_dir / "dedupe/decontaminate.json"), **read(stages / "decontaminate.json")})
+    shutil.move(stages / "tokenizer.json", run_dir / "tokenizer/meta.json")
+    (stages / "decontaminate.json").unlink()
+    shutil.rmtree(stages / "ingest")
+    shutil.rmtree(stages / "pack")
+
+
+@pytest.mark.slow
+def test_markers_live_under_stages_and_an_older_run_dir_keeps_its_finished_work(tmp_path: Path) -> None:
+    build_chaos_corpus(tmp_path)
+    run_dir = tmp_path / "run"
+    summary = run_all(tmp_path, run_dir)
+    markers = sorted(path.relative_to(run_dir).as_posix() for path in run_dir.glob("stages/**/*.json"))
+    assert {"stages/dedupe.json", "stages/decontaminate.json", "stages/tokenizer.json",
+            "stages/ingest/part-00000.json", "stages/pack/split=train/source=code.json"} <= set(markers)
+    assert [path.name for path in run_dir.glob("docs/*.json")] == ["plan.json"]  # the plan: state, not a marker
+    before = stamps(run_dir)
+    assert len(before) > 20
+
+    to_legacy_layout(run_dir)
+    assert run_all(tmp_path, run_dir) == summary
+    assert stamps(run_dir) == before, "an older run dir's finished work was redone"
+    assert sorted(path.relative_to(run_dir).as_posix() for path in run_dir.glob("stages/**/*.json")) == markers
+    assert [path.name for path in run_dir.glob("docs/*.json")] == ["plan.json"]
+    assert not (run_dir / "tokenizer/meta.json").exists()
+    assert set(read(run_dir / "dedupe/state.json")) == {"parts"}
+    assert set(read(run_dir / "dedupe/decontaminate.json")) == {"parts", "settings"}
