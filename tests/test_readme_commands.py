@@ -57,7 +57,6 @@ README_PORT = 4200
 QUICK_START_TIMEOUT_S = 1500
 """A limit, not a speed check: the quick start took 6.5 min in session 5 and passed 600 s in session 6 (cause
 not yet found, see the closing note); a hang still fails here."""
-"""The quick start takes about 5 minutes on 2 cores (400 steps at ~0.7 s); twice that means something hangs."""
 
 
 @dataclass(frozen=True)
