@@ -129,7 +129,7 @@ def training_tokens_per_s(num_steps: int = 4) -> float:
     """Tokens/s the ``tiny`` preset trains at on this CPU (fp32, tiny recipe's seq 256 x batch 16)."""
     train = TrainConfig(micro_batch_size=16, max_steps=1000)
     shape = ModelShape(MODEL_PRESETS["tiny"], VOCAB_SIZE, 256)
-    step = bare_pytorch_step(shape, train, token_rows(VOCAB_SIZE, 256))
+    step = bare_pytorch_step(shape, train, token_rows(VOCAB_SIZE, 256), torch.device("cpu"))
     step()  # warm-up
     start = time.perf_counter()
     for _ in range(num_steps):
