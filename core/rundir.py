@@ -64,6 +64,17 @@ class RunPaths:
         return self.root / "tokenizer" / "tokenizer.json"
 
     @property
+    def special_tokens(self) -> Path:
+        """``tokenizer/special_tokens.json``: eos/pad/bos ids of a model's own tokenizer (see tokenization)."""
+        return self.root / "tokenizer" / "special_tokens.json"
+
+    @property
+    def base_model(self) -> Path:
+        """``base_model/``: the Hugging Face config (and weights, for continued pretraining) the run starts from,
+        hard-linked or copied in by the model stage, so the run dir needs nothing outside itself."""
+        return self.root / "base_model"
+
+    @property
     def shards(self) -> Path:
         return self.root / "shards"
 

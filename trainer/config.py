@@ -46,19 +46,47 @@ MODEL_PRESETS: dict[str, ModelDims] = {
 }
 
 
+MODEL_SOURCE_KEYS = ("preset", "dims", "hf_config", "from_pretrained")
+"""The ways to say which model to train; a recipe sets at most one (none: the ``tiny`` preset)."""
+
+
 class ModelConfig(FrozenConfig):
-    preset: Literal["tiny", "125m", "350m", "1b"] | None = "tiny"
-    """A named size; ignored when ``dims`` is given."""
+    preset: Literal["tiny", "125m", "350m", "1b"] | None = None
+    """A named size of the built-in Llama-style model (the default, ``tiny``, when no other key is set)."""
     dims: ModelDims | None = None
-    """Explicit dimensions (override the preset)."""
+    """Explicit dimensions of the built-in model."""
+    hf_config: str | None = None
+    """A Hugging Face ``config.json`` (or a folder holding one) of any causal-LM architecture, built with random
+    weights from ``train.seed``; relative to the recipe's folder."""
+    from_pretrained: str | None = None
+    """A local Hugging Face model folder (config.json + ``*.safetensors``): continued pretraining from its weights;
+    relative to the recipe's folder. Nothing is ever downloaded."""
+    trust_remote_code: bool = False
+    """Allow a Hugging Face config whose architecture is defined by Python files in the model folder (``auto_map``)."""
+
+    @model_validator(mode="after")
+    def _one_model_source(self) -> ModelConfig:
+        given = [key for key in MODEL_SOURCE_KEYS if getattr(self, key) is not None]
+        if len(given) > 1:
+            raise ValueError(f"set only one of model.{', model.'.join(MODEL_SOURCE_KEYS)}; the recipe sets "
+                             f"{' and '.join('model.' + key for key in given)}")
+        return self
+
+    @property
+    def is_hugging_face(self) -> bool:
+        """True when the model is a Hugging Face architecture (``hf_config`` or ``from_pretrained``)."""
+        return self.hf_config is not None or self.from_pretrained is not None
+
+    @property
+    def hugging_face_path(self) -> str | None:
+        """The recipe's ``hf_config`` or ``from_pretrained`` path, as written."""
+        return self.from_pretrained if self.from_pretrained is not None else self.hf_config
 
     def resolved_dims(self) -> ModelDims:
-        """The dimensions to build: ``dims`` if given, else the preset's."""
-        if self.dims is not None:
-            return self.dims
-        if self.preset is None:
-            raise ValueError("model: set preset or dims")
-        return MODEL_PRESETS[self.preset]
+        """The built-in model's dimensions: ``dims`` if given, else the preset's (``tiny`` by default)."""
+        if self.is_hugging_face:
+            raise ValueError("model: a Hugging Face model has no built-in dims; read its config.json")
+        return self.dims if self.dims is not None else MODEL_PRESETS[self.preset or "tiny"]
 
 
 class TrainConfig(FrozenConfig):
