@@ -35,6 +35,7 @@ from trainer.evaluate import Evaluator
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.model import ModelShape, build_model, flops_per_token
+from trainer.model_spec import BuiltinSpec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import apply_model_options, build_accelerator
 from trainer.telemetry import device_peak
@@ -63,7 +64,7 @@ def token_rows(vocab_size: int, seq_len: int, num_rows: int = 512) -> np.ndarray
 def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray,
                       device: torch.device) -> Callable[[], None]:
     """The loop a user would write by hand on ``device``: forward, backward, clip, AdamW step, schedule step."""
-    model = apply_model_options(build_model(shape, train.seed), train).to(device)
+    model = apply_model_options(build_model(shape, train.seed), train, BuiltinSpec(shape)).to(device)
     optimizer = build_optimizer(model, train)
     scheduler = build_lr_scheduler(optimizer, train)
     order = np.random.default_rng(train.seed).permutation(len(tokens))
@@ -88,7 +89,7 @@ def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray,
 def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, scratch: Path,
                    accelerator: Accelerator) -> Callable[[], None]:
     """TrainingLoop.train_step exactly as trainer.train runs it (checkpoints/eval/metrics are not timed)."""
-    model = apply_model_options(build_model(shape, train.seed), train)
+    model = apply_model_options(build_model(shape, train.seed), train, BuiltinSpec(shape))
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     loader = TrainLoader(ArrayRows(tokens), BatchLayout(train.micro_batch_size, 1), train.seed)

@@ -13,9 +13,10 @@ from core.errors import ShardFormatError
 from core.rundir import RunLock, RunPaths
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_funnel, publish_training, publish_training_failure
-from flows.recipe import load_recipe, manifest_paths, record_recipe, resolve_run_dir, tokenizer_file
+from flows.recipe import load_recipe, manifest_paths, model_source, record_recipe, resolve_run_dir, tokenizer_file
 from flows.stage_processes import stage_processes
 from flows.tasks import (
+    base_model_task,
     decontaminate_task,
     dedupe_task,
     ingest_part_task,
@@ -47,6 +48,8 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
                                             near=unmapped(loaded.dedupe.near)).result()
         deduped = dedupe_task(paths, loaded.dedupe)
         decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base))
+        base_model = _optional_str(model_source(loaded, base))
+        model = base_model_task(paths, loaded.model, base_model) if base_model is not None else None
         tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
         splits, sources = _split_source_pairs(manifests)
         pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack)).result()
@@ -54,7 +57,7 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
         report = report_task(paths)
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
                "decontaminate": decontaminated,
-               "tokenizer": tokenizer, "num_shards": len(shards),
+               "base_model": model, "tokenizer": tokenizer, "num_shards": len(shards),
                "num_tokens": sum(info.num_tokens for info in shards), "report": report}
     publish_funnel(root, summary, report)
     return summary

@@ -52,6 +52,11 @@ def load_recipe(path: str | Path) -> tuple[RunRecipe, Path]:
             problem = "is a folder, not a manifest file" if manifest.is_dir() else "does not exist"
             raise ConfigError(f"{path}: data.manifests: {manifest} {problem}; fix the path "
                               "(relative to the recipe's folder).")
+    model_path = model_source(recipe, base)
+    if model_path is not None and not model_path.exists():
+        key = "from_pretrained" if recipe.model.from_pretrained is not None else "hf_config"
+        raise ConfigError(f"{path}: model.{key}: {model_path} does not exist; fix the path (relative to the "
+                          "recipe's folder). Models are read from local folders only, never downloaded.")
     tokenizer_path = tokenizer_file(recipe, base)
     if tokenizer_path is not None and not tokenizer_path.is_file():
         problem = "is a folder, not a tokenizer.json file" if tokenizer_path.is_dir() else "does not exist"
@@ -67,6 +72,12 @@ def manifest_paths(recipe: RunRecipe, base: Path) -> list[Path]:
 def tokenizer_file(recipe: RunRecipe, base: Path) -> Path | None:
     """Absolute path of a given ``tokenizer.json``, or None when the recipe trains one."""
     return None if recipe.tokenizer.path is None else (base / recipe.tokenizer.path).resolve()
+
+
+def model_source(recipe: RunRecipe, base: Path) -> Path | None:
+    """Absolute path of the recipe's ``model.from_pretrained`` / ``model.hf_config``; None for the built-in model."""
+    written = recipe.model.hugging_face_path
+    return None if written is None else (base / written).resolve()
 
 
 def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:

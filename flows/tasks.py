@@ -26,6 +26,8 @@ from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
+from trainer.base_model import import_base_model
+from trainer.config import ModelConfig
 from trainer.launch import launch_command, parent_watch_env
 
 
@@ -61,6 +63,12 @@ def dedupe_task(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
 @shows_bar("decontaminate")
 def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
     return decontaminate_documents(paths, config, base_dir=Path(recipe_dir))
+
+
+@task(name="base-model")
+@reports_progress("base-model", rates=False)
+def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[str, Any]:
+    return import_base_model(paths, Path(source), config)
 
 
 @task(name="tokenizer")

@@ -23,6 +23,7 @@ from torch import nn
 
 from trainer.data import TokenRows, make_batch
 from trainer.model import IGNORE_INDEX, next_token_loss
+from trainer.model_spec import output_logits
 from trainer.parallel import data_parallel_coordinates, is_sharded, tensor_parallel_rank
 
 
@@ -76,6 +77,6 @@ class Evaluator:
         batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id)
         input_ids = batch.input_ids.to(self.accelerator.device)
         labels = batch.labels.to(self.accelerator.device)
-        loss_sum = next_token_loss(module(input_ids), labels, reduction="sum")
+        loss_sum = next_token_loss(output_logits(module(input_ids)), labels, reduction="sum")
         num_tokens = (labels[:, 1:] != IGNORE_INDEX).sum()
         return torch.stack([loss_sum.double(), num_tokens.double()])

@@ -1,14 +1,16 @@
-"""Export: trained weights -> ``model/`` in Hugging Face format (config.json, model.safetensors, tokenizer.json).
+"""Export: trained weights -> ``model/`` in Hugging Face format (config.json, model.safetensors, tokenizer files).
 
-Because the parameter names already are HF Llama's, the weights file is a plain ``save_file`` of the
-state dict; ``transformers.AutoModelForCausalLM.from_pretrained(model_dir)`` loads it with no missing
-or unexpected keys. The folder is built under a temporary name and swapped in whole.
+The model's spec gives ``config.json`` in the model's own architecture (the built-in model's parameter names
+already are HF Llama's; a Hugging Face model keeps its ``model_type``), so the weights file is a plain
+``save_file`` of the state dict and ``transformers.AutoModelForCausalLM.from_pretrained(model_dir)`` loads it
+with no missing or unexpected keys. The folder is built under a temporary name and swapped in whole.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from core.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
-from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer, special_token_ids
+from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
@@ -54,12 +56,16 @@ def tokenizer_config() -> dict[str, Any]:
             "pad_token": PAD_TOKEN}
 
 
-def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_dir: Path,
-                 tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None) -> Path:
+def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], model_dir: Path,
+                 tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None,
+                 tokenizer_extras: Sequence[Path] = ()) -> Path:
     """Write ``model_dir`` atomically (replacing an older export) from an unwrapped model's state dict.
 
-    Weights are saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists.
-    The state dict must hold whole tensors: gather a tensor-parallel model's slices first
+    ``config``: the ``config.json`` content (:meth:`trainer.model_spec.ModelSpec.export_config`). Weights are
+    saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists, with ``tokenizer_extras``
+    (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, else a tokenizer_config.json
+    for a tokenmill-trained tokenizer. The state dict must hold whole tensors, and no two names may share one
+    (leave tied weights out): gather a tensor-parallel model's slices first
     (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError.
     """
     split = [name for name, tensor in state_dict.items() if isinstance(tensor, DTensor)]
@@ -72,12 +78,13 @@ def export_model(state_dict: dict[str, torch.Tensor], shape: ModelShape, model_d
     try:
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
         save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-        special_ids = (EOS_ID, PAD_ID)
         if tokenizer_json is not None and Path(tokenizer_json).is_file():
-            special_ids = special_token_ids(load_tokenizer(Path(tokenizer_json)))
             shutil.copyfile(tokenizer_json, staging / "tokenizer.json")
-            write_json_atomic(staging / "tokenizer_config.json", tokenizer_config())
-        write_json_atomic(staging / "config.json", hf_llama_config(shape, *special_ids))
+            for extra in tokenizer_extras:
+                shutil.copyfile(extra, staging / Path(extra).name)
+            if not (staging / "tokenizer_config.json").is_file():
+                write_json_atomic(staging / "tokenizer_config.json", tokenizer_config())
+        write_json_atomic(staging / "config.json", config)
         write_json_atomic(staging / EXPORT_STATE_NAME, training_state or {})
         replace_dir(staging, model_dir)
     except BaseException as err:

@@ -9,6 +9,7 @@ or skip the update (``optimizer_s``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from trainer.data import Batch, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.guard import NonFiniteGuard, state_counts
 from trainer.metrics import MetricsSink
-from trainer.model import ModelShape
+from trainer.model import next_token_loss
+from trainer.model_spec import ModelSpec, output_logits
 from trainer.parallel import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
 from trainer.telemetry import PhaseTimer, Telemetry
@@ -61,13 +63,12 @@ class LoopCounters:
 
 @dataclass(frozen=True)
 class ModelSignature:
-    """Stateful guard: a checkpoint only resumes into a model of the same shape."""
+    """Stateful guard: a checkpoint only resumes into the same model (its spec's signature)."""
 
-    shape: ModelShape
+    signature: dict[str, Any]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"dims": self.shape.dims.model_dump(), "vocab_size": self.shape.vocab_size,
-                "max_seq_len": self.shape.max_seq_len}
+        return json.loads(json.dumps(self.signature, sort_keys=True, default=str))  # as trainer_state.json holds it
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state != self.state_dict():
@@ -113,6 +114,8 @@ class TrainingLoop:
     precision: MixedPrecision | None = None
     telemetry: Telemetry | None = None
     callbacks: list[Callback] = field(default_factory=list)
+    spec: ModelSpec | None = None
+    """The model's spec: what the export asks (config.json, tied weights)."""
     _window: list[StepResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -154,7 +157,8 @@ class TrainingLoop:
         for batch in batches:
             with self.accelerator.accumulate(self.model):
                 with self.precision.autocast():
-                    loss = self.model(batch.input_ids.to(device), batch.labels.to(device))
+                    logits = output_logits(self.model(batch.input_ids.to(device)))
+                    loss = next_token_loss(logits, batch.labels.to(device))
                 self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
         assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"

@@ -21,9 +21,10 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.AdamW:
     Norm gains and the (tied) embedding are not decayed: decay pulls gains away from 1 for no benefit,
     and it would shrink the rows of rare tokens on every step although their gradients are rare.
     """
+    embeddings = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
     decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (decay if param.ndim >= 2 and "embed_tokens" not in name else no_decay).append(param)
+    for param in model.parameters():  # each once, also when tied
+        (decay if param.ndim >= 2 and id(param) not in embeddings else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=train.lr, betas=ADAM_BETAS, eps=1e-8)
 

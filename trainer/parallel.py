@@ -17,6 +17,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -27,26 +28,31 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, Pr
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from trainer.config import TrainConfig
-from trainer.model import LlamaForCausalLM
 from trainer.precision import check_precision
+
+if TYPE_CHECKING:  # model_spec imports the export, which imports the checkpointer, which imports this module
+    from trainer.model_spec import ModelSpec
 
 TRACKER_PROJECT = "train"
 """Accelerate's tracker project name: the event files land in ``metrics/tensorboard/train/``."""
 
 
-def build_accelerator(train: TrainConfig, run_dir: Path | None = None) -> Accelerator:
+def build_accelerator(train: TrainConfig, run_dir: Path | None = None,
+                      block_class_names: tuple[str, ...] = ("LlamaDecoderLayer",)) -> Accelerator:
     """The Accelerator for this run; with ``run_dir``, TensorBoard logging goes to ``RUN/metrics/tensorboard``.
+
+    ``block_class_names``: the model's decoder block classes, FSDP's shard unit (:meth:`ModelSpec.block_class_names`).
 
     Mixed precision is left to :class:`trainer.precision.MixedPrecision` (``mixed_precision="no"`` here).
     """
     on_gpu = torch.cuda.is_available()
     check_precision(train.precision, on_gpu=on_gpu)
-    fsdp = fsdp_plugin() if train.fsdp and _launched_world_size() > 1 else None
+    fsdp = fsdp_plugin(block_class_names) if train.fsdp and _launched_world_size() > 1 else None
     if train.fsdp and fsdp is None:
         warnings.warn("train.fsdp has no effect on 1 process; set train.num_processes >= 2 to shard", stacklevel=2)
     # cpu=True on a GPU-less machine: without it Accelerate 1.15 ignores torchrun's WORLD_SIZE there and
@@ -68,11 +74,11 @@ def _launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def fsdp_plugin() -> FullyShardedDataParallelPlugin:
+def fsdp_plugin(block_class_names: tuple[str, ...]) -> FullyShardedDataParallelPlugin:
     """FSDP2 with one shard unit per decoder block, resharded after forward (ZeRO-3), sharded checkpoints."""
     return FullyShardedDataParallelPlugin(
         fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
-        transformer_cls_names_to_wrap=["LlamaDecoderLayer"], state_dict_type="SHARDED_STATE_DICT",
+        transformer_cls_names_to_wrap=list(block_class_names), state_dict_type="SHARDED_STATE_DICT",
         cpu_ram_efficient_loading=False)
 
 
@@ -131,30 +137,19 @@ def tracking_options(train: TrainConfig, run_dir: Path | None) -> dict[str, obje
                                                    logging_dir=str(RunPaths(run_dir).tensorboard))}
 
 
-def apply_model_options(model: LlamaForCausalLM, train: TrainConfig) -> LlamaForCausalLM:
+def apply_model_options(model: nn.Module, train: TrainConfig, spec: ModelSpec) -> nn.Module:
     """Activation checkpointing and per-block ``torch.compile`` (in place: parameter names do not change)."""
-    model.model.activation_checkpointing = train.activation_checkpointing
+    if train.activation_checkpointing:
+        spec.enable_activation_checkpointing(model)
     if train.compile:
-        for layer in model.model.layers:
-            layer.compile()
+        for block in spec.decoder_blocks(model):
+            block.compile()
     return model
 
 
 def is_sharded(accelerator: Accelerator) -> bool:
     """True when parameters are split across processes (FSDP): every rank must then run every forward."""
     return accelerator.distributed_type == DistributedType.FSDP
-
-
-def tensor_parallel_plan() -> dict[str, ParallelStyle]:
-    """Megatron's split of one decoder block: column-parallel in, row-parallel out (one all-reduce each).
-
-    q/k/v and gate/up are split by output rows (whole heads, an equal slice of the MLP width), o_proj and
-    down_proj by input columns; their partial outputs are summed by an all-reduce. Norms and the (tied)
-    embedding stay whole on every process.
-    """
-    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
 
 
 def route_processes_to_tensor_parallel(accelerator: Accelerator, tensor_parallel_size: int) -> DeviceMesh:
@@ -202,17 +197,19 @@ def tensor_parallel_rank(accelerator: Accelerator) -> int:
     return 0 if mesh is None else mesh.get_local_rank("tp")
 
 
-def parallelize_model(model: LlamaForCausalLM, accelerator: Accelerator) -> LlamaForCausalLM:
+def parallelize_model(model: nn.Module, accelerator: Accelerator, spec: ModelSpec) -> nn.Module:
     """Split every decoder block over the TP group (in place; parameter names do not change). No-op without TP.
 
-    Every process built the same full weights from the seed; each keeps its slice as a DTensor.
+    The split is the spec's (Megatron's: column-parallel in, row-parallel out, one all-reduce each; norms and
+    the embedding stay whole). Every process built the same full weights; each keeps its slice as a DTensor.
     """
     mesh = tensor_parallel_mesh(accelerator)
     if mesh is None:
         return model
+    plan = spec.tensor_parallel_plan(mesh["tp"].size())
     model.to(accelerator.device)  # prepare leaves a model holding DTensors where it is, norms included
-    for layer in model.model.layers:
-        parallelize_module(layer, mesh["tp"], tensor_parallel_plan())
+    for block in spec.decoder_blocks(model):
+        parallelize_module(block, mesh["tp"], plan)
     model.tp_size = mesh["tp"].size()  # what Accelerate's prepare checks (accelerate.utils.get_model_tp_size)
     return model
 

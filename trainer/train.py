@@ -33,7 +33,7 @@ from trainer.launch import exit_with_parent, run_dir_lock
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.mixture import MixtureOrder, resolve_weights
-from trainer.model import ModelShape, build_model, flops_per_token
+from trainer.model_spec import ModelSpec, model_spec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import (
     TRACKER_PROJECT,
@@ -71,7 +71,8 @@ def read_trainer_config(run_dir: Path) -> TrainerSections:
     sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
     try:
         config = TrainerSections.model_validate(sections)
-        check_tensor_parallel_dims(config.model.resolved_dims(), config.train.tensor_parallel_size)
+        if not config.model.is_hugging_face:  # a Hugging Face model's dims are checked once its config is read
+            check_tensor_parallel_dims(config.model.resolved_dims(), config.train.tensor_parallel_size)
     except (ValidationError, ValueError) as err:
         message = describe_validation_error(err, path) if isinstance(err, ValidationError) else f"{path}: {err}"
         raise ConfigError(message) from None
@@ -133,15 +134,21 @@ GIL: the rank hung after the export, and its launcher with it (py-spy showed bot
 multi-machine test). A launched rank leaves through ``exit_without_finalising``, so nothing kept here is destroyed."""
 
 
+def run_model_spec(paths: RunPaths, config: TrainerSections, train_rows: SplitRows) -> ModelSpec:
+    """The spec of the recipe's model for these shards (their vocabulary and row length)."""
+    eos_id, pad_id = special_token_ids(load_tokenizer(paths.tokenizer))
+    return model_spec(config.model, paths, train_rows.vocab_size, train_rows.seq_len, eos_id, pad_id)
+
+
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
                         allow_data_change: bool = False) -> TrainingLoop:
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
     paths, train = RunPaths(run_dir), config.train
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
-    shape = ModelShape(config.model.resolved_dims(), train_rows.vocab_size, train_rows.seq_len)
-    model = apply_model_options(parallelize_model(build_model(shape, train.seed), accelerator), train)
-    num_params = model.num_parameters()  # a DTensor counts its full size
+    spec = run_model_spec(paths, config, train_rows)
+    model = apply_model_options(parallelize_model(spec.build(train.seed), accelerator, spec), train, spec)
+    num_params = sum(p.numel() for p in model.parameters())  # a DTensor counts its full size; tied ones once
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     if accelerator.num_processes > 1:
@@ -153,7 +160,7 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
     counters = LoopCounters()
-    states = {"signature": ModelSignature(shape), "loop": counters, "loader": loader}
+    states = {"signature": ModelSignature(spec.signature()), "loop": counters, "loader": loader}
     if precision.scaler is not None:
         states["precision"] = precision
     tracker = accelerator.log if train.tensorboard else None
@@ -165,8 +172,8 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
                                   build_shards(accelerator, model, optimizer)),
         metrics=MetricsSink(paths.metrics, enabled=accelerator.is_main_process, tracker=tracker),
         train=train, counters=counters, precision=precision,
-        telemetry=build_telemetry(accelerator, train, paths, flops_per_token(shape, num_params)),
-        callbacks=build_callbacks(accelerator, train, paths))
+        telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
+        callbacks=build_callbacks(accelerator, train, paths), spec=spec)
 
 
 def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> TensorParallelShards | None:
@@ -186,7 +193,7 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     run_dir = Path(run_dir)
     with run_dir_lock(run_dir):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
         config = read_trainer_config(run_dir)
-        accelerator = build_accelerator(config.train, run_dir)
+        accelerator = build_accelerator(config.train, run_dir, fsdp_block_classes(RunPaths(run_dir), config))
         try:
             if config.train.tensorboard:
                 accelerator.init_trackers(TRACKER_PROJECT)
@@ -201,6 +208,14 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
         finally:
             accelerator.end_training()  # flushes TensorBoard even when training stops with an error
     return loop.counters.step
+
+
+def fsdp_block_classes(paths: RunPaths, config: TrainerSections) -> tuple[str, ...]:
+    """The model's decoder block classes when the run shards with FSDP (its shard unit), else none."""
+    if not config.train.fsdp:
+        return ()
+    train_rows, _ = open_splits(paths)
+    return tuple(run_model_spec(paths, config, train_rows).block_class_names())
 
 
 def run_to(loop: TrainingLoop, target_step: int) -> None:
@@ -226,11 +241,25 @@ def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
     if stale[0]:
         state_dict = full_state_dict(accelerator, loop.model)
         if accelerator.is_main_process:
-            module = accelerator.unwrap_model(loop.model)
-            export_model(state_dict, module.shape, paths.model, paths.tokenizer,
-                         {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen})
+            tied = loop.spec.tied_names(accelerator.unwrap_model(loop.model))
+            weights = {name: tensor for name, tensor in state_dict.items() if name not in tied}
+            export_model(weights, loop.spec.export_config(), paths.model, paths.tokenizer,
+                         {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
+                         base_model_tokenizer_files(paths))
             accelerator.print(f"exported step {loop.counters.step} to {paths.model}", flush=True)
     accelerator.wait_for_everyone()
+
+
+BASE_MODEL_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+"""A model's own tokenizer settings, exported beside tokenizer.json when the run packs with that tokenizer."""
+
+
+def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
+    """``base_model/``'s tokenizer settings when the run's tokenizer is that folder's (same bytes), else none."""
+    own = paths.base_model / "tokenizer.json"
+    if not (own.is_file() and paths.tokenizer.is_file() and sha256_file(own) == sha256_file(paths.tokenizer)):
+        return []
+    return [paths.base_model / name for name in BASE_MODEL_TOKENIZER_FILES if (paths.base_model / name).is_file()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -169,7 +169,7 @@ from pathlib import Path
 
 from core.errors import TokenmillError
 from tests.trainer.conftest import TEST_DIMS
-from trainer.export import export_model
+from trainer.export import export_model, hf_llama_config
 from trainer.metrics import MetricsSink
 from trainer.model import LlamaForCausalLM, ModelDims, ModelShape
 
@@ -177,7 +177,7 @@ run_dir = Path(sys.argv[2])
 try:
     if sys.argv[1] == "export":
         shape = ModelShape(ModelDims(**TEST_DIMS), vocab_size=64, max_seq_len=16)
-        export_model(LlamaForCausalLM(shape).state_dict(), shape, run_dir / "model")
+        export_model(LlamaForCausalLM(shape).state_dict(), hf_llama_config(shape), run_dir / "model")
     else:
         MetricsSink(run_dir / "metrics").log_train({"step": 2, "loss": 1.0, "note": "x" * 8192})
 except TokenmillError as err:

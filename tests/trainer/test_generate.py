@@ -11,7 +11,7 @@ from core.errors import CheckpointError
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
 from trainer.config import ModelDims
-from trainer.export import export_model
+from trainer.export import export_model, hf_llama_config
 from trainer.generate import generate_text, load_exported_model
 from trainer.model import ModelShape, build_model
 
@@ -23,7 +23,8 @@ def model_dir(tmp_path: Path) -> Path:
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     dims = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
     shape = ModelShape(dims, tokenizer.get_vocab_size(), 32)
-    return export_model(build_model(shape, seed=3).state_dict(), shape, tmp_path / "model", tmp_path / "tokenizer.json")
+    return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), tmp_path / "model",
+                        tmp_path / "tokenizer.json")
 
 
 def test_export_round_trips_into_the_same_weights(model_dir: Path) -> None:

@@ -14,6 +14,7 @@ from trainer.config import ModelDims, TrainConfig
 from trainer.data import PAD_ID, SplitRows, make_batch
 from trainer.export import export_model, exported_step, hf_llama_config
 from trainer.model import IGNORE_INDEX, ModelShape, RMSNorm, build_model, next_token_loss, rotary_cos_sin
+from trainer.model_spec import BuiltinSpec
 from trainer.parallel import apply_model_options
 
 
@@ -77,7 +78,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, real_row
     model = build_model(shape, seed=3).eval()
     tokenizer_json = tmp_path / "tokenizer.json"
     tokenizer_json.write_text(stdlib_corpus.tokenizer_json, encoding="utf-8")
-    out = export_model(model.state_dict(), shape, tmp_path / "model", tokenizer_json, {"step": 5})
+    out = export_model(model.state_dict(), hf_llama_config(shape), tmp_path / "model", tokenizer_json, {"step": 5})
     hf_model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
     assert not info["missing_keys"]
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -91,7 +92,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, real_row
 def test_export_config_and_weights(tmp_path: Path) -> None:
     shape = shape_for(tied=True)
     model = build_model(shape, seed=1)
-    out = export_model(model.state_dict(), shape, tmp_path / "model")
+    out = export_model(model.state_dict(), hf_llama_config(shape), tmp_path / "model")
     config = json.loads((out / "config.json").read_text())
     assert config == hf_llama_config(shape)
     assert (config["architectures"], config["model_type"], config["max_position_embeddings"]) == (
@@ -108,9 +109,9 @@ def test_export_replaces_an_older_export_whole(tmp_path: Path) -> None:
     shape = shape_for()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "stale.txt").write_text("from an old export")
-    export_model(build_model(shape, seed=1).state_dict(), shape, tmp_path / "model", None, {"step": 1})
+    export_model(build_model(shape, seed=1).state_dict(), hf_llama_config(shape), tmp_path / "model", None, {"step": 1})
     newer = build_model(shape, seed=2).state_dict()
-    export_model(newer, shape, tmp_path / "model", None, {"step": 2})
+    export_model(newer, hf_llama_config(shape), tmp_path / "model", None, {"step": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folders left behind
     assert not (tmp_path / "model" / "stale.txt").exists()
     assert exported_step(tmp_path / "model") == 2
@@ -155,7 +156,8 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
     tokens = torch.randint(0, VOCAB_SIZE, (3, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     results = []
     for recompute in (False, True):
-        model = apply_model_options(build_model(shape, seed=4), TrainConfig(activation_checkpointing=recompute))
+        model = apply_model_options(build_model(shape, seed=4), TrainConfig(activation_checkpointing=recompute),
+                                    BuiltinSpec(shape))
         loss = model(tokens, tokens)
         loss.backward()
         results.append((loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
@@ -168,7 +170,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
 
 @pytest.mark.slow
 def test_compile_flag_compiles_each_block_in_place_and_trains_like_eager() -> None:
-    model = apply_model_options(build_model(shape_for(), seed=0), TrainConfig(compile=True))
+    model = apply_model_options(build_model(shape_for(), seed=0), TrainConfig(compile=True), BuiltinSpec(shape_for()))
     assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
     assert set(model.state_dict()) == expected_hf_names(TEST_DIMS["num_layers"], tied=True)  # names unchanged
     tokens = torch.randint(0, VOCAB_SIZE, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))

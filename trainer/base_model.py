@@ -1,0 +1,100 @@
+"""Model stage: the recipe's Hugging Face config or model folder -> ``RUN/base_model/`` (checked, then linked in).
+
+Run once by ``tokenmill prepare`` before the tokenizer stage (which may use the model's own tokenizer). The
+folder is checked first (a causal-LM config, no remote code unless allowed, safetensors only, every shard
+present and readable), then its files are hard-linked into the run dir — copied where a link cannot be made
+(another filesystem) — so the run dir holds everything the trainer reads, with no absolute path and no
+symlink out, and a multi-gigabyte checkpoint costs no disk space. The stage marker fingerprints the files'
+names, sizes and modification times, so a re-run with an unchanged folder does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from core.atomic import TEMP_PREFIX, sha256_file
+from core.errors import ConfigError
+from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
+from trainer.checkpoint import replace_dir
+from trainer.config import ModelConfig
+from trainer.hf_model import (
+    CONFIG_NAME,
+    WEIGHTS_INDEX_NAME,
+    config_file,
+    load_causal_lm_config,
+    read_weights,
+    weight_files,
+)
+
+STAGE = "base_model"
+COMPANION_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+"""Files of a model folder brought along when present (the tokenizer stage may use the model's tokenizer)."""
+
+
+def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict[str, Any]:
+    """Check ``source`` (``model.hf_config`` / ``model.from_pretrained``, resolved) and link it into base_model/.
+
+    Returns ``{"model_type", "files", "weights"}``. Raises ConfigError naming the file or key when the folder
+    cannot be trained (see :mod:`trainer.hf_model`).
+    """
+    source = Path(source)
+    config = load_causal_lm_config(source, model.trust_remote_code)
+    files = source_files(source, model)
+    stage_fingerprint = fingerprint(STAGE, model.model_dump(mode="json"), _file_stats(files))
+    done = done_summary(paths, STAGE, stage_fingerprint)
+    if done is not None and paths.base_model.is_dir():
+        return done
+    if model.from_pretrained is not None:
+        read_weights([path for path in files.values() if path.suffix == ".safetensors"])  # every shard readable
+    _link_folder(files, paths.base_model)
+    summary = {"model_type": config.model_type, "files": sorted(files),
+               "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
+    mark_stage_done(paths, STAGE, stage_fingerprint, summary)
+    return summary
+
+
+def source_files(source: Path, model: ModelConfig) -> dict[str, Path]:
+    """``{name in base_model/: file}``: config.json, the companions present, and the weights for from_pretrained."""
+    config = config_file(source)
+    folder = config.parent
+    files = {CONFIG_NAME: config}
+    files.update({name: folder / name for name in COMPANION_FILES if (folder / name).is_file()})
+    if model.trust_remote_code:  # the architecture's own Python files, which auto_map names
+        files.update({path.name: path for path in sorted(folder.glob("*.py"))})
+    if model.from_pretrained is not None:
+        weights = weight_files(folder)
+        files.update({path.name: path for path in weights})
+        if (folder / WEIGHTS_INDEX_NAME).is_file():
+            files[WEIGHTS_INDEX_NAME] = folder / WEIGHTS_INDEX_NAME
+    return files
+
+
+def _file_stats(files: dict[str, Path]) -> list[tuple[str, int, int]]:
+    """(name, size, mtime_ns) of each file: a changed file changes the fingerprint without reading gigabytes."""
+    return [(name, path.stat().st_size, path.stat().st_mtime_ns) for name, path in sorted(files.items())]
+
+
+def _link_folder(files: dict[str, Path], target: Path) -> None:
+    """Build ``target`` from hard links (copies across filesystems) under a temporary name, then swap it in."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}.", dir=target.parent))
+    try:
+        for name, path in files.items():
+            _link_or_copy(path.resolve(), staging / name)
+        replace_dir(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    if not source.is_file():
+        raise ConfigError(f"{source}: not a regular file; copy the model folder again.")
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or links not allowed: a copy
+        shutil.copyfile(source, target)

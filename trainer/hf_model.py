@@ -1,0 +1,232 @@
+"""Hugging Face models: a local config or model folder -> a ``transformers`` causal LM to train (never a download).
+
+``model.hf_config`` builds any architecture ``AutoModelForCausalLM.from_config`` knows, with weights drawn from
+``train.seed``; ``model.from_pretrained`` loads a local folder's safetensors for continued pretraining. The
+folder is checked before anything is built, so a wrong one fails with one line naming the file or key: no
+``config.json``, a config that is not a causal LM, remote code without ``model.trust_remote_code``, pickled
+weights (``*.bin``, ``*.pt``: never unpickled), a missing or corrupt shard, weights that do not fit the config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from core.errors import ConfigError
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""Weight files that only ``torch.load`` (pickle) reads; tokenmill never unpickles what it is given."""
+
+
+def config_file(path: Path) -> Path:
+    """``path`` itself when it is a file, else ``path/config.json``; ConfigError when there is none."""
+    path = Path(path)
+    found = path if path.is_file() else path / CONFIG_NAME
+    if not found.is_file():
+        where = "does not exist" if not path.exists() else f"holds no {CONFIG_NAME}"
+        raise ConfigError(f"{path}: {where}; point model.hf_config / model.from_pretrained at a Hugging Face model "
+                          f"folder (with {CONFIG_NAME}) or at a {CONFIG_NAME} file.")
+    return found
+
+
+def read_config_dict(path: Path) -> dict[str, Any]:
+    """The JSON mapping of a ``config.json``; ConfigError naming the file when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid JSON ({err}); fix or replace the model's config.json.") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ConfigError(f"{path}: a Hugging Face config.json must be a JSON object with a \"model_type\" "
+                          "string; save it with `config.save_pretrained(folder)`.")
+    return data
+
+
+def load_causal_lm_config(path: Path, trust_remote_code: bool = False) -> Any:
+    """The ``transformers`` config of a causal LM at ``path`` (a folder or a config.json); ConfigError otherwise."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    file = config_file(path)
+    data = read_config_dict(file)
+    model_type = data["model_type"]
+    if "auto_map" in data and not trust_remote_code:
+        raise ConfigError(f"{file}: model_type '{model_type}' is defined by Python files in the model folder "
+                          "(auto_map); tokenmill runs no code from a model folder unless the recipe sets "
+                          "model.trust_remote_code: true (read that code first).")
+    if "auto_map" in data:
+        config = AutoConfig.from_pretrained(file.parent, trust_remote_code=True, local_files_only=True)
+    elif model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{file}: model_type '{model_type}' is not an architecture this transformers knows; "
+                          "upgrade transformers or use a supported model.")
+    else:
+        config = CONFIG_MAPPING[model_type].from_dict(data)
+    check_causal_lm(config, file)
+    return config
+
+
+def check_causal_lm(config: Any, file: Path) -> None:
+    """ConfigError naming ``model_type`` unless ``AutoModelForCausalLM`` builds a decoder from this config.
+
+    Encoders that also have a causal-LM head (BERT, RoBERTa, …) count only with ``is_decoder: true``.
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    model_type = config.model_type
+    causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    architectures = getattr(config, "architectures", None) or []
+    remote = bool(getattr(config, "auto_map", None))
+    is_encoder = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+    not_causal = (not remote and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) or is_encoder or (
+        architectures and not remote and not causal_classes.intersection(architectures))
+    if not_causal or getattr(config, "is_encoder_decoder", False):
+        named = f" ({', '.join(architectures)})" if architectures else ""
+        raise ConfigError(f"{file}: model_type '{model_type}'{named} is not a causal (decoder-only) language model; "
+                          "tokenmill trains next-token prediction: use a causal-LM config (Llama, Qwen, Mistral, "
+                          "GPT-NeoX, GPT-2, …).")
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a model folder (one file, or the shards its index names), each checked to exist.
+
+    Raises ConfigError for a folder with only pickled weights (saying how to convert), with no weights, or an
+    index naming a missing shard.
+    """
+    folder = Path(folder)
+    index = folder / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{index}: not a safetensors index (a JSON object with \"weight_map\"): {err}; "
+                              "re-save the model with `save_pretrained`.") from None
+        missing = [name for name in names if not (folder / name).is_file() or Path(name).name != name]
+        if missing:
+            raise ConfigError(f"{index} names {len(missing)} shard(s) not in {folder} ({missing[0]}, …); copy the "
+                              "whole model folder again.")
+        return [folder / name for name in names]
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME]
+    pickled = sorted(path.name for path in folder.iterdir() if path.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ConfigError(f"{folder}: weights only as pickle ({pickled[0]}); tokenmill loads safetensors only, "
+                          "never unpickles. Convert once where you trust the file: `AutoModelForCausalLM."
+                          "from_pretrained(folder).save_pretrained(folder)` writes model.safetensors.")
+    raise ConfigError(f"{folder}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; model.from_pretrained needs the "
+                      "weights (use model.hf_config to start from random weights).")
+
+
+def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors ``files``; ConfigError naming a corrupt or duplicated file."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if name in tensors:
+                        raise ConfigError(f"{file}: tensor {name} is also in another shard; re-save the model.")
+                    tensors[name] = handle.get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ConfigError(f"{file}: not a readable safetensors file ({err}); copy it again or re-save the "
+                              "model with `save_pretrained`.") from None
+    return tensors
+
+
+def build_hf_model(config: Any, seed: int) -> nn.Module:
+    """A freshly initialised causal LM in fp32; the same seed gives the same weights (init is seeded locally)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.config.use_cache = False  # training: no key/value cache in the outputs
+    return model
+
+
+def load_pretrained_weights(model: nn.Module, folder: Path) -> None:
+    """Copy a model folder's safetensors into ``model``; ConfigError when a name or shape does not fit the config.
+
+    Tied output weights (``tie_word_embeddings``) may be absent from the files, as ``save_pretrained`` leaves them.
+    """
+    saved = {_own_name(model, name): tensor for name, tensor in read_weights(weight_files(folder)).items()}
+    expected = model.state_dict()
+    tied = tied_names(model)
+    missing = sorted(set(expected) - set(saved) - tied)
+    unexpected = sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise ConfigError(f"{folder}: the weights do not match config.json ({detail}, {len(missing)} missing, "
+                          f"{len(unexpected)} unexpected); use the config the weights were saved with.")
+    for name, tensor in saved.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ConfigError(f"{folder}: {name} has shape {tuple(tensor.shape)} in the weights, the config builds "
+                              f"{tuple(expected[name].shape)}; use the config the weights were saved with.")
+    with torch.no_grad():
+        for name, param in model.state_dict(keep_vars=True).items():
+            if name in saved:
+                param.copy_(saved[name].to(param.dtype))
+    if tied:
+        model.tie_weights()
+
+
+def _own_name(model: nn.Module, name: str) -> str:
+    """A checkpoint name in the model's own spelling: base-model checkpoints lack the ``model.`` style prefix."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and not name.startswith(f"{prefix}.") and f"{prefix}.{name}" in model.state_dict():
+        return f"{prefix}.{name}"
+    return name
+
+
+def tied_names(model: nn.Module) -> set[str]:
+    """State-dict names that share storage with an earlier one (a tied ``lm_head.weight``)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        key = tensor.data_ptr()
+        if key in seen:
+            tied.add(name)
+        seen.setdefault(key, name)
+    return tied
+
+
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers: the modules whose class the model names in ``_no_split_modules``."""
+    names = block_class_names(model)
+    return [module for module in model.modules() if type(module).__name__ in names]
+
+
+def block_class_names(model: nn.Module) -> list[str]:
+    """``_no_split_modules``: the classes transformers itself keeps whole when it shards (one decoder block)."""
+    names = sorted(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ConfigError(f"{type(model).__name__} names no decoder block class (_no_split_modules); tokenmill "
+                          "cannot shard, compile or checkpoint it per block: set train.fsdp, train.compile and "
+                          "train.activation_checkpointing to false.")
+    return names
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config (multimodal configs nest it; a text-only config is its own)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def hf_flops_per_token(config: Any, num_params: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 * params plus attention's 12 * layers * (heads * head_dim) * seq_len.
+
+    The attention width is read from the config (``head_dim`` when given: Qwen3 and Gemma differ from
+    hidden_size / heads), as PaLM's appendix B counts it.
+    """
+    text = text_config(config)
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 6.0 * num_params + 12.0 * text.num_hidden_layers * heads * head_dim * seq_len
