@@ -183,10 +183,11 @@ def _class_of(config: Any) -> type:
 
 
 def model_spec(model: ModelConfig, paths: RunPaths, vocab_size: int, seq_len: int,
-               eos_id: int = 0, pad_id: int = 1) -> ModelSpec:
+               eos_id: int = 0, pad_id: int = 1, initial_weights: bool = True) -> ModelSpec:
     """The spec of the recipe's model: the built-in one, or the HF model the model stage put in ``base_model/``.
 
-    ``vocab_size``: ids the shards use. Raises ConfigError when they do not fit a HF model's embedding, and
+    ``vocab_size``: ids the shards use. ``initial_weights``: load ``from_pretrained``'s weights (False when a
+    checkpoint will replace them). Raises ConfigError when the ids do not fit a HF model's embedding, and
     CheckpointError when ``base_model/`` is missing (the model stage has not run).
     """
     if not model.is_hugging_face:
@@ -200,7 +201,8 @@ def model_spec(model: ModelConfig, paths: RunPaths, vocab_size: int, seq_len: in
         raise ConfigError(f"the shards use {vocab_size} token ids but the model's embedding has {rows} rows "
                           f"(vocab_size in {paths.base_model}/config.json); use the model's own tokenizer (drop the "
                           "recipe's tokenizer section) or a model whose vocab_size is at least the tokenizer's.")
-    return HuggingFaceSpec(config, seq_len, paths.base_model if model.from_pretrained is not None else None)
+    pretrained = model.from_pretrained is not None and initial_weights
+    return HuggingFaceSpec(config, seq_len, paths.base_model if pretrained else None)
 
 
 def _source_key(model: ModelConfig) -> str:

@@ -24,7 +24,7 @@ from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
 from tokenization.train_tokenizer import load_tokenizer, special_token_ids
 from trainer.callbacks import Callback, ProfilerCallback
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, list_checkpoints
 from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
@@ -135,9 +135,16 @@ multi-machine test). A launched rank leaves through ``exit_without_finalising``,
 
 
 def run_model_spec(paths: RunPaths, config: TrainerSections, train_rows: SplitRows) -> ModelSpec:
-    """The spec of the recipe's model for these shards (their vocabulary and row length)."""
+    """The spec of the recipe's model for these shards (their vocabulary and row length).
+
+    Pretrained weights are loaded only while no checkpoint exists: a continued-pretraining run that was stopped
+    resumes from its own checkpoint, never from the initial weights again (any checkpoint present either
+    resumes or fails verification loudly, see :meth:`Checkpointer.load_latest`).
+    """
     eos_id, pad_id = special_token_ids(load_tokenizer(paths.tokenizer))
-    return model_spec(config.model, paths, train_rows.vocab_size, train_rows.seq_len, eos_id, pad_id)
+    initial_weights = not list_checkpoints(paths.checkpoints)
+    return model_spec(config.model, paths, train_rows.vocab_size, train_rows.seq_len, eos_id, pad_id,
+                      initial_weights=initial_weights)
 
 
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
