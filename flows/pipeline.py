@@ -50,7 +50,8 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
         decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base))
         base_model = _optional_str(model_source(loaded, base))
         model = base_model_task(paths, loaded.model, base_model) if base_model is not None else None
-        tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)))
+        tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
+                                   loaded.model.is_hugging_face)
         splits, sources = _split_source_pairs(manifests)
         pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack)).result()
         shards = shard_index_task(paths)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError
@@ -26,12 +26,25 @@ class RunRecipe(FrozenConfig):
     """Where the run writes (default ``runs/<name>``, relative to the working directory)."""
     data: DataConfig
     dedupe: DedupeConfig = DedupeConfig()
-    tokenizer: TokenizerConfig
+    tokenizer: TokenizerConfig | None = None
+    """None (no section): a Hugging Face model's own tokenizer (its folder's tokenizer.json); required otherwise."""
     pack: PackConfig = PackConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     dask_address: str | None = None
     """Run the data stages on this Dask scheduler (``tcp://host:port``) instead of local threads."""
+
+    @model_validator(mode="after")
+    def _tokenizer_fits_model(self) -> RunRecipe:
+        if self.tokenizer is None and not self.model.is_hugging_face:
+            raise ValueError("tokenizer: required with the built-in model; set tokenizer.vocab_size (train one) or "
+                             "tokenizer.path (load one). Only a Hugging Face model (model.from_pretrained or "
+                             "model.hf_config) brings its own tokenizer")
+        if self.tokenizer is not None and self.tokenizer.vocab_size is not None and self.model.from_pretrained:
+            raise ValueError("tokenizer.vocab_size cannot be combined with model.from_pretrained: the pretrained "
+                             "embedding is indexed by the model's own token ids; remove the tokenizer section (use "
+                             "the model's tokenizer) or set tokenizer.path to a tokenizer that fits the model")
+        return self
 
 
 def load_recipe(path: str | Path) -> tuple[RunRecipe, Path]:
@@ -70,8 +83,10 @@ def manifest_paths(recipe: RunRecipe, base: Path) -> list[Path]:
 
 
 def tokenizer_file(recipe: RunRecipe, base: Path) -> Path | None:
-    """Absolute path of a given ``tokenizer.json``, or None when the recipe trains one."""
-    return None if recipe.tokenizer.path is None else (base / recipe.tokenizer.path).resolve()
+    """Absolute path of a given ``tokenizer.json``, or None when the recipe trains one or uses the model's."""
+    if recipe.tokenizer is None or recipe.tokenizer.path is None:
+        return None
+    return (base / recipe.tokenizer.path).resolve()
 
 
 def model_source(recipe: RunRecipe, base: Path) -> Path | None:

@@ -73,10 +73,12 @@ def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[s
 
 @task(name="tokenizer")
 @reports_progress("tokenizer")
-def tokenizer_task(paths: RunPaths, config: TokenizerConfig, given_path: str | None) -> dict[str, Any]:
+def tokenizer_task(paths: RunPaths, config: TokenizerConfig | None, given_path: str | None,
+                   hugging_face_model: bool = False) -> dict[str, Any]:
     with stage_meter("tokenizer", "bytes") as meter:
         return prepare_tokenizer(paths, config, Path(given_path) if given_path else None,
-                                 on_progress=lambda fed, total: meter.update(completed=fed, total=total))
+                                 on_progress=lambda fed, total: meter.update(completed=fed, total=total),
+                                 model_folder=paths.base_model if hugging_face_model else None)
 
 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,

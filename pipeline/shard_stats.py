@@ -91,8 +91,13 @@ def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, 
 
 
 def special_token_ids(run_dir: Path) -> tuple[int, int]:
-    """(eos_id, pad_id) from the run's ``tokenizer/tokenizer.json`` (its added tokens), else the contract's 0, 1."""
-    path = RunPaths(run_dir).tokenizer
+    """(eos_id, pad_id) from the run's ``tokenizer/special_tokens.json`` (a model's own tokenizer), else from
+    ``tokenizer/tokenizer.json`` (its added tokens), else the contract's 0, 1."""
+    paths = RunPaths(run_dir)
+    if paths.special_tokens.is_file():
+        record = json.loads(paths.special_tokens.read_text(encoding="utf-8"))
+        return int(record["eos_id"]), int(record["pad_id"])
+    path = paths.tokenizer
     if not path.is_file():
         return CONTRACT_EOS_ID, CONTRACT_PAD_ID
     try:

@@ -1,8 +1,8 @@
 """Pack step of the data path: per-document token arrays -> fixed-length rows with lineage (pure, no I/O).
 
-Documents are concatenated, each followed by EOS, and cut into rows of ``seq_len`` tokens; a document
-may span rows. Each row records which documents fill it and where each begins, so a reader can rebuild
-document boundaries (attention masks, lineage queries) without the tokenizer.
+Documents are concatenated, each followed by EOS (and preceded by BOS when the tokenizer adds one), and cut
+into rows of ``seq_len`` tokens; a document may span rows. Each row records which documents fill it and where
+each begins, so a reader can rebuild document boundaries (attention masks, lineage queries) without the tokenizer.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ class Packer:
     never copied again per row), and row lineage is computed with numpy over all rows of a take at once.
     """
 
-    def __init__(self, seq_len: int, eos_id: int, pad_id: int, dtype: np.dtype) -> None:
+    def __init__(self, seq_len: int, eos_id: int, pad_id: int, dtype: np.dtype, bos_id: int | None = None) -> None:
+        """``bos_id``: put before each document (a model tokenizer that starts texts with BOS); None = none."""
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.dtype = np.dtype(dtype)
         self._eos = np.array([eos_id], dtype=self.dtype)
+        self._bos = None if bos_id is None else np.array([bos_id], dtype=self.dtype)
         self._max_id = int(np.iinfo(self.dtype).max)
         self._pieces: deque[np.ndarray] = deque()
         self._num_pending = 0  # tokens added but not yet emitted
@@ -42,23 +44,26 @@ class Packer:
 
     @property
     def num_pending_tokens(self) -> int:
-        """Tokens added (EOS included) and not yet returned in a row."""
+        """Tokens added (BOS/EOS included) and not yet returned in a row."""
         return self._num_pending
 
     @property
     def num_added_tokens(self) -> int:
-        """Tokens added so far (EOS included), returned in rows or not."""
+        """Tokens added so far (BOS/EOS included), returned in rows or not."""
         return self._position + self._num_pending
 
     def add(self, doc_id: int, tokens: np.ndarray) -> None:
-        """Append one document's ids followed by EOS; ConfigError when an id does not fit the row dtype."""
+        """Append one document's ids followed by EOS (after BOS, if any: its start is the BOS); ConfigError when an
+        id does not fit the row dtype."""
         tokens = self._as_row_dtype(np.asarray(tokens))
         self._doc_ids.append(int(doc_id))
         self._doc_starts.append(self._position + self._num_pending)
+        if self._bos is not None:
+            self._pieces.append(self._bos)
         if tokens.size:
             self._pieces.append(tokens)
         self._pieces.append(self._eos)
-        self._num_pending += int(tokens.size) + 1
+        self._num_pending += int(tokens.size) + 1 + (self._bos is not None)
 
     def take_rows(self, max_rows: int) -> ShardRows | None:
         """Up to ``max_rows`` full rows (oldest first), or None when not one full row is pending."""
@@ -132,7 +137,7 @@ class Packer:
         )
 
     def _forget_emitted_docs(self, end: int) -> None:
-        """Drop documents whose every token (EOS included) lies before stream position ``end``."""
+        """Drop documents whose every token (BOS/EOS included) lies before stream position ``end``."""
         num_started = bisect.bisect_left(self._doc_starts, end)
         if not num_started:
             return

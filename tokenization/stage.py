@@ -22,7 +22,8 @@ from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_voc
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
 from tokenization.pack import Packer
-from tokenization.train_tokenizer import load_tokenizer, special_token_ids, tokenizer_vocab_size
+from tokenization.special_tokens import load_tokenizer, read_special_tokens
+from tokenization.train_tokenizer import tokenizer_vocab_size
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
@@ -34,7 +35,7 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     """Encode and pack the not-yet-packed documents of (split, source); return every shard of the pair.
 
     Shards hold ``config.rows_per_shard`` rows (the last one of a call fewer, its last row padded).
-    Same input -> byte-identical shards. ``on_progress(num_tokens)`` hears of each encoded batch (EOS
+    Same input -> byte-identical shards. ``on_progress(num_tokens)`` hears of each encoded batch (BOS/EOS
     included: the calls add up to the new shards' ``num_tokens``). Raises ConfigError when the tokenizer
     is missing and StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
     """
@@ -116,9 +117,10 @@ def _pack_parts(paths: RunPaths, split: str, source: str, config: PackConfig, pa
                 writer: _ShardWriter, on_progress: Callable[[int], None] | None) -> int:
     """Stream the parts' documents through encode -> Packer -> shards; return how many documents were packed."""
     tokenizer = load_tokenizer(paths.tokenizer)
-    eos_id, pad_id = special_token_ids(tokenizer)
+    special = read_special_tokens(paths)
     writer.vocab_size = tokenizer_vocab_size(tokenizer)
-    packer = Packer(config.seq_len, eos_id, pad_id, token_dtype_for_vocab(writer.vocab_size))
+    packer = Packer(config.seq_len, special.eos_id, special.pad_id, token_dtype_for_vocab(writer.vocab_size),
+                    bos_id=special.bos_id)
     num_documents = 0
     batches = iter_documents(paths, split=split, source=source, columns=["doc_id", "text"], parts=parts,
                              batch_rows=config.encode_batch_docs)

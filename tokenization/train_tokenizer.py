@@ -1,26 +1,38 @@
 """Tokenizer step of the data path: train-split documents -> ``tokenizer/tokenizer.json`` (byte-level BPE).
 
-Either trains a byte-level BPE on the first ``sample_bytes`` of train-split text (documents order) or
-copies a given ``tokenizer.json``. Either way the file is written atomically and the stage marker
-``stages/tokenizer.json`` records the settings fingerprint, so a re-run with the same settings is skipped.
+Either trains a byte-level BPE on the first ``sample_bytes`` of train-split text (documents order), copies a
+given ``tokenizer.json``, or copies a Hugging Face model folder's own (with its special ids in
+``tokenizer/special_tokens.json``), so shards are in the model's ids. Either way the file is written
+atomically and the stage marker ``stages/tokenizer.json`` records the settings fingerprint, so a re-run with
+the same settings is skipped.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from core.atomic import sha256_file, write_bytes_atomic, write_text_atomic
+from core.atomic import read_json, sha256_file, write_bytes_atomic, write_text_atomic
 from core.documents import iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
+from tokenization.special_tokens import (
+    load_tokenizer,
+    model_special_tokens,
+    special_token_ids,
+    write_special_tokens,
+)
 
 EOS_TOKEN, PAD_TOKEN = SPECIAL_TOKENS
+
+MODEL_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+"""The files of a Hugging Face model folder its tokenizer and special ids are read from (the stage's fingerprint)."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
@@ -47,60 +59,75 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 
     return tokenizer
 
 
-def load_tokenizer(path: Path) -> Tokenizer:
-    """Load a ``tokenizer.json``; raises ConfigError naming the file when it is missing or corrupt."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: tokenizer file not found; run the tokenizer stage first or fix tokenizer.path.")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # tokenizers raises a bare Exception for every parse error
-        raise ConfigError(
-            f"{path}: not a valid tokenizer.json ({err}); point tokenizer.path at a file saved by "
-            "`tokenizers` (Tokenizer.save) or delete it so the stage trains a new one."
-        ) from None
-
-
-def special_token_ids(tokenizer: Tokenizer) -> tuple[int, int]:
-    """(eos_id, pad_id): the ids of ``<|endoftext|>`` and ``<|pad|>``; ConfigError when either is absent."""
-    eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    pad_id = tokenizer.token_to_id(PAD_TOKEN)
-    if eos_id is None or pad_id is None:
-        missing = [name for name, token_id in ((EOS_TOKEN, eos_id), (PAD_TOKEN, pad_id)) if token_id is None]
-        raise ConfigError(
-            f"tokenizer lacks the special tokens {missing}; add them (tokenizer.add_special_tokens"
-            f"({SPECIAL_TOKENS})) and save it again, or train one with tokenizer.vocab_size."
-        )
-    return eos_id, pad_id
-
-
 def tokenizer_vocab_size(tokenizer: Tokenizer) -> int:
     """Number of ids the tokenizer can emit (largest id + 1, added tokens included)."""
     return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
 
-def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig, given_path: Path | None,
-                      on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Write ``paths.tokenizer`` (copied from ``given_path``, or trained) and return its summary.
+def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig | None, given_path: Path | None,
+                      on_progress: Callable[[int, int], None] | None = None,
+                      model_folder: Path | None = None) -> dict[str, Any]:
+    """Write ``paths.tokenizer`` (copied from ``given_path`` or the model folder, or trained) and return its summary.
+
+    ``config`` None: the Hugging Face model folder ``model_folder`` (``RUN/base_model``) brings the tokenizer; its
+    ``tokenizer.json`` is copied byte for byte and its special ids go to ``tokenizer/special_tokens.json``.
+    ``model_folder`` given: a tokenizer with more ids than its ``config.json`` ``vocab_size`` is refused.
 
     Returns ``{"tokenizer_sha256", "vocab_size", "trained", "sample_bytes"}``. Skipped when ``stages/tokenizer.json``
     records the same settings fingerprint and the file is unchanged. The documents are deliberately not
     part of the fingerprint: an incremental run with new documents keeps the tokenizer its shards were
     written with (delete ``tokenizer/`` and ``shards/`` to retrain). Raises ConfigError for an invalid
-    given file or when there is no train-split text to train on. When it trains, ``on_progress(num_bytes_fed,
-    num_bytes_total)`` follows the trainer through the sample.
+    given file or model folder, a tokenizer that does not fit the model, or when there is no train-split text
+    to train on. When it trains, ``on_progress(num_bytes_fed, num_bytes_total)`` follows the trainer through
+    the sample.
     """
     given = Path(given_path) if given_path is not None else None
     if given is not None and not given.is_file():
         raise ConfigError(f"{given}: tokenizer.path does not exist; fix the path in the recipe.")
-    settings = {"given_sha256": sha256_file(given)} if given is not None else _training_settings(config)
+    from_model = config is None and given is None
+    settings = _settings(config, given, model_folder if from_model else None)
     stage_fingerprint = fingerprint("tokenizer", settings)
-    done = _recorded_summary(paths, stage_fingerprint)
+    done = _recorded_summary(paths, stage_fingerprint, needs_special_tokens=from_model)
     if done is not None:
-        return done
-    summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config, on_progress)
-    mark_stage_done(paths, "tokenizer", stage_fingerprint, summary)
+        summary = done
+    elif from_model:
+        assert model_folder is not None  # checked by _settings
+        summary = _copy_model_tokenizer(paths, Path(model_folder))
+    else:
+        paths.special_tokens.unlink(missing_ok=True)  # the named tokens of this tokenizer are the special ids
+        summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config, on_progress)
+    if model_folder is not None:
+        _check_fits_model(summary["vocab_size"], Path(model_folder))
+    if done is None:
+        mark_stage_done(paths, "tokenizer", stage_fingerprint, summary)
     return summary
+
+
+def check_tokenizer_fits(tokenizer_vocab_size: int, embedding_rows: int, where: str) -> None:
+    """ConfigError naming both numbers when the tokenizer emits ids the model's embedding has no row for.
+
+    ``where``: what the numbers were read from (a file, a run dir), put first in the message.
+    """
+    if tokenizer_vocab_size > embedding_rows:
+        raise ConfigError(
+            f"{where}: the tokenizer has {tokenizer_vocab_size} ids but the model's embedding has only "
+            f"{embedding_rows} rows; ids from {embedding_rows} on could not be embedded. Use the model's own "
+            "tokenizer (remove the recipe's tokenizer section), a tokenizer.path or tokenizer.vocab_size of at most "
+            f"{embedding_rows} ids, or a model (model.hf_config) whose vocab_size is at least {tokenizer_vocab_size}."
+        )
+
+
+def _settings(config: TokenizerConfig | None, given: Path | None, model_folder: Path | None) -> dict[str, Any]:
+    """What the tokenizer is made from (the stage fingerprint's settings); unchanged for a given or trained one."""
+    if given is not None:
+        return {"given_sha256": sha256_file(given)}
+    if config is not None:
+        return _training_settings(config)
+    if model_folder is None:
+        raise ConfigError("tokenizer: the recipe has no tokenizer section and no Hugging Face model to take one "
+                          "from; set tokenizer.vocab_size or tokenizer.path, or model.from_pretrained.")
+    files = [Path(model_folder) / name for name in MODEL_TOKENIZER_FILES]
+    return {"model_files_sha256": {path.name: sha256_file(path) for path in files if path.is_file()}}
 
 
 def _training_settings(config: TokenizerConfig) -> dict[str, Any]:
@@ -110,9 +137,9 @@ def _training_settings(config: TokenizerConfig) -> dict[str, Any]:
             "min_frequency": config.min_frequency}
 
 
-def _recorded_summary(paths: RunPaths, stage_fingerprint: str) -> dict[str, Any] | None:
+def _recorded_summary(paths: RunPaths, stage_fingerprint: str, needs_special_tokens: bool) -> dict[str, Any] | None:
     """The recorded summary when the tokenizer on disk was made with this fingerprint and is intact."""
-    if not paths.tokenizer.is_file():
+    if not paths.tokenizer.is_file() or (needs_special_tokens and not paths.special_tokens.is_file()):
         return None
     summary = done_summary(paths, "tokenizer", stage_fingerprint)
     if summary is None or summary.get("tokenizer_sha256") != sha256_file(paths.tokenizer):
@@ -129,6 +156,36 @@ def _copy_given(paths: RunPaths, given_path: Path) -> dict[str, Any]:
     write_bytes_atomic(paths.tokenizer, given_path.read_bytes())  # byte copy: same sha256 as the user's file
     return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
             "trained": False, "sample_bytes": 0}
+
+
+def _copy_model_tokenizer(paths: RunPaths, folder: Path) -> dict[str, Any]:
+    """Copy the model folder's tokenizer.json byte for byte and record its special ids (special_tokens.json first)."""
+    source = folder / "tokenizer.json"
+    if not source.is_file():
+        raise ConfigError(
+            f"{folder}: the model folder has no tokenizer.json, and the recipe has no tokenizer section; add a "
+            "tokenizer section (tokenizer.path to the model's tokenizer.json, or tokenizer.vocab_size to train one "
+            "with model.hf_config), or put the model's tokenizer.json in its folder."
+        )
+    tokenizer = load_tokenizer(source)
+    special = model_special_tokens(folder, tokenizer)
+    if special.pad_is_eos:
+        warnings.warn(f"{folder}: the model's tokenizer has no pad token; padding uses its EOS id {special.eos_id} "
+                      "and those padding labels are masked (each document's own EOS is still learned).", stacklevel=3)
+    write_special_tokens(paths, special)
+    write_bytes_atomic(paths.tokenizer, source.read_bytes())  # byte copy: same sha256 as the model's file
+    return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
+            "trained": False, "sample_bytes": 0}
+
+
+def _check_fits_model(vocab_size: int, model_folder: Path) -> None:
+    """check_tokenizer_fits against the model folder's ``config.json`` ``vocab_size`` (no check without one)."""
+    config_path = model_folder / "config.json"
+    if not config_path.is_file():
+        return
+    embedding_rows = read_json(config_path).get("vocab_size")
+    if isinstance(embedding_rows, int):
+        check_tokenizer_fits(vocab_size, embedding_rows, f"{config_path} vocab_size")
 
 
 def _train_from_documents(paths: RunPaths, config: TokenizerConfig,

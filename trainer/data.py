@@ -43,6 +43,8 @@ class TokenRows(Protocol):
     seq_len: int
     pad_id: int
     """The padding token's id: its labels are IGNORE_INDEX."""
+    pad_is_eos: bool
+    """Padding is the EOS id (a model tokenizer with no pad token): only each row's trailing EOS run is padding."""
     digests: dict[str, str]
     """What the rows come from, {name: sha256}: a checkpoint resumes only on the same (or appended) data."""
 
@@ -54,8 +56,8 @@ class TokenRows(Protocol):
 class ArrayRows:
     """TokenRows over an in-memory [num_rows, seq_len] array (benchmarks and small experiments)."""
 
-    def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID) -> None:
-        self.tokens, self.pad_id = tokens, pad_id
+    def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID, pad_is_eos: bool = False) -> None:
+        self.tokens, self.pad_id, self.pad_is_eos = tokens, pad_id, pad_is_eos
         self.num_rows, self.seq_len = (int(n) for n in tokens.shape)
         self.digests = {"array": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
 
@@ -66,14 +68,15 @@ class ArrayRows:
 class SplitRows:
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
-    def __init__(self, run_dir: Path, split: str, pad_id: int) -> None:
-        """``pad_id``: the padding id of the tokenizer the shards were packed with.
+    def __init__(self, run_dir: Path, split: str, pad_id: int, pad_is_eos: bool = False) -> None:
+        """``pad_id``: the padding id of the tokenizer the shards were packed with; ``pad_is_eos``: it is also the
+        EOS id (see :func:`make_batch`). Both come from :func:`tokenization.special_tokens.read_special_tokens`.
 
         Raises ShardFormatError (from :func:`core.shards.read_shard_index`) when an index row names a path
         that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on.
         """
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
-        self.split, self.pad_id = split, pad_id
+        self.split, self.pad_id, self.pad_is_eos = split, pad_id, pad_is_eos
         self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
         self.shard_sources = [info.source for info in infos]
         self.shards = [ShardTokens(Path(run_dir) / info.path) for info in infos]
@@ -136,16 +139,30 @@ class Batch:
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def make_batch(tokens: np.ndarray, pad_id: int) -> Batch:
+def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False) -> Batch:
     """Wrap integer rows as int64 tensors with padding (``pad_id``) masked in labels.
 
+    ``pad_is_eos``: ``pad_id`` is also the EOS that ends every document, so only the EOS after a row's last
+    real EOS are padding (pack pads only the end of a source's last row, right after a document's EOS).
     Without padding (almost every batch) ``labels`` is ``input_ids`` itself: no second copy; nothing
     writes to either. Done in NumPy: torch's per-op overhead on these small tensors cost more than the data.
     """
     input_ids = np.asarray(tokens, dtype=np.int64)
-    is_pad = input_ids == pad_id
+    is_pad = _trailing_padding(input_ids, pad_id) if pad_is_eos else input_ids == pad_id
     labels = np.where(is_pad, IGNORE_INDEX, input_ids) if is_pad.any() else input_ids
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(labels))
+
+
+def _trailing_padding(input_ids: np.ndarray, eos_id: int) -> np.ndarray:
+    """[rows, seq_len] bool: each row's trailing run of ``eos_id`` except its first token (the real EOS)."""
+    is_eos = input_ids == eos_id
+    if input_ids.shape[1] < 2 or not (is_eos[:, -1] & is_eos[:, -2]).any():
+        return np.zeros_like(is_eos)  # a padded row ends in at least two EOS: the real one, then padding
+    seq_len = input_ids.shape[1]
+    real = ~is_eos
+    last_real = seq_len - 1 - np.argmax(real[:, ::-1], axis=1)  # argmax: the first True from the end
+    run_start = np.where(real.any(axis=1), last_real + 1, 0)
+    return np.arange(seq_len)[None, :] > run_start[:, None]
 
 
 @dataclass(frozen=True)
@@ -208,7 +225,8 @@ class TrainLoader:
         self.samples_consumed += layout.global_batch_size
         tokens = self.rows.rows(row_ids)
         size = layout.micro_batch_size
-        return [make_batch(tokens[i:i + size], self.rows.pad_id) for i in range(0, per_rank, size)]
+        return [make_batch(tokens[i:i + size], self.rows.pad_id, self.rows.pad_is_eos)
+                for i in range(0, per_rank, size)]
 
     @property
     def epoch(self) -> float:

@@ -74,7 +74,7 @@ class Evaluator:
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)), "val_tokens": int(num_tokens)}
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
-        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id)
+        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos)
         input_ids = batch.input_ids.to(self.accelerator.device)
         labels = batch.labels.to(self.accelerator.device)
         loss_sum = next_token_loss(output_logits(module(input_ids)), labels, reduction="sum")

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from core.errors import CheckpointError, ConfigError
 from core.rundir import RunPaths
+from tokenization.train_tokenizer import check_tokenizer_fits
 from trainer.config import ModelConfig, check_tensor_parallel_dims
 from trainer.export import hf_llama_config
 from trainer.hf_model import (
@@ -196,11 +197,7 @@ def model_spec(model: ModelConfig, paths: RunPaths, vocab_size: int, seq_len: in
         raise CheckpointError(f"{paths.base_model}: missing; the recipe's model.{_source_key(model)} is copied "
                               "there by `tokenmill prepare`: run it first.")
     config = load_causal_lm_config(paths.base_model, model.trust_remote_code)
-    rows = text_config(config).vocab_size
-    if vocab_size > rows:
-        raise ConfigError(f"the shards use {vocab_size} token ids but the model's embedding has {rows} rows "
-                          f"(vocab_size in {paths.base_model}/config.json); use the model's own tokenizer (drop the "
-                          "recipe's tokenizer section) or a model whose vocab_size is at least the tokenizer's.")
+    check_tokenizer_fits(vocab_size, text_config(config).vocab_size, f"{paths.shard_index} vs {paths.base_model}")
     pretrained = model.from_pretrained is not None and initial_weights
     return HuggingFaceSpec(config, seq_len, paths.base_model if pretrained else None)
 

@@ -22,7 +22,7 @@ from core.atomic import sha256_file
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
-from tokenization.train_tokenizer import load_tokenizer, special_token_ids
+from tokenization.special_tokens import read_special_tokens
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer, list_checkpoints
 from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
@@ -85,8 +85,9 @@ def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
     Raises ShardFormatError when there is no train data, the splits disagree, or the run's tokenizer is not
     the one the shards were packed with.
     """
-    _, pad_id = special_token_ids(load_tokenizer(paths.tokenizer))
-    train_rows, val_rows = SplitRows(paths.root, "train", pad_id), SplitRows(paths.root, "val", pad_id)
+    special = read_special_tokens(paths)
+    train_rows = SplitRows(paths.root, "train", special.pad_id, pad_is_eos=special.pad_is_eos)
+    val_rows = SplitRows(paths.root, "val", special.pad_id, pad_is_eos=special.pad_is_eos)
     if train_rows.seq_len is None:
         raise ShardFormatError(f"{paths.shard_index}: no split=train shards; run `tokenmill prepare` first.")
     tokenizer_sha256 = sha256_file(paths.tokenizer)
@@ -141,10 +142,10 @@ def run_model_spec(paths: RunPaths, config: TrainerSections, train_rows: SplitRo
     resumes from its own checkpoint, never from the initial weights again (any checkpoint present either
     resumes or fails verification loudly, see :meth:`Checkpointer.load_latest`).
     """
-    eos_id, pad_id = special_token_ids(load_tokenizer(paths.tokenizer))
+    special = read_special_tokens(paths)
     initial_weights = not list_checkpoints(paths.checkpoints)
-    return model_spec(config.model, paths, train_rows.vocab_size, train_rows.seq_len, eos_id, pad_id,
-                      initial_weights=initial_weights)
+    return model_spec(config.model, paths, train_rows.vocab_size, train_rows.seq_len, special.eos_id,
+                      special.pad_id, initial_weights=initial_weights)
 
 
 def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from core.errors import ConfigError
-from flows.recipe import changed_data_keys, load_recipe, record_recipe
+from flows.recipe import changed_data_keys, load_recipe, record_recipe, tokenizer_file
 from tests.flows.conftest import write_small_recipe
 
 
@@ -47,3 +47,44 @@ def test_keys_added_by_a_later_version_are_not_a_change(tmp_path: Path) -> None:
     run_yaml.write_text(yaml.safe_dump(recorded))
     record_recipe(recipe, base, tmp_path / "run")  # no error: the default is what the old version did
     assert changed_data_keys(recipe, recipe.model_copy(update={"name": "other"})) == []
+
+
+def recipe_with(tmp_path: Path, **sections: object) -> Path:
+    """The small recipe with ``sections`` replaced (None: the section removed)."""
+    path = write_small_recipe(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    for key, value in sections.items():
+        data.pop(key) if value is None else data.update({key: value})
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_no_tokenizer_section_is_allowed_only_with_a_hugging_face_model(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tokenizer: required with the built-in model"):
+        load_recipe(recipe_with(tmp_path / "builtin", tokenizer=None))
+    for key in ("from_pretrained", "hf_config"):
+        path = recipe_with(tmp_path / key, tokenizer=None, model={key: "model"})
+        (path.parent / "model").mkdir()
+        recipe, base = load_recipe(path)
+        assert recipe.tokenizer is None and tokenizer_file(recipe, base) is None
+        record_recipe(recipe, base, tmp_path / key / "run")
+        assert yaml.safe_load((tmp_path / key / "run" / "run.yaml").read_text())["tokenizer"] is None
+        record_recipe(recipe, base, tmp_path / key / "run")  # the recorded recipe compares equal
+
+
+def test_a_missing_model_path_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model\.from_pretrained: .*nowhere does not exist"):
+        load_recipe(recipe_with(tmp_path, tokenizer=None, model={"from_pretrained": "nowhere"}))
+
+
+def test_tokenizer_vocab_size_with_from_pretrained_is_an_error_naming_both_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tokenizer\.vocab_size cannot be combined with model\.from_pretrained"):
+        load_recipe(recipe_with(tmp_path / "a", model={"from_pretrained": "model"}))
+    given = recipe_with(tmp_path / "b", model={"from_pretrained": "model"}, tokenizer={"path": "tokenizer.json"})
+    (given.parent / "tokenizer.json").write_text("{}")
+    (given.parent / "model").mkdir()
+    assert load_recipe(given)[0].tokenizer.path == "tokenizer.json"  # a tokenizer of one's own stays allowed
+    with_config = recipe_with(tmp_path / "c", model={"hf_config": "config.json"})
+    (with_config.parent / "config.json").write_text("{}")
+    trained = load_recipe(with_config)[0]
+    assert trained.tokenizer.vocab_size == 512  # hf_config has no trained embedding: a new tokenizer may be trained

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, ShardFormatError
+from core.rundir import RunPaths
 from core.shards import read_shard_index, shard_relpath, write_shard, write_shard_index
 from pipeline.query import run_query
 from pipeline.shard_stats import doc_length_histogram, format_histogram, histogram_bucket_labels, shard_stats
@@ -99,6 +100,18 @@ def test_special_ids_come_from_the_run_tokenizer(tmp_path: Path) -> None:
     real_tokens = sum(len(doc) for doc in docs) + 3
     assert row["eos_share"] == round(3 / real_tokens, 6)
     assert row["doc_tokens_max"] == max(len(doc) for doc in docs)
+
+
+def test_a_model_tokenizers_recorded_ids_win_over_the_named_tokens(tmp_path: Path) -> None:
+    # A Hugging Face model's tokenizer (eos 5, padding with EOS) has no <|endoftext|>: special_tokens.json names it.
+    paths = RunPaths(tmp_path)
+    paths.special_tokens.parent.mkdir(parents=True)
+    paths.special_tokens.write_text(json.dumps({"eos_id": 5, "pad_id": 5, "bos_id": None}))
+    paths.tokenizer.write_text(json.dumps({"added_tokens": [{"id": 5, "content": "</s>"}]}))
+    docs = [doc[doc >= 9] for doc in random_docs([20, 30, 40], 4)]
+    pack_and_write(tmp_path, "train", "lib", [docs], rows_per_shard=10, eos_id=5, pad_id=5)
+    (row,) = shard_stats(tmp_path)
+    assert row["eos_share"] == round(3 / (sum(len(doc) for doc in docs) + 3), 6)  # padding EOS not counted
 
 
 def test_errors_name_the_fix(tmp_path: Path) -> None:

@@ -136,3 +136,32 @@ def test_array_rows_and_empty_split(run_dir: Path) -> None:
     assert sorted(step_ids(batches)[:, 0].tolist()) == list(range(0, 40, 4))
     with pytest.raises(ShardFormatError, match="no train rows"):
         TrainLoader(SplitRows(run_dir, "nonexistent", PAD_ID), BatchLayout(4, 1), seed=0)
+
+
+def test_pad_is_eos_masks_only_the_trailing_padding_and_keeps_real_eos_labels() -> None:
+    eos = 5
+    tokens = np.array([[7, 8, eos, 9, eos, eos, eos, eos],  # a source's last row: real EOS at 4, then padding
+                       [eos, eos, eos, eos, eos, eos, eos, eos],  # last row holding only a document's EOS
+                       [7, eos, 9, 9, 9, 9, 9, eos],  # a full row ending in a real EOS
+                       [eos, 7, 8, 9, eos, 7, 8, 9]])
+    batch = make_batch(tokens, eos, pad_is_eos=True)
+    masked = (batch.labels == IGNORE_INDEX).numpy()
+    expected = np.zeros_like(masked)
+    expected[0, 5:] = expected[1, 1:] = True
+    assert np.array_equal(masked, expected)
+    assert torch.equal(batch.labels[~batch.labels.eq(IGNORE_INDEX)], batch.input_ids[~torch.from_numpy(expected)])
+    assert batch.num_tokens == 32 - 3 - 7
+    assert np.array_equal((make_batch(tokens, eos).labels == IGNORE_INDEX).numpy(), tokens == eos)  # the old rule
+
+
+def test_pad_is_eos_without_padding_keeps_the_no_copy_fast_path() -> None:
+    tokens = np.array([[7, 5, 9, 5], [5, 7, 8, 5]])
+    batch = make_batch(tokens, 5, pad_is_eos=True)
+    assert batch.labels.data_ptr() == batch.input_ids.data_ptr()  # labels are input_ids: no copy
+    assert batch.num_tokens == 8
+
+
+def test_loader_passes_pad_is_eos_to_its_batches() -> None:
+    tokens = np.array([[7, 8, 5, 5]] * 4)
+    batches = TrainLoader(ArrayRows(tokens, pad_id=5, pad_is_eos=True), BatchLayout(2, 2), seed=0).next_step()
+    assert [batch.num_tokens for batch in batches] == [6, 6]

@@ -145,7 +145,7 @@ def test_a_bigger_tokenizer_than_the_embedding_is_refused(tmp_path: Path, make_r
     use_hf_model(run_dir, save_tiny_model(tmp_path / "src", "llama", weights=False, vocab_size=300))
     assert main(["--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
-    assert f"{VOCAB_SIZE} token ids" in err and "300 rows" in err
+    assert f"tokenizer has {VOCAB_SIZE} ids" in err and "has only 300 rows" in err
 
 
 def test_missing_base_model_says_to_prepare(make_run_dir: MakeRunDir, capsys: pytest.CaptureFixture[str]) -> None:
