@@ -188,14 +188,16 @@ def _own_name(model: nn.Module, name: str) -> str:
 
 
 def tied_names(model: nn.Module) -> set[str]:
-    """State-dict names that share storage with an earlier one (a tied ``lm_head.weight``)."""
-    seen: dict[int, str] = {}
+    """Parameter names that are another name's very Parameter (a tied ``lm_head.weight``).
+
+    By identity, not storage address: under FSDP2 every parameter is a DTensor whose local shard may be empty.
+    """
+    first_name: dict[int, str] = {}
     tied = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        key = tensor.data_ptr()
-        if key in seen:
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first_name:
             tied.add(name)
-        seen.setdefault(key, name)
+        first_name.setdefault(id(param), name)
     return tied
 
 

@@ -33,9 +33,10 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3": {**TINY, "num_key_value_heads": 2, "head_dim": 8},
     "mistral": {**TINY, "num_key_value_heads": 2, "sliding_window": None},
     "gpt_neox": TINY,
-    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4},  # learned positions, no rotary
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
 }
-"""Tiny configs of five architectures; GQA where the architecture has it."""
+"""Tiny configs of five architectures; GQA where the architecture has it. GPT-2's config has dropout on by default
+(the model's own setting is trained as it is); off here, so 2 processes can equal 1 exactly."""
 
 
 def save_tiny_model(folder: Path, model_type: str, seed: int = 7, weights: bool = True, **overrides: Any) -> Path:
