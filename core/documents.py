@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from core.errors import RunDirError
-from core.rundir import RunPaths, finished_marker, path_inside_run
+from core.rundir import RunPaths, path_inside_run
 
 DUPLICATES_FILE = "duplicates.parquet"
 CONTAMINATED_FILE = "contaminated.parquet"
@@ -29,12 +29,12 @@ def document_part_files(paths: RunPaths) -> list[Path]:
     """Finished document parts in part order (``part-NNNNN.parquet`` whose ingest marker exists).
 
     The marker is ``stages/ingest/part-NNNNN.json`` (or, in a run dir written before ``stages/`` held every
-    marker, ``docs/part-NNNNN.json``); see :func:`core.rundir.done_summary`.
+    marker, ``docs/part-NNNNN.json``); see :meth:`core.rundir.RunPaths.done_summary`.
     """
     parts = sorted(paths.docs.glob("part-*.parquet"))
     finished = []
     for part in parts:
-        marker = finished_marker(paths, "ingest", part.stem)
+        marker = paths.finished_marker("ingest", part.stem)
         if not path_inside_run(paths.root, part) or (marker is not None and not path_inside_run(paths.root, marker)):
             raise RunDirError(f"{part}: resolves (through a symlink) outside the run dir {paths.root}; a run dir "
                               "may only point inside itself: replace the link by the file, or use a fresh run dir.")
@@ -45,7 +45,7 @@ def document_part_files(paths: RunPaths) -> list[Path]:
 
 def document_part_marker(paths: RunPaths, part: Path) -> Path:
     """The ingest marker of a finished document part (see :func:`document_part_files`)."""
-    marker = finished_marker(paths, "ingest", part.stem)
+    marker = paths.finished_marker("ingest", part.stem)
     if marker is None:
         raise RunDirError(f"{part}: no ingest marker (stages/ingest/{part.stem}.json); the part is unfinished: "
                           "re-run ingest.")

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from core.atomic import TEMP_PREFIX, atomic_path, sha256_file
+from core.atomic import TEMP_PREFIX, sha256_file
 from core.errors import ShardFormatError
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
@@ -93,7 +93,7 @@ def write_shard(run_dir: Path, relpath: str, rows: ShardRows, *, split: str, sou
         schema=schema,
     )
     target = run_dir / relpath
-    with (atomic_path(target, size_hint_bytes=batch.nbytes) as tmp,
+    with (RunPaths(run_dir).atomic_write(target, size_hint_bytes=batch.nbytes) as tmp,
           ipc.new_file(tmp, schema, options=ipc.IpcWriteOptions(compression=None)) as out):
         out.write_batch(batch)
     return ShardInfo(relpath, split, source, num_rows, int(sum(rows.num_tokens)), sha256_file(target),
@@ -163,7 +163,8 @@ def write_shard_index(run_dir: Path, infos: list[ShardInfo]) -> None:
     ordered = sorted(infos, key=lambda info: info.path)
     columns = {name: [getattr(info, name) for info in ordered] for name in SHARD_INDEX_SCHEMA.names}
     table = pa.table(columns, schema=SHARD_INDEX_SCHEMA)
-    with atomic_path(RunPaths(run_dir).shard_index) as tmp:
+    paths = RunPaths(run_dir)
+    with paths.atomic_write(paths.shard_index) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 

@@ -9,14 +9,17 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from core.errors import TokenmillError
-from core.rundir import RunLock, RunPaths
+from core.rundir import RunPaths
 from flows.server import guard_temporary_server
 from flows.settings import configure_environment
+
+if TYPE_CHECKING:
+    from flows.recipe import ResolvedRun
 
 app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language model out.\n\n"
                        "Example: tokenmill run configs/tiny.yaml && tokenmill report runs/tiny",
@@ -162,7 +165,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> N
     """
     from flows.report import write_report
 
-    typer.echo(f"wrote {write_report(run_dir)}")
+    typer.echo(f"wrote {write_report(RunPaths(run_dir))}")
 
 
 @shards_app.command("verify")
@@ -217,40 +220,40 @@ def _run_flow(flow_name: str, recipe: Path | None, run_dir: Path | None, **optio
     """What ``run``, ``prepare`` and ``train`` share: check the recipe, lock the run dir, run the flow, print it.
 
     ``flow_name`` names the function of :mod:`flows.pipeline` (imported only now: it imports Prefect), called
-    as ``flow(recipe, run_dir, **options)``.
+    as ``flow(run, **options)``.
 
-    The recipe is read once here (the lock needs its run dir); the flows read it again by path, since a
-    deployment starts them the same way. The lock is taken before Prefect starts, so a second process gets one
+    The recipe is read once, here, and the flows get the resolved run (a deployment starts them with a path
+    instead). The lock is taken before Prefect starts, so a second process gets one
     clean line, not a failed flow; the flows take it again (it nests within a process). Inside it,
     :func:`flows.server.guard_temporary_server` makes a temporary Prefect server die with this process (after
     the lock: a refused command never pays for Prefect's server import).
     """
-    recipe_path, root = _checked_recipe(recipe, run_dir)
+    run = _checked_recipe(recipe, run_dir)
     import flows.pipeline
     from flows.progress import live_progress
 
     _hide_user_error_tracebacks()
-    with RunLock(root):
+    with run.paths.lock():
         guard_temporary_server()
         with live_progress():
-            summary = getattr(flows.pipeline, flow_name)(str(recipe_path), _optional(run_dir), **options)
+            summary = getattr(flows.pipeline, flow_name)(run, **options)
         _print_summary(summary)
 
 
-def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> tuple[Path, Path]:
+def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:
     """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line.
 
-    Returns the recipe's path and the run dir it resolves to (``--run-dir``, else the recipe's, else ``runs/<name>``).
+    Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
+    ``runs/<name>``).
     """
-    from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths, resolve_run_dir
+    from flows.recipe import DEFAULT_RECIPE, manifest_paths, resolve_run
     from pipeline.manifest import load_manifest, resolve_source_path
 
-    path = recipe or DEFAULT_RECIPE
-    loaded, base = load_recipe(path)
-    for manifest_path in manifest_paths(loaded, base):
+    run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
+    for manifest_path in manifest_paths(run.recipe, run.base):
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
-    return path, resolve_run_dir(loaded, run_dir)
+    return run
 
 
 def _hide_user_error_tracebacks() -> None:

@@ -10,10 +10,10 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.rundir import RunLock, RunPaths
+from core.rundir import RunPaths
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_funnel, publish_training, publish_training_failure
-from flows.recipe import load_recipe, manifest_paths, model_source, record_recipe, resolve_run_dir, tokenizer_file
+from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.stage_processes import stage_processes
 from flows.tasks import (
     base_model_task,
@@ -33,12 +33,15 @@ SPLITS = ("train", "val")
 
 
 @flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
-def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
-    """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done)."""
-    loaded, base = load_recipe(recipe)
-    root = resolve_run_dir(loaded, run_dir)
-    paths = RunPaths(root)
-    with RunLock(root):
+def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[str, Any]:
+    """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done).
+
+    ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved.
+    """
+    run = as_resolved(recipe, run_dir)
+    loaded, base, paths = run.recipe, run.base, run.paths
+    root = paths.root
+    with paths.lock():
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
         parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
@@ -65,49 +68,56 @@ def prepare_data(recipe: str, run_dir: str | None = None) -> dict[str, Any]:
 
 
 @flow(name="train-model")
-def train_model(recipe: str, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
+def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
     """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export) in a child process group.
 
+    ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved.
     ``refresh=True`` (new data arrived) trains ``train.steps_per_refresh`` more steps from the newest
     checkpoint (past ``max_steps`` if need be, at the schedule's floor LR); otherwise to ``max_steps``.
     """
-    loaded, base = load_recipe(recipe)
-    root = resolve_run_dir(loaded, run_dir)
-    with RunLock(root):
-        _refuse_corrupt_shards(root)  # also fails with "run `tokenmill prepare` first" when there are no shards
-        record_recipe(loaded, base, root)
-        until_step = _until_step(root, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
+    run = as_resolved(recipe, run_dir)
+    loaded, paths = run.recipe, run.paths
+    with paths.lock():
+        _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
+        record_recipe(loaded, run.base, paths.root)
+        until_step = _until_step(paths, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
         try:
-            train_task(RunPaths(root), loaded.train.num_processes, until_step, deadline_s)
+            train_task(paths, loaded.train.num_processes, until_step, deadline_s)
         except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
-            _report_failed_training(root, failure)
+            _report_failed_training(paths, failure)
             raise
-        report = report_task(RunPaths(root))
-    return publish_training(root, report)
+        report = report_task(paths)
+    return publish_training(paths.root, report)
 
 
 @flow(name="data-to-model")
-def data_to_model(recipe: str, run_dir: str | None = None, dask_address: str | None = None) -> dict[str, Any]:
+def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
+                  dask_address: str | None = None) -> dict[str, Any]:
     """The whole path: prepare the data, then train and evaluate; a re-run skips what is done.
 
-    ``dask_address`` (or the recipe's ``dask_address``) runs the data tasks on that Dask cluster.
+    ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved;
+    read here once, the sub-flows get the resolved run. ``dask_address`` (or the recipe's ``dask_address``) runs
+    the data tasks on that Dask cluster.
     """
-    before = _num_indexed_shards(recipe, run_dir)
-    prepared = prepare_on(recipe, run_dir, dask_address)
+    run = as_resolved(recipe, run_dir)
+    before = _num_indexed_shards(run.paths)
+    prepared = prepare_on(run, dask_address=dask_address)
     refresh = before > 0 and prepared["num_shards"] > before
-    trained = train_model(recipe, run_dir, refresh=refresh)
+    trained = train_model(run, refresh=refresh)
     return {"prepare": prepared, "train": trained}
 
 
-def prepare_on(recipe: str, run_dir: str | None = None, dask_address: str | None = None) -> dict[str, Any]:
+def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
+               dask_address: str | None = None) -> dict[str, Any]:
     """Run ``prepare-data`` on local threads, or on a Dask scheduler (argument, else the recipe's)."""
-    address = dask_address or load_recipe(recipe)[0].dask_address
+    run = as_resolved(recipe, run_dir)
+    address = dask_address or run.recipe.dask_address
     if address is None:
-        return prepare_data(recipe, run_dir)
+        return prepare_data(run)
     from prefect_dask import DaskTaskRunner
 
-    return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(recipe, run_dir)
+    return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
 
 
 def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
@@ -116,47 +126,46 @@ def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
     return [split for split, _ in pairs], [name for _, name in pairs]
 
 
-def _report_failed_training(root: Path, failure: Exception) -> None:
+def _report_failed_training(paths: RunPaths, failure: Exception) -> None:
     """Write the report after a failed training run; never raises, so the flow fails with the training error."""
     try:
-        publish_training_failure(root, report_task(RunPaths(root)), failure)
+        publish_training_failure(paths.root, report_task(paths), failure)
     except Exception:
         get_run_logger().exception("Could not write the report of the failed training run in %s; the training "
-                                   "error follows", root)
+                                   "error follows", paths.root)
 
 
-def _refuse_corrupt_shards(root: Path) -> None:
+def _refuse_corrupt_shards(paths: RunPaths) -> None:
     """Raise ShardFormatError naming the first shard that does not match the index (sha256, schema, ids < vocab).
 
     The trainer memory-maps shards without checking them, so a flipped byte would train silently. This reads
     every shard once per training launch, about what one epoch reads.
     """
-    faults = verify_shards(root)
+    faults = verify_shards(paths.root)
     if faults:
         more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
-        raise ShardFormatError(f"{RunPaths(root).shards}: {faults[0]}{more}; training refuses corrupt shards: see "
-                               f"`tokenmill shards verify {root}`, then re-run `tokenmill prepare` in a fresh run dir.")
+        raise ShardFormatError(f"{paths.shards}: {faults[0]}{more}; training refuses corrupt shards: see "
+                               f"`tokenmill shards verify {paths.root}`, then re-run `tokenmill prepare` in a fresh "
+                               "run dir.")
 
 
-def _until_step(root: Path, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
-    current = _latest_checkpoint_step(root)
+def _until_step(paths: RunPaths, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
+    current = _latest_checkpoint_step(paths)
     if refresh and steps_per_refresh is not None and current is not None:
         return current + steps_per_refresh
     return max_steps
 
 
-def _latest_checkpoint_step(root: Path) -> int | None:
+def _latest_checkpoint_step(paths: RunPaths) -> int | None:
     """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
     from trainer.checkpoint import MANIFEST_NAME, list_checkpoints  # here: it imports accelerate, slow for the CLI
 
-    steps = [step for step, folder in list_checkpoints(RunPaths(root).checkpoints)
+    steps = [step for step, folder in list_checkpoints(paths.checkpoints)
              if (folder / MANIFEST_NAME).is_file()]
     return max(steps, default=None)
 
 
-def _num_indexed_shards(recipe: str, run_dir: str | None) -> int:
-    loaded, _ = load_recipe(recipe)
-    paths = RunPaths(resolve_run_dir(loaded, run_dir))
+def _num_indexed_shards(paths: RunPaths) -> int:
     return len(read_shard_index(paths.root)) if paths.shard_index.is_file() else 0
 
 

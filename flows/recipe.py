@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError
+from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
 from tokenization.config import PackConfig, TokenizerConfig
@@ -99,6 +101,39 @@ def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
     """The run dir: the CLI/flow argument, else the recipe's ``run_dir``, else ``runs/<name>``."""
     chosen = run_dir or recipe.run_dir or f"runs/{recipe.name}"
     return Path(chosen).resolve()
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A recipe read and validated once, with the run dir it resolves to: what an entry hands its flows down.
+
+    The flows take it in place of a recipe path, so one ``tokenmill run`` reads the recipe once; a deployment
+    still starts them with a path (see :func:`as_resolved`).
+    """
+
+    recipe: RunRecipe
+    base: Path
+    """The recipe's folder (absolute): relative manifest and tokenizer paths are taken from it."""
+    paths: RunPaths
+
+
+def resolve_run(recipe_path: str | Path, run_dir: str | Path | None = None) -> ResolvedRun:
+    """Read the recipe at ``recipe_path``; its run dir is ``run_dir``, else the recipe's, else ``runs/<name>``."""
+    recipe, base = load_recipe(recipe_path)
+    return ResolvedRun(recipe, base, RunPaths(resolve_run_dir(recipe, run_dir)))
+
+
+def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = None) -> ResolvedRun:
+    """A flow's run: ``recipe`` as it is when its caller already resolved it, else read from its path.
+
+    ``run_dir`` goes with a recipe path only (a resolved run has its run dir); both is a caller's mistake.
+    """
+    if not isinstance(recipe, ResolvedRun):
+        return resolve_run(recipe, run_dir)
+    if run_dir is not None:
+        raise ValueError(f"run_dir={run_dir!r} given with an already resolved run ({recipe.paths.root}); "
+                         "pass it to resolve_run instead.")
+    return recipe
 
 
 def recipe_to_yaml(recipe: RunRecipe) -> str:
@@ -197,10 +232,8 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     in a source folder are the refresh's business, not a change. To start over, the user deletes the run dir
     (or its ``run.yaml``), as the error says.
     """
-    from core.atomic import write_text_atomic
-    from core.rundir import CODE_VERSION, RunPaths
-
-    path = RunPaths(run_dir).recipe
+    paths = RunPaths(run_dir)
+    path = paths.recipe
     loaded = load_manifests(recipe, base)
     manifests = [portable_manifest(manifest) for manifest in loaded]
     if path.is_file():
@@ -213,4 +246,4 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     recorded = yaml.safe_dump({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]},
                               sort_keys=False)
     mixture = yaml.safe_dump({"mixture": _mixture(loaded)}, sort_keys=True)
-    write_text_atomic(path, recipe_to_yaml(recipe) + recorded + mixture + f"code_version: {CODE_VERSION}\n")
+    paths.write_text(path, recipe_to_yaml(recipe) + recorded + mixture + f"code_version: {CODE_VERSION}\n")

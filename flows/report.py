@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.atomic import write_bytes_atomic, write_text_atomic
 from core.rundir import RunPaths
 from pipeline.filters import REJECT_REASONS
 from pipeline.query import connect, data_funnel, rejects_by_reason
@@ -62,17 +61,15 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
         con.close()
 
 
-def write_report(run_dir: str | Path) -> Path:
+def write_report(paths: RunPaths) -> Path:
     """Render every plot and write ``report/index.html``; returns its path."""
-    run_dir = Path(run_dir)
-    data = collect_report_data(run_dir)
+    data = collect_report_data(paths.root)
     images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
-    report_dir = RunPaths(run_dir).report
     for name, png in images.items():
-        write_bytes_atomic(report_dir / f"{name}.png", png)
-    write_text_atomic(report_dir / "report.md", _markdown(run_dir, data))
-    index = report_dir / "index.html"
-    write_text_atomic(index, _html(run_dir, data, images))
+        paths.write_bytes(paths.report / f"{name}.png", png)
+    paths.write_text(paths.report / "report.md", _markdown(paths.root, data))
+    index = paths.report / "index.html"
+    paths.write_text(index, _html(paths.root, data, images))
     return index
 
 

@@ -109,4 +109,4 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
 @task(name="report")
 @shows_bar("report")
 def report_task(paths: RunPaths) -> str:
-    return str(write_report(paths.root))
+    return str(write_report(paths))

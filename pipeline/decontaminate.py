@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.atomic import atomic_path, read_json, write_json_atomic
+from core.atomic import read_json
 from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, doc_id_for
 from core.errors import ConfigError
-from core.rundir import RunPaths, clear_stage_done, done_summary, fingerprint, mark_stage_done
+from core.rundir import RunPaths, fingerprint
 from core.schemas import REJECTS_SCHEMA
 from pipeline import minhash
 from pipeline.config import DecontaminateConfig
@@ -87,7 +87,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     output = paths.rejects / CONTAMINATED_FILE
     if not config.enabled:
         output.unlink(missing_ok=True)
-        clear_stage_done(paths, "decontaminate")
+        paths.clear_done("decontaminate")
         return {"enabled": False, "num_train_checked": 0, "num_contaminated": 0, "num_reference_ngrams": 0,
                 "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}}
     eval_files = _eval_paths(config, base_dir)
@@ -96,7 +96,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                            [(path.name, _file_digest(path)) for path in eval_files])
     run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
                                   _file_digest(paths.dedupe / DUPLICATES_FILE))
-    done = done_summary(paths, "decontaminate", run_fingerprint)
+    done = paths.done_summary("decontaminate", run_fingerprint)
     if done is not None and output.is_file():
         return done
     state_path = paths.dedupe / STATE_FILE
@@ -115,10 +115,10 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
         earlier_train = [part for part in parts if part.part_id in locked]
         chosen |= val_quoting_earlier_train(new_parts, earlier_train, removed, not_trained, config)
     rows = carried + _reject_rows(parts, chosen, config.ngram)
-    summary = _write_rejects(output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
-    write_json_atomic(state_path, {"settings": settings,
-                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
-    mark_stage_done(paths, "decontaminate", run_fingerprint, summary)
+    summary = _write_rejects(paths, output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
+    paths.write_json(state_path, {"settings": settings,
+                                  "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    paths.mark_done("decontaminate", run_fingerprint, summary)
     return summary
 
 
@@ -303,10 +303,10 @@ def _carried_rows(output: Path, parts: list[DocsPart], locked: set[int]) -> list
     return [row for row, keep in zip(previous, carried, strict=True) if keep]
 
 
-def _write_rejects(output: Path, rows: list[dict[str, Any]], num_checked: int, num_ngrams: int,
+def _write_rejects(paths: RunPaths, output: Path, rows: list[dict[str, Any]], num_checked: int, num_ngrams: int,
                    num_boilerplate: int) -> dict[str, Any]:
     rows.sort(key=lambda row: (row["source"], row["uri"]))
-    with atomic_path(output) as tmp:
+    with paths.atomic_write(output) as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=REJECTS_SCHEMA), tmp, compression="zstd")
     by_reference = {"val": sum(" val doc_id " in row["detail"] for row in rows),
                     "eval": sum(" eval file " in row["detail"] for row in rows),

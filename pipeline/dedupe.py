@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.atomic import atomic_path, read_json, write_json_atomic
+from core.atomic import read_json
 from core.documents import DUPLICATES_FILE, document_part_files, document_part_marker
-from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
+from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 from pipeline import minhash
 from pipeline.config import DedupeConfig
@@ -71,7 +71,7 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
     """
     parts = finished_parts(paths)
     stage_fingerprint = dedupe_fingerprint(parts, config)
-    done = done_summary(paths, "dedupe", stage_fingerprint)
+    done = paths.done_summary("dedupe", stage_fingerprint)
     if done is not None and (paths.dedupe / DUPLICATES_FILE).is_file():
         return done
     state_path = paths.dedupe / STATE_FILE
@@ -80,8 +80,8 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
     locked = locked_documents(catalog, part_ids, parts, state, paths)
     decisions = decide(catalog, part_ids, locked, parts, paths, config)
     summary = write_outputs(catalog, decisions, paths)
-    write_json_atomic(state_path, {"parts": {str(part.part_id): part.fingerprint for part in parts}})
-    mark_stage_done(paths, "dedupe", stage_fingerprint, summary)
+    paths.write_json(state_path, {"parts": {str(part.part_id): part.fingerprint for part in parts}})
+    paths.mark_done("dedupe", stage_fingerprint, summary)
     return summary
 
 
@@ -196,7 +196,7 @@ def write_outputs(catalog: pa.Table, decisions: Decisions, paths: RunPaths) -> d
         },
         schema=DUPLICATES_SCHEMA,
     )
-    with atomic_path(paths.dedupe / DUPLICATES_FILE) as tmp:
+    with paths.atomic_write(paths.dedupe / DUPLICATES_FILE) as tmp:
         pq.write_table(duplicates.sort_by("doc_id"), tmp, compression="zstd")
     write_clusters(catalog, decisions, doc_ids, paths)
     num_exact = int(np.count_nonzero(decisions.kind == "exact"))
@@ -219,6 +219,6 @@ def write_clusters(catalog: pa.Table, decisions: Decisions, doc_ids: np.ndarray,
         },
         schema=CLUSTERS_SCHEMA,
     )
-    with atomic_path(paths.dedupe / CLUSTERS_FILE) as tmp:
+    with paths.atomic_write(paths.dedupe / CLUSTERS_FILE) as tmp:
         pq.write_table(clusters.sort_by([("cluster_id", "ascending"), ("doc_id", "ascending")]), tmp,
                        compression="zstd")

@@ -23,18 +23,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import atomic_path, read_json, write_json_atomic
+from core.atomic import read_json
 from core.documents import doc_id_for
 from core.errors import ManifestError
-from core.rundir import (
-    RunPaths,
-    done_summary,
-    fingerprint,
-    finished_marker,
-    mark_stage_done,
-    migrate_legacy_marker,
-    stage_marker,
-)
+from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
@@ -87,7 +79,7 @@ class SourceFile:
 
 def part_marker(paths: RunPaths, part_id: int) -> Path:
     """``stages/ingest/part-NNNNN.json``: written last, so its presence means the part is complete."""
-    return stage_marker(paths, "ingest", part_unit(part_id))
+    return paths.marker("ingest", part_unit(part_id))
 
 
 def part_unit(part_id: int) -> str:
@@ -101,7 +93,7 @@ def part_finished(paths: RunPaths, part_id: int) -> bool:
     The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
     """
     documents = paths.docs / part_file_name(part_id)
-    return documents.is_file() and finished_marker(paths, "ingest", part_unit(part_id)) is not None
+    return documents.is_file() and paths.finished_marker("ingest", part_unit(part_id)) is not None
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -314,9 +306,9 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
     for name, (manifest_path, source) in sorted(sources.items()):
         _plan_source(plan, name, list_source_files(source, manifest_path, paths.root), part_size_bytes, paths)
     if repr(plan) != before:
-        write_json_atomic(plan_path, plan)
+        paths.write_json(plan_path, plan)
     for part in plan["parts"]:  # a run dir of before stages/ held every marker: move its part markers there
-        migrate_legacy_marker(paths, "ingest", part_unit(part["part_id"]))
+        paths.migrate_marker("ingest", part_unit(part["part_id"]))
     return [
         IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
                    sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
@@ -373,7 +365,7 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
     part_fingerprint = fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(),
                                    val_fraction)
-    done = done_summary(paths, "ingest", part_fingerprint, part_unit(part.part_id))
+    done = paths.done_summary("ingest", part_fingerprint, part_unit(part.part_id))
     if done is not None and (paths.docs / part_file_name(part.part_id)).is_file():
         return done
     root = source_root(source, manifest_path)
@@ -382,7 +374,7 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
                               signatures)
         signatures.write()
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
-    mark_stage_done(paths, "ingest", part_fingerprint, summary, part_unit(part.part_id), part=record)
+    paths.mark_done("ingest", part_fingerprint, summary, part_unit(part.part_id), part=record)
     return summary
 
 
@@ -402,7 +394,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
-    with atomic_path(paths.docs / name) as docs_tmp, atomic_path(paths.rejects / name) as rejects_tmp:
+    with paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp:
         docs = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add)
         rejects = _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         sizes = {rel: _file_size(root / rel, root) for rel in part.files}
@@ -490,6 +482,7 @@ class SignatureCollector:
 
     def __init__(self, paths: RunPaths, part_id: int, part_fingerprint: str, near: NearDedupeConfig | None) -> None:
         self._near = near if near is not None and near.enabled else None
+        self._paths = paths
         self._open = contextlib.ExitStack()
         self._blocks: SignatureBlocks | None = None
         if self._near is None and not paths.dedupe.is_dir():
@@ -524,7 +517,8 @@ class SignatureCollector:
     def _cache_blocks(self) -> SignatureBlocks:
         if self._blocks is None:
             self._blocks = self._open.enter_context(
-                self._near_dedupe.signature_cache_writer(self._caches[0], self._metadata, self._near.num_perm))
+                self._near_dedupe.signature_cache_writer(self._paths, self._caches[0], self._metadata,
+                                                         self._near.num_perm))
         return self._blocks
 
 

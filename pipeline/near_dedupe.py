@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import atomic_path
 from core.rundir import RunPaths
 from pipeline import kernels, minhash
 from pipeline.config import DedupeConfig, NearDedupeConfig
@@ -207,14 +206,15 @@ class SignatureBlocks:
 
 
 @contextlib.contextmanager
-def signature_cache_writer(cache: Path, metadata: dict[str, str], num_perm: int) -> Iterator[SignatureBlocks]:
+def signature_cache_writer(paths: RunPaths, cache: Path, metadata: dict[str, str],
+                           num_perm: int) -> Iterator[SignatureBlocks]:
     """Write a signature cache block by block, atomically: renamed over ``cache`` on success, removed on error.
 
     One fixed-size-list column tagged with ``metadata``, uncompressed and without dictionary pages:
     signatures are uniformly random bits (zstd spent ~0.4 s per 100 MB of them for nothing).
     """
     schema = _signature_table(np.empty((0, num_perm), dtype=np.uint32)).schema.with_metadata(metadata)
-    with (atomic_path(cache) as tmp,
+    with (paths.atomic_write(cache) as tmp,
           pq.ParquetWriter(tmp, schema, compression="none", use_dictionary=False) as writer):
         blocks = SignatureBlocks(writer, num_perm)
         yield blocks
@@ -233,7 +233,8 @@ def signature_cache(part: DocsPart, paths: RunPaths, near: NearDedupeConfig) -> 
     cache, _ = near_cache_files(paths, part.path.name)
     metadata = signature_cache_metadata(part.fingerprint, near)
     if not _cache_is_valid(cache, metadata):
-        with pq.ParquetFile(part.path) as documents, signature_cache_writer(cache, metadata, near.num_perm) as blocks:
+        with (pq.ParquetFile(part.path) as documents,
+              signature_cache_writer(paths, cache, metadata, near.num_perm) as blocks):
             for batch in documents.iter_batches(batch_size=SIGNATURE_BATCH_ROWS, columns=["text"]):
                 blocks.add_texts(batch.column("text"), near)
     return pq.ParquetFile(cache)
@@ -265,7 +266,7 @@ def part_band_keys(part: DocsPart, paths: RunPaths, config: DedupeConfig, bands:
     if _cache_is_valid(cache, metadata):
         return cache
     schema = pa.schema([("row", pa.int32()), ("band", pa.int16()), ("key", pa.uint64())], metadata=metadata)
-    with (signature_cache(part, paths, config.near) as signatures, atomic_path(cache) as tmp,
+    with (signature_cache(part, paths, config.near) as signatures, paths.atomic_write(cache) as tmp,
           pq.ParquetWriter(tmp, schema, compression="zstd") as writer):
         start = 0
         for group in range(signatures.num_row_groups):

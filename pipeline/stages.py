@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.documents import DUPLICATES_FILE
-from core.rundir import RunPaths, done_summary
+from core.rundir import RunPaths
 from pipeline.config import DedupeConfig
 from pipeline.dedupe import dedupe_documents, dedupe_fingerprint, finished_parts
 
@@ -16,6 +16,6 @@ def dedupe_stage(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
     One fingerprint decides (:func:`pipeline.dedupe.dedupe_fingerprint`, recorded in ``stages/dedupe.json``);
     the summary says whether the work was ``skipped``.
     """
-    done = done_summary(paths, "dedupe", dedupe_fingerprint(finished_parts(paths), config))
+    done = paths.done_summary("dedupe", dedupe_fingerprint(finished_parts(paths), config))
     skipped = done is not None and (paths.dedupe / DUPLICATES_FILE).is_file()
     return {**dedupe_documents(paths, config), "skipped": skipped}

@@ -1,7 +1,10 @@
-"""Only ``core/rundir.py`` names a run's files: every other module asks :class:`core.rundir.RunPaths`.
+"""Only ``core/rundir.py`` names a run's files, and only ``core/`` writes them by hand: every other module asks
+:class:`core.rundir.RunPaths` for a path and writes through it (``paths.write_json``, ``paths.atomic_write``,
+``paths.mark_done``, ``paths.lock()``, …).
 
 Read with ``ast``, so docstrings and error messages that mention ``checkpoints/`` are fine, while a path built
-by hand (``run_dir / "shards"``, ``Path("metrics") / …``, ``RunPaths(Path(run_dir))`` rebuilt from a string) fails.
+by hand (``run_dir / "shards"``, ``Path("metrics") / …``, ``RunPaths(Path(run_dir))`` rebuilt from a string) fails,
+and so does a call of the atomic-write helpers or of ``RunLock`` outside ``core/``.
 """
 
 from __future__ import annotations
@@ -59,3 +62,56 @@ def test_no_module_builds_a_run_dir_path_by_hand(package: str) -> None:
                  for path in sorted((REPO / package).rglob("*.py")) if path != LAYOUT_OWNER
                  for line, code in hand_built_paths(path.read_text(encoding="utf-8"))]
     assert not offenders, "ask core.rundir.RunPaths for these (add a property there):\n" + "\n".join(offenders)
+
+
+WRITE_HELPERS = {"atomic_path", "write_bytes_atomic", "write_text_atomic", "write_json_atomic", "remove_stale_temps",
+                 "RunLock"}
+"""core.atomic's writers and core.runlock's lock: RunPaths's methods call them; nothing outside core/ does."""
+NOT_YET_THROUGH_RUN_PATHS = {
+    "trainer/checkpoint.py": "Checkpointer gets checkpoints/ as a folder from trainer/train.py (#19 item 2, open)",
+    "trainer/tensor_parallel_checkpoint.py": "writes into the Checkpointer's staging folder (same change)",
+    "trainer/metrics.py": "MetricsSink gets metrics/ as a folder from trainer/train.py (same change)",
+    "trainer/telemetry.py": "device_peak gets its cache file from trainer/train.py (same change)",
+    "trainer/callbacks.py": "ProfilerCallback gets metrics/profile/ from trainer/train.py (same change)",
+    "trainer/export.py": "exports into the run's model/ and into a user-given --output folder (same change)",
+}
+"""Modules still writing run-dir files by hand, each with why; the list may only shrink (a test checks each entry)."""
+
+
+HELPER_MODULES = {"atomic", "core.atomic", "runlock", "core.runlock"}
+
+
+def _calls_a_write_helper(node: ast.AST) -> bool:
+    """``write_json_atomic(…)`` or ``atomic.write_json_atomic(…)``; ``paths.remove_stale_temps(…)`` is RunPaths's."""
+    if not isinstance(node, ast.Call) or _call_name(node) not in WRITE_HELPERS:
+        return False
+    return isinstance(node.func, ast.Name) or ast.unparse(node.func.value) in HELPER_MODULES
+
+
+def direct_writes(source: str) -> list[tuple[int, str]]:
+    """(line, code) of every call of an atomic-write helper or of RunLock in ``source``."""
+    return sorted((node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source))
+                  if _calls_a_write_helper(node))
+
+
+def test_the_write_check_finds_each_helper_call() -> None:
+    code = ('write_json_atomic(paths.stages / "x.json", {})\nwith atomic_path(target) as tmp:\n    pass\n'
+            'atomic.write_text_atomic(p, "t")\nRunLock(root)\npaths.write_json(p, {})\npaths.lock()\n'
+            'paths.remove_stale_temps(folder)\nremove_stale_temps(folder)\n')
+    assert [line for line, _ in direct_writes(code)] == [1, 2, 4, 5, 9]
+
+
+@pytest.mark.parametrize("package", [package for package in PACKAGES if package != "core"])
+def test_no_module_outside_core_writes_run_dir_files_by_hand(package: str) -> None:
+    offenders = [f"{relative}:{line}: {code}"
+                 for path in sorted((REPO / package).rglob("*.py"))
+                 if (relative := path.relative_to(REPO).as_posix()) not in NOT_YET_THROUGH_RUN_PATHS
+                 for line, code in direct_writes(path.read_text(encoding="utf-8"))]
+    assert not offenders, "write through core.rundir.RunPaths (paths.write_json, paths.atomic_write, " \
+                          "paths.mark_done, paths.lock(), …):\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize("module", sorted(NOT_YET_THROUGH_RUN_PATHS))
+def test_each_module_allowed_to_write_by_hand_still_does(module: str) -> None:
+    assert direct_writes((REPO / module).read_text(encoding="utf-8")), f"{module} writes through RunPaths now: " \
+        "remove it from NOT_YET_THROUGH_RUN_PATHS"

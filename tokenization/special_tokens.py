@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from core.atomic import read_json, write_json_atomic
+from core.atomic import read_json
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from tokenization.config import SPECIAL_TOKENS
@@ -98,7 +98,7 @@ def model_special_tokens(folder: Path, tokenizer: Tokenizer) -> SpecialTokens:
 
 def write_special_tokens(paths: RunPaths, special: SpecialTokens) -> None:
     """Record the run's special ids in ``tokenizer/special_tokens.json`` (atomically)."""
-    write_json_atomic(paths.special_tokens, asdict(special))
+    paths.write_json(paths.special_tokens, asdict(special))
 
 
 def read_special_tokens(paths: RunPaths) -> SpecialTokens:

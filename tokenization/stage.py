@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.atomic import read_json, remove_stale_temps, sha256_file, write_json_atomic
+from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, iter_documents
 from core.errors import ConfigError, StageMismatchError
-from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
+from core.rundir import RunPaths, fingerprint
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
@@ -48,13 +48,13 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     parts = document_part_files(paths)
     unit, stage_fingerprint = pack_unit(split, source), fingerprint("pack", STATE_VERSION, tokenizer_sha256,
                                                                     config.seq_len, [part.name for part in parts])
-    if (folder / STATE_FILE).is_file() and done_summary(paths, "pack", stage_fingerprint, unit) == _pack_summary(state):
+    if (folder / STATE_FILE).is_file() and paths.done_summary("pack", stage_fingerprint, unit) == _pack_summary(state):
         return infos  # the summary check: a marker never vouches for shards deleted since (to re-pack)
     new_parts = [part for part in parts if part.name not in state["packed_parts"]]
     if not new_parts:  # packed by a version that kept no marker under stages/: record it now
-        mark_stage_done(paths, "pack", stage_fingerprint, _pack_summary(state), unit)
+        paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)
         return infos
-    remove_stale_temps(folder)
+    paths.remove_stale_temps(folder)
     _remove_unrecorded_shards(folder, state["next_part"])
     writer = _ShardWriter(paths, split, source, tokenizer_sha256, state["next_part"])
     num_documents = _pack_parts(paths, split, source, config, new_parts, writer, on_progress)
@@ -66,8 +66,8 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         next_part=writer.next_part, num_documents=state["num_documents"] + num_documents,
         shards=[dataclasses.asdict(info) for info in infos],
     )
-    write_json_atomic(folder / STATE_FILE, state)  # the shards above are now committed
-    mark_stage_done(paths, "pack", stage_fingerprint, _pack_summary(state), unit)  # last
+    paths.write_json(folder / STATE_FILE, state)  # the shards above are now committed
+    paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)  # last
     return infos
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from core.atomic import read_json, sha256_file, write_bytes_atomic, write_text_atomic
+from core.atomic import read_json, sha256_file
 from core.documents import iter_documents
 from core.errors import ConfigError
-from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
+from core.rundir import RunPaths, fingerprint
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
 from tokenization.special_tokens import (
@@ -99,7 +99,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig | None, given_pat
     if model_folder is not None:
         _check_fits_model(summary["vocab_size"], Path(model_folder))
     if done is None:
-        mark_stage_done(paths, "tokenizer", stage_fingerprint, summary)
+        paths.mark_done("tokenizer", stage_fingerprint, summary)
     return summary
 
 
@@ -141,7 +141,7 @@ def _recorded_summary(paths: RunPaths, stage_fingerprint: str, needs_special_tok
     """The recorded summary when the tokenizer on disk was made with this fingerprint and is intact."""
     if not paths.tokenizer.is_file() or (needs_special_tokens and not paths.special_tokens.is_file()):
         return None
-    summary = done_summary(paths, "tokenizer", stage_fingerprint)
+    summary = paths.done_summary("tokenizer", stage_fingerprint)
     if summary is None or summary.get("tokenizer_sha256") != sha256_file(paths.tokenizer):
         return None
     return summary
@@ -153,7 +153,7 @@ def _copy_given(paths: RunPaths, given_path: Path) -> dict[str, Any]:
         special_token_ids(tokenizer)
     except ConfigError as err:
         raise ConfigError(f"{given_path}: {err}") from None
-    write_bytes_atomic(paths.tokenizer, given_path.read_bytes())  # byte copy: same sha256 as the user's file
+    paths.write_bytes(paths.tokenizer, given_path.read_bytes())  # byte copy: same sha256 as the user's file
     return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
             "trained": False, "sample_bytes": 0}
 
@@ -173,7 +173,7 @@ def _copy_model_tokenizer(paths: RunPaths, folder: Path) -> dict[str, Any]:
         warnings.warn(f"{folder}: the model's tokenizer has no pad token; padding uses its EOS id {special.eos_id} "
                       "and those padding labels are masked (each document's own EOS is still learned).", stacklevel=3)
     write_special_tokens(paths, special)
-    write_bytes_atomic(paths.tokenizer, source.read_bytes())  # byte copy: same sha256 as the model's file
+    paths.write_bytes(paths.tokenizer, source.read_bytes())  # byte copy: same sha256 as the model's file
     return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
             "trained": False, "sample_bytes": 0}
 
@@ -200,7 +200,7 @@ def _train_from_documents(paths: RunPaths, config: TokenizerConfig,
         )
     tokenizer = train_tokenizer(sample, config.vocab_size, config.min_frequency,
                                 _fed_of(sample_bytes, on_progress) if on_progress else None)
-    write_text_atomic(paths.tokenizer, tokenizer.to_str(pretty=True))
+    paths.write_text(paths.tokenizer, tokenizer.to_str(pretty=True))
     return {"tokenizer_sha256": sha256_file(paths.tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer),
             "trained": True, "sample_bytes": sample_bytes}
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from core.atomic import TEMP_PREFIX, sha256_file
 from core.errors import ConfigError
-from core.rundir import RunPaths, done_summary, fingerprint, mark_stage_done
+from core.rundir import RunPaths, fingerprint
 from trainer.checkpoint import replace_dir
 from trainer.config import ModelConfig
 from trainer.hf_model import (
@@ -45,7 +45,7 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     config = load_causal_lm_config(source, model.trust_remote_code)
     files = source_files(source, model)
     stage_fingerprint = fingerprint(STAGE, model.model_dump(mode="json"), _file_stats(files))
-    done = done_summary(paths, STAGE, stage_fingerprint)
+    done = paths.done_summary(STAGE, stage_fingerprint)
     if done is not None and paths.base_model.is_dir():
         return done
     if model.from_pretrained is not None:
@@ -53,7 +53,7 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     _link_folder(files, paths.base_model)
     summary = {"model_type": config.model_type, "files": sorted(files),
                "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
-    mark_stage_done(paths, STAGE, stage_fingerprint, summary)
+    paths.mark_done(STAGE, stage_fingerprint, summary)
     return summary
 
 

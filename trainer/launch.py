@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from core.rundir import RunLock
+from core.rundir import RunPaths
 
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
@@ -70,7 +70,7 @@ def run_dir_lock(run_dir: Path) -> contextlib.AbstractContextManager[object]:
     if int(os.environ.get("RANK", "0")) != 0:
         return contextlib.nullcontext()
     parent = os.environ.get(PARENT_PID_ENV)
-    return RunLock(run_dir, launched_by=int(parent) if parent and parent.isdigit() else None)
+    return RunPaths(run_dir).lock(launched_by=int(parent) if parent and parent.isdigit() else None)
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from core.atomic import TEMP_PREFIX
-from core.rundir import RunLock, RunPaths
+from core.rundir import RunPaths
 from core.shards import ShardInfo
 from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
 from pipeline.ingest import ingest_part, plan_ingest
@@ -125,7 +125,7 @@ def run_data_stages(recipe: Path, run_dir: Path) -> list[ShardInfo]:
     """What the prepare-data flow does, stage by stage without Prefect: run.yaml, ingest, dedupe, tokenizer, pack."""
     loaded, base = load_recipe(recipe)
     paths = RunPaths(run_dir)
-    with RunLock(run_dir):
+    with paths.lock():
         record_recipe(loaded, base, run_dir)
         manifests = manifest_paths(loaded, base)
         for part in plan_ingest(manifests, paths, loaded.data.part_size_bytes):

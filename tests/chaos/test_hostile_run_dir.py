@@ -318,7 +318,7 @@ def test_hostile_source_and_reason_names_are_text_in_the_report(run_dir: Path) -
     pq.write_table(pa.table({"source": [source], "source_id": [None], "uri": ["h.jsonl:2"], "reason": [reason],
                              "detail": ["d"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
                    run_dir / "rejects/part-00000.parquet")
-    index = write_report(run_dir)  # before the fix: matplotlib parsed the name as a formula and raised
+    index = write_report(RunPaths(run_dir))  # before the fix: matplotlib parsed the name as a formula and raised
     markdown = (index.parent / "report.md").read_text()
     assert "<img" not in markdown and "[click](" not in markdown and "|`x`" not in markdown
     assert "&lt;img src=x onerror=alert(1)&gt;" in markdown and "\\[click\\](javascript:alert(1))\\|\\`x\\`" in markdown

@@ -221,8 +221,8 @@ def test_flow_launched_two_rank_training_shares_the_flows_lock(tmp_path: Path, c
 SHARE_PROBE = """
 import sys
 from core.errors import RunLockedError
-from core.rundir import RunLock
-lock = RunLock(sys.argv[1], launched_by=int(sys.argv[2]))
+from core.rundir import RunPaths
+lock = RunPaths(sys.argv[1]).lock(launched_by=int(sys.argv[2]))
 try:
     lock.acquire()
 except RunLockedError as err:
@@ -234,8 +234,8 @@ else:
 
 HOLD = """
 import sys, time
-from core.rundir import RunLock
-RunLock(sys.argv[1]).acquire()
+from core.rundir import RunPaths
+RunPaths(sys.argv[1]).lock().acquire()
 print("holding", flush=True)
 time.sleep(120)
 """
@@ -250,10 +250,10 @@ def probe_lock(run_dir: Path, launched_by: int, via_shell: bool = False) -> str:
 
 
 def test_a_launched_process_shares_its_launchers_lock_and_nobody_elses(tmp_path: Path) -> None:
-    from core.rundir import RunLock
+    from core.rundir import RunPaths
 
     run_dir = tmp_path / "run"
-    with RunLock(run_dir):
+    with RunPaths(run_dir).lock():
         assert probe_lock(run_dir, os.getpid()) == "shared"
         assert probe_lock(run_dir, os.getpid(), via_shell=True) == "shared"  # a grandchild too
         assert probe_lock(run_dir, os.getppid()).startswith("refused: ")  # an ancestor, but not the holder

@@ -1,9 +1,11 @@
-"""core.rundir: the run-dir lock (second process refused, stale lock taken over) and stage markers."""
+"""core.rundir and core.runlock: the run-dir lock (second process refused, stale lock taken over), stage markers,
+writes only inside the run dir."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -15,21 +17,9 @@ import pytest
 
 from core.atomic import read_json, write_json_atomic
 from core.errors import RunLockedError
-from core.rundir import (
-    RunLock,
-    RunPaths,
-    clear_stage_done,
-    done_summary,
-    fingerprint,
-    finished_marker,
-    mark_stage_done,
-    migrate_legacy_marker,
-    stage_done,
-    stage_marker,
-    stage_summary,
-)
+from core.rundir import RunPaths, fingerprint
 
-HOLD_LOCK = "import sys, time; from core.rundir import RunLock; RunLock(sys.argv[1]).acquire(); " \
+HOLD_LOCK = "import sys, time; from core.rundir import RunPaths; RunPaths(sys.argv[1]).lock().acquire(); " \
             "print('locked', flush=True); time.sleep(600)"
 
 
@@ -42,7 +32,7 @@ def hold_lock_in_child(run_dir: Path) -> subprocess.Popen[str]:
 def test_second_process_is_refused_with_the_holders_pid_and_host(tmp_path: Path) -> None:
     child = hold_lock_in_child(tmp_path)
     try:
-        with pytest.raises(RunLockedError) as refused, RunLock(tmp_path):
+        with pytest.raises(RunLockedError) as refused, RunPaths(tmp_path).lock():
             pass
         assert f"pid {child.pid}" in str(refused.value)
         assert socket.gethostname() in str(refused.value)
@@ -60,7 +50,7 @@ def test_a_process_refused_while_the_holder_writes_its_line_still_names_the_hold
     writer = threading.Timer(0.3, os.pwrite, (holder_fd, b"pid 4242 on host elsewhere\n", 0))
     writer.start()
     try:
-        with pytest.raises(RunLockedError, match="in use by pid 4242 on host elsewhere"), RunLock(tmp_path):
+        with pytest.raises(RunLockedError, match="in use by pid 4242 on host elsewhere"), RunPaths(tmp_path).lock():
             pass
     finally:
         writer.join()
@@ -72,12 +62,12 @@ def test_lock_of_a_killed_process_is_taken_over(tmp_path: Path) -> None:
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert (tmp_path / ".lock").read_text().startswith(f"pid {child.pid}")  # the stale file is still there
-    with RunLock(tmp_path):
+    with RunPaths(tmp_path).lock():
         assert (tmp_path / ".lock").read_text().startswith(f"pid {os.getpid()}")
 
 
 def test_lock_nests_within_one_process_and_is_released_after(tmp_path: Path) -> None:
-    with RunLock(tmp_path), RunLock(tmp_path):  # a flow holding the lock calls a sub-flow that takes it too
+    with RunPaths(tmp_path).lock(), RunPaths(tmp_path).lock():  # a flow holding the lock runs a sub-flow taking it
         pass
     child = hold_lock_in_child(tmp_path)  # released: another process can take it now
     child.kill()
@@ -88,25 +78,25 @@ def test_stage_markers_record_fingerprint_and_summary(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
     first, second = fingerprint("dedupe", {"threshold": 0.8}), fingerprint("dedupe", {"threshold": 0.7})
     assert first != second and first == fingerprint("dedupe", {"threshold": 0.8})
-    assert not stage_done(paths, "dedupe", first) and stage_summary(paths, "dedupe") is None
-    mark_stage_done(paths, "dedupe", first, {"kept": 3})
-    assert stage_done(paths, "dedupe", first) and not stage_done(paths, "dedupe", second)
-    assert stage_summary(paths, "dedupe") == {"kept": 3}
+    assert paths.done_summary("dedupe", first) is None and paths.finished_marker("dedupe") is None
+    paths.mark_done("dedupe", first, {"kept": 3})
+    assert paths.done_summary("dedupe", first) is not None and paths.done_summary("dedupe", second) is None
+    assert read_json(paths.marker("dedupe"))["summary"] == {"kept": 3}
 
 
 def test_unit_markers_live_under_stages_and_are_written_whole(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
-    assert stage_marker(paths, "dedupe") == tmp_path / "stages" / "dedupe.json"
-    assert stage_marker(paths, "ingest", "part-00003") == tmp_path / "stages" / "ingest" / "part-00003.json"
+    assert paths.marker("dedupe") == tmp_path / "stages" / "dedupe.json"
+    assert paths.marker("ingest", "part-00003") == tmp_path / "stages" / "ingest" / "part-00003.json"
     done = fingerprint("ingest_part", ["a.py"])
-    assert done_summary(paths, "ingest", done, "part-00003") is None
-    mark_stage_done(paths, "ingest", done, {"num_documents": 2}, "part-00003", part={"part_id": 3})
-    assert done_summary(paths, "ingest", done, "part-00003") == {"num_documents": 2}
-    assert done_summary(paths, "ingest", fingerprint("other"), "part-00003") is None
-    assert done_summary(paths, "ingest", done, "part-00004") is None  # units are apart
-    assert finished_marker(paths, "ingest", "part-00003") == stage_marker(paths, "ingest", "part-00003")
-    clear_stage_done(paths, "ingest", "part-00003")
-    assert finished_marker(paths, "ingest", "part-00003") is None
+    assert paths.done_summary("ingest", done, "part-00003") is None
+    paths.mark_done("ingest", done, {"num_documents": 2}, "part-00003", part={"part_id": 3})
+    assert paths.done_summary("ingest", done, "part-00003") == {"num_documents": 2}
+    assert paths.done_summary("ingest", fingerprint("other"), "part-00003") is None
+    assert paths.done_summary("ingest", done, "part-00004") is None  # units are apart
+    assert paths.finished_marker("ingest", "part-00003") == paths.marker("ingest", "part-00003")
+    paths.clear_done("ingest", "part-00003")
+    assert paths.finished_marker("ingest", "part-00003") is None
 
 
 def test_a_legacy_marker_is_honoured_once_then_moved_under_stages(tmp_path: Path) -> None:
@@ -116,19 +106,42 @@ def test_a_legacy_marker_is_honoured_once_then_moved_under_stages(tmp_path: Path
     legacy_state = {"fingerprint": done, "summary": {"num_kept": 5}, "parts": {"0": "abc"}}
     write_json_atomic(paths.dedupe / "state.json", legacy_state)
     write_json_atomic(paths.stages / "dedupe.json", {"fingerprint": "an older, wider fingerprint", "summary": {}})
-    assert done_summary(paths, "dedupe", fingerprint("dedupe", {"threshold": 0.7})) is None
+    assert paths.done_summary("dedupe", fingerprint("dedupe", {"threshold": 0.7})) is None
     assert read_json(paths.dedupe / "state.json") == legacy_state  # a mismatch moves nothing
-    assert done_summary(paths, "dedupe", done) == {"num_kept": 5}
-    assert read_json(stage_marker(paths, "dedupe")) == {"fingerprint": done, "summary": {"num_kept": 5}}
+    assert paths.done_summary("dedupe", done) == {"num_kept": 5}
+    assert read_json(paths.marker("dedupe")) == {"fingerprint": done, "summary": {"num_kept": 5}}
     assert read_json(paths.dedupe / "state.json") == {"parts": {"0": "abc"}}  # the state stays, the marker went
 
     write_json_atomic(paths.docs / "part-00000.json", {"fingerprint": done, "part": {"part_id": 0}, "summary": {}})
-    assert finished_marker(paths, "ingest", "part-00000") == paths.docs / "part-00000.json"
-    migrate_legacy_marker(paths, "ingest", "part-00000")
+    assert paths.finished_marker("ingest", "part-00000") == paths.docs / "part-00000.json"
+    paths.migrate_marker("ingest", "part-00000")
     assert not (paths.docs / "part-00000.json").exists()
-    assert read_json(stage_marker(paths, "ingest", "part-00000"))["part"] == {"part_id": 0}
+    assert read_json(paths.marker("ingest", "part-00000"))["part"] == {"part_id": 0}
 
     write_json_atomic(paths.tokenizer.parent / "meta.json", {"fingerprint": done, "summary": {"vocab_size": 9}})
-    mark_stage_done(paths, "tokenizer", fingerprint("new settings"), {"vocab_size": 10})
+    paths.mark_done("tokenizer", fingerprint("new settings"), {"vocab_size": 10})
     assert not (paths.tokenizer.parent / "meta.json").exists()  # never again vouches for outputs it did not see
-    assert done_summary(paths, "tokenizer", done) is None
+    assert paths.done_summary("tokenizer", done) is None
+
+
+def test_writes_go_only_inside_the_run_dir_and_are_atomic(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "run")
+    paths.write_json(paths.stages / "x.json", {"b": 1, "a": 2})
+    paths.write_text(paths.report / "report.md", "# r\n")
+    paths.write_bytes(paths.report / "plot.png", b"png")
+    with paths.atomic_write(paths.docs / "part-00000.parquet") as tmp:
+        tmp.write_bytes(b"docs")
+    assert (paths.stages / "x.json").read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
+    assert (paths.report / "plot.png").read_bytes() == b"png" and (paths.docs / "part-00000.parquet").is_file()
+    assert sorted(p.name for p in paths.root.rglob(".tmp-*")) == []
+    with pytest.raises(ValueError, match="not inside the run dir"):
+        paths.write_text(tmp_path / "elsewhere.txt", "no")
+    assert not (tmp_path / "elsewhere.txt").exists()
+
+
+def test_the_run_dir_object_is_picklable_hashable_and_its_lock_is_the_run_lock(tmp_path: Path) -> None:
+    paths = RunPaths(str(tmp_path))
+    assert pickle.loads(pickle.dumps(paths)) == paths and hash(paths) == hash(RunPaths(tmp_path))
+    with paths.lock() as lock:
+        assert lock.path == paths.lock_file.resolve()
+        assert paths.lock_file.read_text().startswith(f"pid {os.getpid()}")

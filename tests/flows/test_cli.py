@@ -116,12 +116,12 @@ def test_manifest_path_error_names_the_source(tmp_path: Path) -> None:
 
 
 def test_second_run_on_a_busy_run_dir_is_one_line_naming_the_holder(tmp_path: Path) -> None:
-    from core.rundir import RunLock
+    from core.rundir import RunPaths
 
     (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
     (tmp_path / "corpus").mkdir()
     (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\n")
-    with RunLock(tmp_path / "run"):
+    with RunPaths(tmp_path / "run").lock():
         result = tokenmill("prepare", str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from core.rundir import RunPaths
 from flows.report import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, collect_report_data, write_report
 from tests.conftest import build_query_run
 
@@ -42,7 +43,7 @@ def run(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def report(run: Path) -> Path:
-    return write_report(run)
+    return write_report(RunPaths(run))
 
 
 def draw(name: str, data: dict[str, Any]) -> Any:
@@ -125,7 +126,7 @@ def test_report_without_training_renders_every_plot_without_warnings(tmp_path: P
         shutil.rmtree(build_query_run(run) / "metrics")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        report = write_report(run)
+        report = write_report(RunPaths(run))
     assert report.read_text().count("data:image/png;base64,") == len(PLOTS)
     assert {p.name for p in report.parent.glob("*.png")} == {f"{name}.png" for name in PLOTS}
 

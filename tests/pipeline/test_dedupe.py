@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from core.documents import DUPLICATES_FILE, iter_documents
-from core.rundir import RunPaths, stage_marker
+from core.rundir import RunPaths
 from core.schemas import DUPLICATES_SCHEMA
 from pipeline import minhash, near_dedupe
 from pipeline.config import DedupeConfig, NearDedupeConfig
@@ -124,7 +124,7 @@ def test_dedupe_is_deterministic_cached_and_resumable(planted: tuple[Path, list[
     summary = dedupe_documents(first, CONFIG)
     assert {name: (first.dedupe / name).stat().st_mtime_ns for name in outputs} == stamps  # nothing redone
     (first.dedupe / "state.json").unlink()  # as if killed before the state and the marker were written
-    stage_marker(first, "dedupe").unlink()
+    first.marker("dedupe").unlink()
     before = (first.dedupe / DUPLICATES_FILE).read_bytes()
     assert dedupe_documents(first, CONFIG) == summary
     assert (first.dedupe / DUPLICATES_FILE).read_bytes() == before

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.rundir import RunLock, RunPaths
+from core.rundir import RunPaths
 from pipeline.config import DecontaminateConfig
 from pipeline.decontaminate import decontaminate_documents
 from tests.chaos.conftest import build_chaos_corpus, run_data_stages, write_chaos_recipe
@@ -23,7 +23,7 @@ def run_all(root: Path, run_dir: Path) -> dict[str, object]:
     """Every data stage (decontaminate included); returns the decontaminate summary."""
     recipe = write_chaos_recipe(root, root / "corpus")
     run_data_stages(recipe, run_dir)
-    with RunLock(run_dir):
+    with RunPaths(run_dir).lock():
         return decontaminate_documents(RunPaths(run_dir), DECONTAMINATE, base_dir=root)
 
 

@@ -1,0 +1,131 @@
+"""The run-dir lock: one process writes a run dir; a second one is refused with who holds it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from core.atomic import remove_stale_temps
+from core.errors import RunLockedError
+
+
+def _read_holder(fd: int, patience_s: float = 2.0) -> str:
+    """The lock holder's "pid … on host …" line.
+
+    A holder writes it just after taking the lock, so a process refused in that instant can find the file
+    still empty; it waits briefly for the line rather than naming an "unknown process".
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+        if holder or time.monotonic() >= deadline:
+            return holder or "unknown process"
+        time.sleep(0.02)
+
+
+_HOLDER_LINE = re.compile(r"pid (\d+) on host (\S+)")
+"""What a lock holder writes into ``<run_dir>/.lock`` (see :meth:`RunLock.acquire`)."""
+
+
+def _is_ancestor(pid: int) -> bool:
+    """True when ``pid`` is this process's parent, grandparent, … (read from ``/proc``; the parent only without it)."""
+    if not Path("/proc/self/stat").is_file():
+        return os.getppid() == pid
+    current = os.getpid()
+    while current > 1:
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            return False
+        current = int(stat.rsplit(")", 1)[1].split()[1])  # the field after "(comm) state"; comm may hold spaces
+        if current == pid:
+            return True
+    return False
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock``; the holder's pid and host are written inside.
+
+    The kernel drops the lock when its holder dies (even by ``kill -9``), so a stale lock file from a
+    killed process is simply taken over.
+
+    ``launched_by`` is for a process started by the lock holder to work in the run dir on its behalf (the
+    trainer that a flow launches through ``accelerate launch``): when the lock is held by exactly that
+    process, and it is an ancestor of this one on this host, the lock is shared instead of refused. The
+    launched process must not outlive its launcher (the trainer's TOKENMILL_PARENT_PID watchdog), since
+    the lock goes when the launcher goes.
+    """
+
+    _held: ClassVar[dict[Path, int]] = {}  # lock path -> nesting depth in this process (flows nest)
+
+    def __init__(self, lock_file: Path, *, launched_by: int | None = None) -> None:
+        """``lock_file``: the run dir's ``.lock`` (take the lock through :meth:`core.rundir.RunPaths.lock`)."""
+        self.path = Path(lock_file).resolve()
+        self.launched_by = launched_by
+        self.shared = False
+        """True once acquired through ``launched_by`` (the launcher holds the flock, this process holds none)."""
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self.path in RunLock._held:
+            RunLock._held[self.path] += 1
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if self._held_by_launcher(holder):
+                self.shared = True
+                RunLock._held[self.path] = 1
+                return
+            raise RunLockedError(
+                f"{self.path.parent}: run directory is in use by {holder}; wait for it to finish "
+                "or use another --run-dir."
+            ) from None
+        # Overwrite, then trim: a waiting process never reads an empty file left between truncate and write.
+        holder = f"pid {os.getpid()} on host {socket.gethostname()}\n".encode()
+        os.pwrite(fd, holder, 0)
+        os.ftruncate(fd, len(holder))
+        self._fd = fd
+        RunLock._held[self.path] = 1
+        # The holder is the run dir's only writer, so a temporary file in it was left by a writer killed
+        # mid-write (kill -9, OOM, power loss): remove it, so no half-written file outlives the next run.
+        remove_stale_temps(self.path.parent)
+
+    def _held_by_launcher(self, holder: str) -> bool:
+        """Whether ``holder`` (the lock file's line) names ``launched_by``, alive as an ancestor on this host.
+
+        The ancestry check keeps a stale or copied TOKENMILL_PARENT_PID from opening a run dir that some
+        other process holds: only the process that (indirectly) started this one can lend it its lock.
+        """
+        match = _HOLDER_LINE.fullmatch(holder)
+        if self.launched_by is None or match is None:
+            return False
+        pid, host = int(match.group(1)), match.group(2)
+        return pid == self.launched_by and host == socket.gethostname() and _is_ancestor(pid)
+
+    def release(self) -> None:
+        depth = RunLock._held.get(self.path, 0)
+        if depth > 1:
+            RunLock._held[self.path] = depth - 1
+            return
+        RunLock._held.pop(self.path, None)
+        self.shared = False
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
