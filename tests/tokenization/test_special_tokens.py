@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from core.rundir import RunPaths, stage_marker
+from core.rundir import RunPaths
 from tests.tokenization.model_folders import (
     VOCAB_SIZE,
     byte_level_bpe,
@@ -101,7 +101,7 @@ def test_model_tokenizer_is_copied_byte_for_byte_warns_once_and_is_skipped_after
     assert paths.tokenizer.read_bytes() == (folder / "tokenizer.json").read_bytes()
     assert read_special_tokens(paths) == SpecialTokens(eos_id=0, pad_id=0, bos_id=None)
     assert summary["vocab_size"] == VOCAB_SIZE and summary["trained"] is False
-    assert stage_marker(paths, "tokenizer").is_file()
+    assert paths.marker("tokenizer").is_file()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call is skipped: no second warning
         assert prepare_tokenizer(paths, None, None, model_folder=folder) == summary
@@ -120,7 +120,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_an_error_naming_both_numbers(t
     with pytest.raises(ConfigError, match=r"config.json vocab_size: the tokenizer has 400 ids but the model's "
                                           r"embedding has only 300 rows"):
         prepare_tokenizer(paths, None, None, model_folder=folder)
-    assert not stage_marker(paths, "tokenizer").exists()
+    assert not paths.marker("tokenizer").exists()
 
 
 def test_a_trained_tokenizer_is_checked_against_the_model_too(tmp_path: Path) -> None:
