@@ -210,7 +210,10 @@ def parallelize_model(model: nn.Module, accelerator: Accelerator, spec: ModelSpe
     model.to(accelerator.device)  # prepare leaves a model holding DTensors where it is, norms included
     for block in spec.decoder_blocks(model):
         parallelize_module(block, mesh["tp"], plan)
-    model.tp_size = mesh["tp"].size()  # what Accelerate's prepare checks (accelerate.utils.get_model_tp_size)
+    # What Accelerate's prepare checks (accelerate.utils.get_model_tp_size); a transformers model exposes it as a
+    # read-only property over ``_tp_size``.
+    read_only = isinstance(getattr(type(model), "tp_size", None), property)
+    setattr(model, "_tp_size" if read_only else "tp_size", mesh["tp"].size())
     return model
 
 
