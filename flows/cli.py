@@ -152,8 +152,8 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
     """
     from trainer.generate import generate_text, load_exported_model
 
-    model, tokenizer = load_exported_model(RunPaths(run_dir).model)
-    typer.echo(generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
+    model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).model)
+    typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))
 
 

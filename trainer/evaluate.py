@@ -1,9 +1,11 @@
 """Evaluation: validation shards -> val loss and perplexity on a fixed subset, comparable across steps and runs.
 
-The subset is the first ``eval_batches * micro_batch_size`` val rows in index order (never shuffled).
-Each data-parallel replica scores a contiguous share; the summed token losses and token counts are
-gathered, so the result is the token-weighted mean over the whole subset whatever the number of
-processes. Under FSDP every forward all-gathers parameters, so there a rank with a smaller share runs
+The subset is ``eval_batches * micro_batch_size`` val rows (never shuffled), shared equally among the sources
+(each source's first rows in index order; a source with fewer rows gives all it has), so every source is
+scored: the result has ``val_loss/<source>`` beside the overall ``val_loss`` (a replay mixture shows whether
+each source is learned). Each data-parallel replica scores a contiguous share; the summed token losses and
+token counts per source are gathered, so the result is the token-weighted mean over the whole subset whatever
+the number of processes. Under FSDP every forward all-gathers parameters, so there a rank with a smaller share runs
 (and discards) extra forwards until every rank has run as many as the largest share needs. Under
 tensor parallelism the processes of a TP group are one replica: they score the same rows together,
 and only the group's first process counts them.
@@ -36,17 +38,18 @@ class Evaluator:
         """``autocast``: the training precision's autocast context (MixedPrecision.autocast)."""
         self.rows, self.micro_batch_size, self.accelerator = rows, micro_batch_size, accelerator
         self.autocast = autocast
-        self.num_rows = 0 if rows is None else min(rows.num_rows, eval_batches * micro_batch_size)
+        self.sources, subset, subset_sources = fixed_subset(rows, eval_batches * micro_batch_size)
+        self.num_rows = len(subset)
         num_replicas, replica = data_parallel_coordinates(accelerator)
         shares = np.array_split(np.arange(self.num_rows, dtype=np.int64), num_replicas)
-        self.rank_rows = shares[replica]
+        self.rank_rows, self.rank_sources = subset[shares[replica]], subset_sources[shares[replica]]
         self.reports_totals = tensor_parallel_rank(accelerator) == 0  # one process per TP group reports
         # array_split puts the larger shares first: shares[0] is the largest.
         share = len(shares[0]) if is_sharded(accelerator) else len(self.rank_rows)
         self.num_forwards = -(-share // micro_batch_size)
 
     def evaluate(self, model: nn.Module) -> dict[str, float] | None:
-        """{"val_loss", "val_ppl", "val_tokens"} over the subset, or None when there are no val rows.
+        """{"val_loss", "val_ppl", "val_tokens", "val_rows", "val_loss/<source>"…} over the subset (None: no val rows).
 
         Runs on the unwrapped module: a DDP forward may broadcast buffers, and ranks can hold a
         different number of val batches, so only the final gather is collective (and, under FSDP,
@@ -58,25 +61,57 @@ class Evaluator:
         module = self.accelerator.unwrap_model(model)
         was_training = module.training
         module.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
+        # Per source: (summed token loss, tokens); the same shape on every rank, so one gather sums them.
+        totals = torch.zeros(len(self.sources), 2, dtype=torch.float64, device=self.accelerator.device)
         with torch.no_grad(), self.autocast():
             for start in range(0, self.num_forwards * self.micro_batch_size, self.micro_batch_size):
                 row_ids = self.rank_rows[start:start + self.micro_batch_size]
                 if len(row_ids):
-                    totals += self._score(module, row_ids)
+                    sources = torch.from_numpy(self.rank_sources[start:start + self.micro_batch_size])
+                    totals.index_add_(0, sources.to(totals.device), self._score(module, row_ids))
                 else:  # FSDP lockstep: take part in the all-gathers, count nothing
                     self._score(module, np.zeros(1, dtype=np.int64))
         module.train(was_training)
         if not self.reports_totals:
             totals.zero_()
-        loss_sum, num_tokens = self.accelerator.gather(totals).view(-1, 2).sum(dim=0).tolist()
+        per_source = self.accelerator.gather(totals[None]).sum(dim=0)
+        loss_sum, num_tokens = per_source.sum(dim=0).tolist()
         val_loss = loss_sum / max(num_tokens, 1.0)
-        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)), "val_tokens": int(num_tokens)}
+        result = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)), "val_tokens": int(num_tokens),
+                  "val_rows": self.num_rows}
+        if len(self.sources) > 1:
+            for source, (source_loss, source_tokens) in zip(self.sources, per_source.tolist(), strict=True):
+                result[f"val_loss/{source}"] = source_loss / max(source_tokens, 1.0)
+        return result
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
+        """[rows, 2]: each row's summed token loss and its number of scored tokens."""
         batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos)
         input_ids = batch.input_ids.to(self.accelerator.device)
         labels = batch.labels.to(self.accelerator.device)
-        loss_sum = next_token_loss(output_logits(module(input_ids)), labels, reduction="sum")
-        num_tokens = (labels[:, 1:] != IGNORE_INDEX).sum()
-        return torch.stack([loss_sum.double(), num_tokens.double()])
+        token_losses = next_token_loss(output_logits(module(input_ids)), labels, reduction="none")
+        loss_sums = token_losses.view(len(row_ids), -1).double().sum(dim=1)  # ignored labels add 0
+        num_tokens = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
+        return torch.stack([loss_sums, num_tokens.double()], dim=1)
+
+
+def fixed_subset(rows: TokenRows | None, num_rows: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(source names, row numbers, each row's source index): up to ``num_rows`` val rows shared among sources.
+
+    Each source gets an equal share of its first rows (the remainder to the first sources in name order); a
+    source with fewer rows gives all it has and the others fill in. Rows without sources are one source ``""``.
+    """
+    if rows is None:
+        return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    by_source = rows.rows_by_source() if hasattr(rows, "rows_by_source") else {"": np.arange(rows.num_rows)}
+    names = sorted(by_source)
+    quota = dict.fromkeys(names, 0)
+    remaining = min(num_rows, sum(len(by_source[name]) for name in names))
+    while remaining:  # round-robin over the sources with rows left: equal shares, the rest to the others
+        for name in names:
+            if remaining and quota[name] < len(by_source[name]):
+                quota[name] += 1
+                remaining -= 1
+    chosen = [by_source[name][:quota[name]] for name in names]
+    sources = [np.full(len(part), number, dtype=np.int64) for number, part in enumerate(chosen)]
+    return names, np.concatenate(chosen).astype(np.int64), np.concatenate(sources)

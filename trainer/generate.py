@@ -1,54 +1,58 @@
-"""Sample text from an exported ``model/`` (config.json + model.safetensors + tokenizer.json)."""
+"""Sample text from an exported ``model/`` (config.json + safetensors + tokenizer files), any architecture.
+
+The export is loaded the way continued pretraining loads a model folder (:mod:`trainer.hf_model`: checked
+config, safetensors only, nothing unpickled), so the built-in model's Llama export and a Hugging Face model's
+export in its own architecture generate alike.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
+from torch import nn
 
-from core.errors import CheckpointError
-from trainer.config import ModelDims
-from trainer.model import LlamaForCausalLM, ModelShape
+from core.errors import CheckpointError, ConfigError
+from tokenization.special_tokens import SpecialTokens, load_tokenizer, model_special_tokens
+from trainer.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights, text_config
+from trainer.model_spec import output_logits
 
-EOS_TOKEN = "<|endoftext|>"
 
-
-def load_exported_model(model_dir: str | Path) -> tuple[LlamaForCausalLM, Tokenizer]:
-    """Rebuild tokenmill's model from an export (safetensors only: nothing is unpickled)."""
+def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, SpecialTokens, int]:
+    """(model in eval mode, tokenizer, its special ids, context length) from an export folder."""
     model_dir = Path(model_dir)
-    files = [model_dir / name for name in ("config.json", "model.safetensors", "tokenizer.json")]
-    missing = [path.name for path in files if not path.is_file()]
+    missing = [name for name in ("config.json", "tokenizer.json") if not (model_dir / name).is_file()]
     if missing:
         raise CheckpointError(f"{model_dir}: export lacks {missing}; run `tokenmill train` to export the model.")
-    config = json.loads(files[0].read_text(encoding="utf-8"))
-    dims = ModelDims(hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
-                     num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"],
-                     intermediate_size=config["intermediate_size"], rope_theta=config["rope_theta"],
-                     rms_norm_eps=config["rms_norm_eps"], tie_word_embeddings=config["tie_word_embeddings"])
-    model = LlamaForCausalLM(ModelShape(dims, config["vocab_size"], config["max_position_embeddings"]))
-    model.load_state_dict(load_file(files[1]), strict=True)
-    return model.eval(), Tokenizer.from_file(str(files[2]))
+    try:
+        config = load_causal_lm_config(model_dir)
+        model = build_hf_model(config, seed=0)
+        load_pretrained_weights(model, model_dir)
+    except ConfigError as err:
+        raise CheckpointError(f"{err} (exported model; re-run `tokenmill train` to export it again)") from None
+    tokenizer = load_tokenizer(model_dir / "tokenizer.json")
+    context = getattr(text_config(config), "max_position_embeddings", None) or 1024
+    return model.eval(), tokenizer, model_special_tokens(model_dir, tokenizer), int(context)
 
 
 @torch.no_grad()
-def generate_text(model: LlamaForCausalLM, tokenizer: Tokenizer, prompt: str, *, max_new_tokens: int = 100,
-                  temperature: float = 0.8, top_k: int = 50, seed: int = 0) -> str:
+def generate_text(model: nn.Module, tokenizer: Tokenizer, special: SpecialTokens, context_len: int, prompt: str, *,
+                  max_new_tokens: int = 100, temperature: float = 0.8, top_k: int = 50, seed: int = 0) -> str:
     """Continue ``prompt`` by sampling (temperature 0 = greedy); stops at end-of-document.
 
-    The model saw every document right after an end-of-document token, so generation starts from one.
+    The model saw every document right after an end-of-document token (and its BOS, when the tokenizer adds
+    one), so generation starts from them.
     """
-    eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    ids = [eos_id, *tokenizer.encode(prompt, add_special_tokens=False).ids]
+    start = [special.eos_id] + ([special.bos_id] if special.bos_id is not None else [])
+    ids = [*start, *tokenizer.encode(prompt, add_special_tokens=False).ids]
     generator = torch.Generator().manual_seed(seed)
     new_ids: list[int] = []
     for _ in range(max_new_tokens):
-        context = torch.tensor([(ids + new_ids)[-model.shape.max_seq_len:]])
-        logits = model(context)[0, -1].float()
+        context = torch.tensor([(ids + new_ids)[-context_len:]])
+        logits = output_logits(model(context))[0, -1].float()
         next_id = _pick(logits, temperature, top_k, generator)
-        if next_id == eos_id:
+        if next_id == special.eos_id:
             break
         new_ids.append(next_id)
     return prompt + tokenizer.decode(new_ids)

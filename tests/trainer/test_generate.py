@@ -1,7 +1,8 @@
-"""trainer.generate: an export loads back into tokenmill's model and samples deterministically."""
+"""trainer.generate: an export (built-in Llama or a HF architecture) loads back and samples deterministically."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,34 +16,51 @@ from trainer.export import export_model, hf_llama_config
 from trainer.generate import generate_text, load_exported_model
 from trainer.model import ModelShape, build_model
 
+DIMS = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
     texts = [path.read_text() for path in sorted((STDLIB / "json").glob("*.py"))]
     tokenizer = train_tokenizer(texts, vocab_size=400)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    dims = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    shape = ModelShape(dims, tokenizer.get_vocab_size(), 32)
+    shape = ModelShape(DIMS, tokenizer.get_vocab_size(), 32)
     return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), tmp_path / "model",
                         tmp_path / "tokenizer.json")
 
 
 def test_export_round_trips_into_the_same_weights(model_dir: Path) -> None:
-    model, _ = load_exported_model(model_dir)
-    fresh = build_model(model.shape, seed=3)
-    for (name, loaded), (_, original) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
-        assert torch.equal(loaded, original), name
+    model, _, special, context_len = load_exported_model(model_dir)
+    fresh = build_model(ModelShape(DIMS, model.config.vocab_size, 32), seed=3)
+    loaded = model.state_dict()
+    for name, original in fresh.state_dict().items():
+        assert torch.equal(loaded[name], original), name
+    assert (special.eos_id, special.pad_id, special.bos_id, context_len) == (0, 1, None, 32)
+    ids = torch.tensor([[5, 9, 2, 7]])
+    assert torch.equal(fresh(ids), model(ids).logits)  # the built-in model and its export compute alike
 
 
 def test_sampling_is_deterministic_per_seed_and_continues_the_prompt(model_dir: Path) -> None:
-    model, tokenizer = load_exported_model(model_dir)
-    first = generate_text(model, tokenizer, "def main(", max_new_tokens=40, seed=1)
-    again = generate_text(model, tokenizer, "def main(", max_new_tokens=40, seed=1)
-    other = generate_text(model, tokenizer, "def main(", max_new_tokens=40, seed=2)
+    model, tokenizer, special, context_len = load_exported_model(model_dir)
+
+    def sample(**options: float) -> str:
+        return generate_text(model, tokenizer, special, context_len, "def main(", max_new_tokens=40, **options)
+
+    first, again, other = sample(seed=1), sample(seed=1), sample(seed=2)
     assert first == again and first.startswith("def main(")
     assert other != first  # a random model spreads probability over the vocab: seeds differ
-    greedy = generate_text(model, tokenizer, "def main(", max_new_tokens=40, temperature=0, seed=9)
-    assert greedy == generate_text(model, tokenizer, "def main(", max_new_tokens=40, temperature=0, seed=5)
+    assert sample(temperature=0, seed=9) == sample(temperature=0, seed=5)
+
+
+def test_a_hugging_face_architecture_export_generates(tmp_path: Path, model_dir: Path) -> None:
+    from tests.trainer.test_hf_models import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "gpt2", "gpt2", vocab_size=400)
+    shutil.copyfile(model_dir / "tokenizer.json", folder / "tokenizer.json")
+    model, tokenizer, special, context_len = load_exported_model(folder)
+    assert type(model).__name__ == "GPT2LMHeadModel" and context_len == 128
+    text = generate_text(model, tokenizer, special, context_len, "import ", max_new_tokens=10, temperature=0)
+    assert text.startswith("import ")
 
 
 def test_incomplete_export_is_a_clear_error(model_dir: Path) -> None:

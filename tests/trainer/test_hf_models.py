@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -23,6 +22,7 @@ from tests.trainer.conftest import VOCAB_SIZE, MakeRunDir, exported_weights, met
 from trainer.base_model import import_base_model
 from trainer.config import ModelConfig
 from trainer.data import PAD_ID, SplitRows, make_batch
+from trainer.evaluate import fixed_subset
 from trainer.hf_model import load_causal_lm_config
 from trainer.model_spec import HuggingFaceSpec
 from trainer.train import main
@@ -67,8 +67,9 @@ def use_hf_model(run_dir: Path, source: Path, key: str = "hf_config", **train: A
 
 
 def val_rows(run_dir: Path, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The evaluator's fixed subset of ``num_rows`` val rows (shared among the sources)."""
     rows = SplitRows(run_dir, "val", PAD_ID)
-    batch = make_batch(rows.rows(np.arange(min(num_rows, rows.num_rows))), PAD_ID)
+    batch = make_batch(rows.rows(fixed_subset(rows, num_rows)[1]), PAD_ID)
     return batch.input_ids, batch.labels
 
 
