@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from core.errors import CheckpointError
+from core.rundir import RunPaths
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
 from trainer.config import ModelDims
@@ -23,7 +24,7 @@ def model_dir(tmp_path: Path) -> Path:
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     dims = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
     shape = ModelShape(dims, tokenizer.get_vocab_size(), 32)
-    return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), tmp_path / "model",
+    return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), RunPaths(tmp_path),
                         tmp_path / "tokenizer.json")
 
 
