@@ -28,6 +28,7 @@ import torch
 from accelerate import Accelerator
 
 from benchmarks.result import print_result
+from core.rundir import RunPaths
 from trainer.checkpoint import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
 from trainer.data import PAD_ID, ArrayRows, BatchLayout, TrainLoader, make_batch
@@ -93,10 +94,11 @@ def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, sc
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     loader = TrainLoader(ArrayRows(tokens), BatchLayout(train.micro_batch_size, 1), train.seed)
+    paths = RunPaths(scratch)  # a scratch run dir: nothing is written there while timing
     loop = TrainingLoop(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                         loader=loader, evaluator=Evaluator(None, train.micro_batch_size, 1, accelerator),
-                        checkpointer=Checkpointer(accelerator, scratch, 1, {}),
-                        metrics=MetricsSink(scratch, enabled=False), train=train, counters=LoopCounters())
+                        checkpointer=Checkpointer(accelerator, paths, 1, {}),
+                        metrics=MetricsSink(paths, enabled=False), train=train, counters=LoopCounters())
     return lambda: loop.train_step()
 
 

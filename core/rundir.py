@@ -11,6 +11,7 @@ from typing import Any
 
 from core.atomic import (
     atomic_path,
+    out_of_space,
     read_json,
     remove_stale_temps,
     write_bytes_atomic,
@@ -109,6 +110,11 @@ class RunPaths:
         return self.metrics / "profile"
 
     @property
+    def device_peak(self) -> Path:
+        """``metrics/device_peak.json``: the cached matmul probe, so every resume of a run divides MFU by one peak."""
+        return self.metrics / "device_peak.json"
+
+    @property
     def model(self) -> Path:
         return self.root / "model"
 
@@ -139,6 +145,22 @@ class RunPaths:
     def write_json(self, path: Path, obj: Any) -> None:
         """``obj`` as pretty, key-sorted JSON (deterministic bytes), written atomically."""
         write_json_atomic(self._inside(path), obj)
+
+    def append_text(self, path: Path, text: str) -> None:
+        """Append ``text`` and flush (a log row: a killed writer leaves at most a torn last line, not a lost file).
+
+        A write that fails for lack of room raises OutOfSpaceError naming ``path``.
+        """
+        target = self._inside(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(target, "a", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+        except OSError as err:
+            if (no_space := out_of_space(err, target, len(text.encode("utf-8")))) is not None:
+                raise no_space from err
+            raise
 
     def remove_stale_temps(self, folder: Path) -> int:
         """Delete what writers killed mid-write left in ``folder`` (a run-dir folder); return how many."""

@@ -67,17 +67,6 @@ def test_no_module_builds_a_run_dir_path_by_hand(package: str) -> None:
 WRITE_HELPERS = {"atomic_path", "write_bytes_atomic", "write_text_atomic", "write_json_atomic", "remove_stale_temps",
                  "RunLock"}
 """core.atomic's writers and core.runlock's lock: RunPaths's methods call them; nothing outside core/ does."""
-NOT_YET_THROUGH_RUN_PATHS = {
-    "trainer/checkpoint.py": "Checkpointer gets checkpoints/ as a folder from trainer/train.py (#19 item 2, open)",
-    "trainer/tensor_parallel_checkpoint.py": "writes into the Checkpointer's staging folder (same change)",
-    "trainer/metrics.py": "MetricsSink gets metrics/ as a folder from trainer/train.py (same change)",
-    "trainer/telemetry.py": "device_peak gets its cache file from trainer/train.py (same change)",
-    "trainer/callbacks.py": "ProfilerCallback gets metrics/profile/ from trainer/train.py (same change)",
-    "trainer/export.py": "exports into the run's model/ and into a user-given --output folder (same change)",
-}
-"""Modules still writing run-dir files by hand, each with why; the list may only shrink (a test checks each entry)."""
-
-
 HELPER_MODULES = {"atomic", "core.atomic", "runlock", "core.runlock"}
 
 
@@ -103,15 +92,8 @@ def test_the_write_check_finds_each_helper_call() -> None:
 
 @pytest.mark.parametrize("package", [package for package in PACKAGES if package != "core"])
 def test_no_module_outside_core_writes_run_dir_files_by_hand(package: str) -> None:
-    offenders = [f"{relative}:{line}: {code}"
+    offenders = [f"{path.relative_to(REPO).as_posix()}:{line}: {code}"
                  for path in sorted((REPO / package).rglob("*.py"))
-                 if (relative := path.relative_to(REPO).as_posix()) not in NOT_YET_THROUGH_RUN_PATHS
                  for line, code in direct_writes(path.read_text(encoding="utf-8"))]
     assert not offenders, "write through core.rundir.RunPaths (paths.write_json, paths.atomic_write, " \
                           "paths.mark_done, paths.lock(), …):\n" + "\n".join(offenders)
-
-
-@pytest.mark.parametrize("module", sorted(NOT_YET_THROUGH_RUN_PATHS))
-def test_each_module_allowed_to_write_by_hand_still_does(module: str) -> None:
-    assert direct_writes((REPO / module).read_text(encoding="utf-8")), f"{module} writes through RunPaths now: " \
-        "remove it from NOT_YET_THROUGH_RUN_PATHS"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from core.atomic import atomic_path
+from core.rundir import RunPaths
 
 
 class Callback:
@@ -22,14 +21,14 @@ class Callback:
 
 
 class ProfilerCallback(Callback):
-    """Trace the chosen steps with torch.profiler into ``<trace_dir>/step-NNNNNNN-rank-R.json`` (Chrome trace).
+    """Trace the chosen steps with torch.profiler into ``metrics/profile/step-NNNNNNN-rank-R.json`` (Chrome trace).
 
     Open a trace in https://ui.perfetto.dev or chrome://tracing; the step-time split in train_metrics says
     which phase to look at.
     """
 
-    def __init__(self, steps: list[int], trace_dir: Path, rank: int, device: torch.device) -> None:
-        self.steps, self.trace_dir, self.rank = set(steps), Path(trace_dir), rank
+    def __init__(self, steps: list[int], paths: RunPaths, rank: int, device: torch.device) -> None:
+        self.steps, self.paths, self.rank = set(steps), paths, rank
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self._active: Any = None
 
@@ -42,6 +41,6 @@ class ProfilerCallback(Callback):
         if self._active is None:
             return
         self._active.__exit__(None, None, None)
-        with atomic_path(self.trace_dir / f"step-{step:07d}-rank-{self.rank}.json") as tmp:
+        with self.paths.atomic_write(self.paths.profile / f"step-{step:07d}-rank-{self.rank}.json") as tmp:
             self._active.export_chrome_trace(str(tmp))
         self._active = None

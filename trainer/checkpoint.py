@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list
 
-from core.atomic import TEMP_PREFIX, read_json, remove_stale_temps, sha256_file, write_json_atomic
+from core.atomic import TEMP_PREFIX, read_json, sha256_file
 from core.errors import CheckpointError
-from core.rundir import path_inside_run
+from core.rundir import RunPaths, path_inside_run
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
@@ -73,13 +73,13 @@ def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def write_manifest(folder: Path, step: int) -> None:
+def write_manifest(paths: RunPaths, folder: Path, step: int) -> None:
     """Record the sha256 and size of every file in ``folder``; call it after everything else is written."""
     files = {
         path.relative_to(folder).as_posix(): {"sha256": sha256_file(path), "num_bytes": path.stat().st_size}
         for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST_NAME
     }
-    write_json_atomic(folder / MANIFEST_NAME, {"version": CHECKPOINT_VERSION, "step": step, "files": files})
+    paths.write_json(folder / MANIFEST_NAME, {"version": CHECKPOINT_VERSION, "step": step, "files": files})
 
 
 def verify_checkpoint(folder: Path) -> str | None:
@@ -112,13 +112,17 @@ def verify_checkpoint(folder: Path) -> str | None:
 
 
 class Checkpointer:
-    """Saves and restores the accelerator's objects plus ``states`` ({name: Stateful}); rank 0 writes shared files."""
+    """Saves and restores the accelerator's objects plus ``states`` ({name: Stateful}) in the run's ``checkpoints/``.
 
-    def __init__(self, accelerator: Accelerator, checkpoints_dir: Path, keep_last: int,
+    Rank 0 writes the shared files.
+    """
+
+    def __init__(self, accelerator: Accelerator, paths: RunPaths, keep_last: int,
                  states: dict[str, Stateful], shards: TensorParallelShards | None = None) -> None:
         """``shards``: the model and optimizer of a tensor-parallel run, which Accelerate cannot save."""
         self.accelerator = accelerator
-        self.checkpoints_dir = Path(checkpoints_dir)
+        self.paths = paths
+        self.checkpoints_dir = paths.checkpoints
         self.keep_last = keep_last
         self.states = states
         self.shards = shards
@@ -137,8 +141,8 @@ class Checkpointer:
             if self.accelerator.is_main_process:
                 trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
                                  "states": {name: obj.state_dict() for name, obj in self.states.items()}}
-                write_json_atomic(staging / TRAINER_STATE_NAME, trainer_state)
-                write_manifest(staging, step)
+                self.paths.write_json(staging / TRAINER_STATE_NAME, trainer_state)
+                write_manifest(self.paths, staging, step)
         except Exception as err:
             # A full disk shows up as OSError, torch.save's "iostream error" RuntimeError or a SafetensorError:
             # drop the half-written folder (the previous checkpoint stays the newest) and say where and how much.
@@ -147,7 +151,7 @@ class Checkpointer:
             raise CheckpointError(self._save_failed_message(target, err)) from err
         if self.accelerator.is_main_process:
             replace_dir(staging, target)
-            write_json_atomic(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
+            self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
             self._prune()
         self.accelerator.wait_for_everyone()
         return target
@@ -158,7 +162,7 @@ class Checkpointer:
             return
         with model_and_optimizer_hidden(self.accelerator):
             self.accelerator.save_state(str(folder))  # the LR schedule and the RNG states
-        self.shards.save(folder)
+        self.shards.save(folder, self.paths)
 
     def _load_training_state(self, folder: Path) -> None:
         if self.shards is None:
@@ -185,7 +189,7 @@ class Checkpointer:
     def latest_name(self) -> str | None:
         """``checkpoints/step-NNNNNNN`` of the newest checkpoint folder (relative to the run dir), or None."""
         found = list_checkpoints(self.checkpoints_dir)
-        return f"{self.checkpoints_dir.name}/{found[-1][1].name}" if found else None
+        return found[-1][1].relative_to(self.paths.root).as_posix() if found else None
 
     def _prune(self) -> None:
         for _, folder in list_checkpoints(self.checkpoints_dir)[:-self.keep_last]:
@@ -199,7 +203,7 @@ class Checkpointer:
         """
         chosen: list[Any] = [None]
         if self.accelerator.is_main_process:
-            remove_stale_temps(self.checkpoints_dir)
+            self.paths.remove_stale_temps(self.checkpoints_dir)
             try:
                 chosen[0] = self._newest_valid()
             except CheckpointError as err:

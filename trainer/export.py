@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from core.atomic import TEMP_PREFIX, out_of_space, read_json, write_json_atomic
+from core.atomic import TEMP_PREFIX, out_of_space, read_json
+from core.rundir import RunPaths
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
@@ -56,36 +57,38 @@ def tokenizer_config() -> dict[str, Any]:
             "pad_token": PAD_TOKEN}
 
 
-def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], model_dir: Path,
+def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], paths: RunPaths,
                  tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None,
                  tokenizer_extras: Sequence[Path] = ()) -> Path:
-    """Write ``model_dir`` atomically (replacing an older export) from an unwrapped model's state dict.
+    """Write the run's ``model/`` atomically (replacing an older export) from an unwrapped model's state dict.
 
     ``config``: the ``config.json`` content (:meth:`trainer.model_spec.ModelSpec.export_config`). Weights are
     saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists, with ``tokenizer_extras``
     (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, else a tokenizer_config.json
     for a tokenmill-trained tokenizer. The state dict must hold whole tensors, and no two names may share one
     (leave tied weights out): gather a tensor-parallel model's slices first
-    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError.
+    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError. Returns ``model/``.
     """
     split = [name for name, tensor in state_dict.items() if isinstance(tensor, DTensor)]
     if split:
         raise TypeError(f"export_model got tensor-parallel slices ({split[0]}, ...); pass "
                         "trainer.parallel.full_state_dict(accelerator, model), called on every rank")
-    model_dir = Path(model_dir)
+    model_dir = paths.model
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))
     try:
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
-        save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
+        with paths.atomic_write(staging / "model.safetensors") as tmp:
+            save_file(tensors, tmp, metadata={"format": "pt"})
         if tokenizer_json is not None and Path(tokenizer_json).is_file():
-            shutil.copyfile(tokenizer_json, staging / "tokenizer.json")
-            for extra in tokenizer_extras:
-                shutil.copyfile(extra, staging / Path(extra).name)
+            copies = [("tokenizer.json", tokenizer_json)] + [(Path(extra).name, extra) for extra in tokenizer_extras]
+            for name, source in copies:
+                with paths.atomic_write(staging / name) as tmp:
+                    shutil.copyfile(source, tmp)
             if not (staging / "tokenizer_config.json").is_file():
-                write_json_atomic(staging / "tokenizer_config.json", tokenizer_config())
-        write_json_atomic(staging / "config.json", config)
-        write_json_atomic(staging / EXPORT_STATE_NAME, training_state or {})
+                paths.write_json(staging / "tokenizer_config.json", tokenizer_config())
+        paths.write_json(staging / "config.json", config)
+        paths.write_json(staging / EXPORT_STATE_NAME, training_state or {})
         replace_dir(staging, model_dir)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)

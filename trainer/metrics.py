@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.atomic import out_of_space, write_text_atomic
+from core.rundir import RunPaths
 
 TRAIN_FILE = "train.jsonl"
 EVAL_FILE = "eval.jsonl"
@@ -25,10 +25,10 @@ Tracker = Callable[..., None]
 
 
 class MetricsSink:
-    """Writes metric rows when ``enabled`` (rank 0); a no-op on the other ranks."""
+    """Writes metric rows into the run's ``metrics/`` when ``enabled`` (rank 0); a no-op on the other ranks."""
 
-    def __init__(self, metrics_dir: Path, enabled: bool = True, tracker: Tracker | None = None) -> None:
-        self.metrics_dir = Path(metrics_dir)
+    def __init__(self, paths: RunPaths, enabled: bool = True, tracker: Tracker | None = None) -> None:
+        self.paths = paths
         self.enabled = enabled
         self.tracker = tracker
 
@@ -37,10 +37,10 @@ class MetricsSink:
         if not self.enabled:
             return
         for name in (TRAIN_FILE, EVAL_FILE):
-            path = self.metrics_dir / name
+            path = self.paths.metrics / name
             if path.is_file():
                 kept = [row for row in read_metric_rows(path) if step is not None and row["step"] <= step]
-                write_text_atomic(path, "".join(_to_line(row) for row in kept))
+                self.paths.write_text(path, "".join(_to_line(row) for row in kept))
 
     def log_train(self, row: dict[str, Any]) -> None:
         self._append(TRAIN_FILE, row)
@@ -58,18 +58,8 @@ class MetricsSink:
         self.tracker(values, step=row["step"])
 
     def _append(self, name: str, row: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        line = _to_line(row)
-        try:
-            with open(self.metrics_dir / name, "a", encoding="utf-8") as handle:
-                handle.write(line)
-                handle.flush()
-        except OSError as err:  # a torn last line is skipped by read_metric_rows; the error must name the file
-            if (no_space := out_of_space(err, self.metrics_dir / name, len(line))) is not None:
-                raise no_space from err
-            raise
+        if self.enabled:  # a torn last line (killed mid-append) is skipped by read_metric_rows
+            self.paths.append_text(self.paths.metrics / name, _to_line(row))
 
 
 def read_metric_rows(path: Path) -> list[dict[str, Any]]:

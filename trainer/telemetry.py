@@ -18,12 +18,12 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from core.atomic import read_json, write_json_atomic
+from core.atomic import read_json
+from core.rundir import RunPaths
 
 KNOWN_GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # Dense (no sparsity) peaks per GPU; fp32 is plain FP32 (TF32 is off by default in torch).
@@ -109,8 +109,11 @@ def device_key(device: torch.device, precision: str) -> str:
 
 
 def device_peak(device: torch.device, precision: str, configured_tflops: float | None,
-                cache_file: Path | None) -> DevicePeak:
-    """Peak TFLOP/s of one device: the recipe's value, a known GPU's data sheet, or a cached matmul probe."""
+                paths: RunPaths | None) -> DevicePeak:
+    """Peak TFLOP/s of one device: the recipe's value, a known GPU's data sheet, or a matmul probe.
+
+    The probe is cached in the run's ``metrics/device_peak.json`` (``paths``; None: not cached, a benchmark).
+    """
     if configured_tflops is not None:
         return DevicePeak(configured_tflops, "train.peak_tflops")
     if device.type == "cuda":
@@ -118,12 +121,12 @@ def device_peak(device: torch.device, precision: str, configured_tflops: float |
         if table is not None:
             return DevicePeak(table, "gpu table")
     key = device_key(device, precision)
-    cached = read_json(cache_file) if cache_file is not None and cache_file.is_file() else {}
+    cached = read_json(paths.device_peak) if paths is not None and paths.device_peak.is_file() else {}
     if cached.get("key") == key:
         return DevicePeak(float(cached["tflops"]), "probe (cached)")
     tflops = cached_probe_tflops(key, precision, device)
-    if cache_file is not None:
-        write_json_atomic(cache_file, {"key": key, "tflops": tflops})
+    if paths is not None:
+        paths.write_json(paths.device_peak, {"key": key, "tflops": tflops})
     return DevicePeak(tflops, "probe")
 
 

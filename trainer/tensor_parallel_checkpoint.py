@@ -18,8 +18,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from core.atomic import read_json, write_json_atomic
+from core.atomic import read_json
 from core.errors import CheckpointError
+from core.rundir import RunPaths
 from trainer.parallel import data_parallel_coordinates, local_tensor, tensor_parallel_mesh, tensor_parallel_rank
 from trainer.precision import unwrap_optimizer
 
@@ -47,17 +48,16 @@ class TensorParallelShards:
     def shard_path(self, folder: Path) -> Path:
         return folder / TENSOR_PARALLEL_DIR / f"tp_rank_{self.tp_rank}.safetensors"
 
-    def save(self, folder: Path) -> None:
-        """Write this slice's file (first replica only) and, on rank 0, layout.json."""
+    def save(self, folder: Path, paths: RunPaths) -> None:
+        """Write this slice's file (first replica only) and, on rank 0, layout.json, into ``folder`` of the run."""
         if self.dp_rank == 0:
-            self.shard_path(folder).parent.mkdir(exist_ok=True)
-            save_file(self.local_tensors(), self.shard_path(folder), metadata={"format": "pt"})
+            with paths.atomic_write(self.shard_path(folder)) as tmp:
+                save_file(self.local_tensors(), tmp, metadata={"format": "pt"})
         if self.accelerator.is_main_process:
-            (folder / TENSOR_PARALLEL_DIR).mkdir(exist_ok=True)
             groups = [{key: value for key, value in group.items() if key != "params"}
                       for group in unwrap_optimizer(self.optimizer).param_groups]
-            write_json_atomic(folder / TENSOR_PARALLEL_LAYOUT,
-                              {"tensor_parallel_size": self.tensor_parallel_size, "param_groups": groups})
+            paths.write_json(folder / TENSOR_PARALLEL_LAYOUT,
+                             {"tensor_parallel_size": self.tensor_parallel_size, "param_groups": groups})
 
     def local_tensors(self) -> dict[str, torch.Tensor]:
         """This process's slices of every parameter and of its AdamW state, as contiguous CPU tensors."""

@@ -49,11 +49,6 @@ from trainer.precision import MixedPrecision
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
 
-"""Where ``train.profile_steps`` traces go, relative to the run dir."""
-
-DEVICE_PEAK_FILE = "device_peak.json"
-"""Cached matmul probe (in ``metrics/``): every resume of a run divides MFU by the same peak."""
-
 
 class TrainerSections(FrozenConfig):
     """The recipe sections the trainer reads (the rest of run.yaml belongs to other stages)."""
@@ -114,7 +109,7 @@ def build_mixture(train_rows: SplitRows, weights: dict[str, float] | None, seed:
 def build_telemetry(accelerator: Accelerator, train: TrainConfig, paths: RunPaths, flops: float) -> Telemetry:
     """Rank 0 measures (its peak is probed once per device and cached in metrics/); other ranks never log."""
     if accelerator.is_main_process:
-        peak = device_peak(accelerator.device, train.precision, train.peak_tflops, paths.metrics / DEVICE_PEAK_FILE)
+        peak = device_peak(accelerator.device, train.precision, train.peak_tflops, paths)
     else:
         peak = DevicePeak(float("nan"), "not measured on this rank")
     return Telemetry(accelerator.device, accelerator.num_processes, flops, peak)
@@ -123,8 +118,7 @@ def build_telemetry(accelerator: Accelerator, train: TrainConfig, paths: RunPath
 def build_callbacks(accelerator: Accelerator, train: TrainConfig, paths: RunPaths) -> list[Callback]:
     if not train.profile_steps:
         return []
-    return [ProfilerCallback(train.profile_steps, paths.profile, accelerator.process_index,
-                             accelerator.device)]
+    return [ProfilerCallback(train.profile_steps, paths, accelerator.process_index, accelerator.device)]
 
 
 _KEPT_UNTIL_EXIT: list[Any] = []
@@ -148,10 +142,10 @@ def run_model_spec(paths: RunPaths, config: TrainerSections, train_rows: SplitRo
                       special.pad_id, initial_weights=initial_weights)
 
 
-def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Accelerator,
+def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: Accelerator,
                         allow_data_change: bool = False) -> TrainingLoop:
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
-    paths, train = RunPaths(run_dir), config.train
+    train = config.train
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
     spec = run_model_spec(paths, config, train_rows)
@@ -176,9 +170,9 @@ def build_training_loop(run_dir: Path, config: TrainerSections, accelerator: Acc
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
                             accelerator, precision.autocast),
-        checkpointer=Checkpointer(accelerator, paths.checkpoints, train.keep_last, states,
+        checkpointer=Checkpointer(accelerator, paths, train.keep_last, states,
                                   build_shards(accelerator, model, optimizer)),
-        metrics=MetricsSink(paths.metrics, enabled=accelerator.is_main_process, tracker=tracker),
+        metrics=MetricsSink(paths, enabled=accelerator.is_main_process, tracker=tracker),
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
         callbacks=build_callbacks(accelerator, train, paths), spec=spec)
@@ -198,21 +192,21 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
     RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
     """
-    run_dir = Path(run_dir)
-    with run_dir_lock(run_dir):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
-        config = read_trainer_config(run_dir)
-        accelerator = build_accelerator(config.train, run_dir, fsdp_block_classes(RunPaths(run_dir), config))
+    paths = RunPaths(run_dir)
+    with run_dir_lock(paths.root):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
+        config = read_trainer_config(paths.root)
+        accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         try:
             if config.train.tensorboard:
                 accelerator.init_trackers(TRACKER_PROJECT)
-            loop = build_training_loop(run_dir, config, accelerator, allow_data_change)
+            loop = build_training_loop(paths, config, accelerator, allow_data_change)
             resumed_step = loop.checkpointer.load_latest()
             if resumed_step is not None:
                 accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
             loop.metrics.drop_rows_after(resumed_step)
             target_step = until_step if until_step is not None else config.train.max_steps
             run_to(loop, target_step)
-            export_if_stale(loop, RunPaths(run_dir))
+            export_if_stale(loop, paths)
         finally:
             accelerator.end_training()  # flushes TensorBoard even when training stops with an error
     return loop.counters.step
@@ -251,7 +245,7 @@ def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
         if accelerator.is_main_process:
             tied = loop.spec.tied_names(accelerator.unwrap_model(loop.model))
             weights = {name: tensor for name, tensor in state_dict.items() if name not in tied}
-            export_model(weights, loop.spec.export_config(), paths.model, paths.tokenizer,
+            export_model(weights, loop.spec.export_config(), paths, paths.tokenizer,
                          {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
                          base_model_tokenizer_files(paths))
             accelerator.print(f"exported step {loop.counters.step} to {paths.model}", flush=True)

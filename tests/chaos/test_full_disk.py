@@ -165,21 +165,21 @@ def test_checkpoint_write_out_of_space_keeps_the_previous_checkpoint_then_a_reru
 
 EXPORT_AND_LOG_UNDER_LIMIT = """
 import sys
-from pathlib import Path
 
 from core.errors import TokenmillError
+from core.rundir import RunPaths
 from tests.trainer.conftest import TEST_DIMS
 from trainer.export import export_model, hf_llama_config
 from trainer.metrics import MetricsSink
 from trainer.model import LlamaForCausalLM, ModelDims, ModelShape
 
-run_dir = Path(sys.argv[2])
+paths = RunPaths(sys.argv[2])
 try:
     if sys.argv[1] == "export":
         shape = ModelShape(ModelDims(**TEST_DIMS), vocab_size=64, max_seq_len=16)
-        export_model(LlamaForCausalLM(shape).state_dict(), hf_llama_config(shape), run_dir / "model")
+        export_model(LlamaForCausalLM(shape).state_dict(), hf_llama_config(shape), paths)
     else:
-        MetricsSink(run_dir / "metrics").log_train({"step": 2, "loss": 1.0, "note": "x" * 8192})
+        MetricsSink(paths).log_train({"step": 2, "loss": 1.0, "note": "x" * 8192})
 except TokenmillError as err:
     print(f"error: {err}", file=sys.stderr)
     sys.exit(2)

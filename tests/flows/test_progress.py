@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
+from core.rundir import RunPaths
 from core.shards import ShardInfo
 from flows import training_progress
 from flows.progress import (
@@ -158,7 +159,7 @@ def train_row(step: int, loss: float = 3.0, tokens_per_s: float = 41_000.0) -> d
 
 
 def test_training_bar_follows_the_metrics_files(bars: Progress, clock: FakeClock, tmp_path: Path) -> None:
-    sink = MetricsSink(tmp_path / "metrics")  # the trainer's own writer: what it wrote before it was killed
+    sink = MetricsSink(RunPaths(tmp_path))  # the trainer's own writer: what it wrote before it was killed
     for step in (50, 100, 110, 130):
         sink.log_train(train_row(step))
     with stage_meter("train", "steps") as meter:
@@ -183,7 +184,7 @@ def test_training_bar_follows_the_metrics_files(bars: Progress, clock: FakeClock
 
 
 def test_a_finished_run_shows_nothing_to_train(bars: Progress, tmp_path: Path) -> None:
-    sink = MetricsSink(tmp_path / "metrics")
+    sink = MetricsSink(RunPaths(tmp_path))
     sink.log_train(train_row(30))
     with stage_meter("train", "steps") as meter:
         follower = TrainingFollower(tmp_path / "metrics", [TrainingBar(meter, target_step=30)])
@@ -212,10 +213,10 @@ def test_tail_waits_for_the_file_and_for_a_torn_line_to_complete(tmp_path: Path)
 
 
 def test_tail_skips_the_earlier_runs_rows_and_splits_a_rewrite_into_kept_and_new(tmp_path: Path) -> None:
-    sink = MetricsSink(tmp_path)
+    sink = MetricsSink(RunPaths(tmp_path))
     for step in (5, 10, 15):  # an attempt killed after its checkpoint at step 10
         sink.log_train(train_row(step))
-    tail = MetricsTail(tmp_path / "train.jsonl")
+    tail = MetricsTail(tmp_path / "metrics" / "train.jsonl")
     assert tail.poll() == ([], [])  # the earlier attempt's rows are not this run's progress
     sink.drop_rows_after(10)  # the retry resumes at 10 and drops the row of step 15
     sink.log_train(train_row(15, loss=2.5))  # the replayed step: its row differs from the dropped one
@@ -249,9 +250,9 @@ class RecordingMeter(Meter):
 
 FAKE_TRAINER = """
 import sys, time
-from pathlib import Path
+from core.rundir import RunPaths
 from trainer.metrics import MetricsSink
-sink = MetricsSink(Path(sys.argv[1]))
+sink = MetricsSink(RunPaths(sys.argv[1]))
 sink.drop_rows_after(None)
 print("step 150/200 | loss 1.0000 | lr 1.00e-03 | grad_norm 0.100 | 9,999 tokens/s", flush=True)  # not in the file
 print("training to step 999 on 1 process(es), 4,096 tokens/step", flush=True)
@@ -271,7 +272,7 @@ def test_bar_and_artifact_follow_the_jsonl_not_the_printed_lines(tmp_path: Path,
     lines: list[str] = []
     logger = logging.getLogger("test.fake_trainer")
     with follow_training(tmp_path / "metrics", [TrainingBar(meter, 200), TrainingArtifact(200)], poll_s=0.02):
-        run_streaming([sys.executable, "-c", FAKE_TRAINER, str(tmp_path / "metrics")], logger, deadline_s=60,
+        run_streaming([sys.executable, "-c", FAKE_TRAINER, str(tmp_path)], logger, deadline_s=60,
                       on_line=lines.append)
     assert any(line.startswith("step 150/200") for line in lines), "the decoy line was printed (and logged)"
     assert meter.positions[-1] == 200 and set(meter.totals) == {200}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core.errors import CheckpointError
+from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
 from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
 from trainer.config import ModelDims, TrainConfig
@@ -43,17 +44,19 @@ class Setup:
         return {name: t.clone() for name, t in self.model.state_dict().items()}
 
 
-def make_setup(folder: Path, keep_last: int = 3, seed: int = 0) -> Setup:
+def make_setup(run_dir: Path, keep_last: int = 3, seed: int = 0) -> Setup:
+    """Checkpointed into ``run_dir/checkpoints``."""
     accelerator = fresh_accelerator(TRAIN)
     model = build_model(SHAPE, seed=seed)
     optimizer = build_optimizer(model, TRAIN)
     model, optimizer, _ = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, TRAIN))
     counters = LoopCounters()
-    return Setup(model, optimizer, counters, Checkpointer(accelerator, folder, keep_last, {"loop": counters}))
+    return Setup(model, optimizer, counters, Checkpointer(accelerator, RunPaths(run_dir), keep_last,
+                                                              {"loop": counters}))
 
 
 def test_save_writes_the_documented_layout(tmp_path: Path) -> None:
-    setup = make_setup(tmp_path / "checkpoints")
+    setup = make_setup(tmp_path)
     setup.train_step()
     folder = setup.checkpointer.save(1)
     assert folder == tmp_path / "checkpoints" / "step-0000001"
@@ -100,11 +103,11 @@ def test_corrupt_newest_is_skipped_with_a_warning_and_the_previous_one_used(tmp_
         assert restored.checkpointer.load_latest() == 1
     assert restored.counters.step == 1
     assert all(torch.equal(weights_at_1[k], v) for k, v in restored.weights().items())
-    assert [step for step, _ in list_checkpoints(tmp_path)] == [1]  # the bad one is set aside, kept for a look
-    assert (tmp_path / "step-0000002.invalid" / "model.safetensors").is_file()
+    assert [step for step, _ in list_checkpoints(tmp_path / "checkpoints")] == [1]  # the bad one is set aside
+    assert (tmp_path / "checkpoints" / "step-0000002.invalid" / "model.safetensors").is_file()
     restored.train_step()
     restored.checkpointer.save(2)  # the next save of that step is not blocked by the bad copy
-    assert verify_checkpoint(tmp_path / "step-0000002") is None
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step-0000002") is None
 
 
 def test_half_written_checkpoint_is_skipped_and_stale_temps_removed(tmp_path: Path) -> None:
@@ -112,11 +115,11 @@ def test_half_written_checkpoint_is_skipped_and_stale_temps_removed(tmp_path: Pa
     setup.checkpointer.save(3)
     half = setup.checkpointer.save(4)
     (half / "manifest.json").unlink()  # killed before the manifest (written last) was in place
-    (tmp_path / ".tmp-step-0000005").mkdir()  # a save killed before its rename
+    (tmp_path / "checkpoints" / ".tmp-step-0000005").mkdir()  # a save killed before its rename
     restored = make_setup(tmp_path)
     with pytest.warns(UserWarning, match=r"step-0000004: no manifest\.json"):
         assert restored.checkpointer.load_latest() == 3
-    assert not (tmp_path / ".tmp-step-0000005").exists()
+    assert not (tmp_path / "checkpoints" / ".tmp-step-0000005").exists()
 
 
 def test_no_valid_checkpoint_is_an_error_and_no_checkpoint_is_a_fresh_start(tmp_path: Path) -> None:
@@ -134,8 +137,8 @@ def test_keep_last_prunes_the_oldest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         setup.counters.step = step
         setup.checkpointer.save(step)
-    assert [step for step, _ in list_checkpoints(tmp_path)] == [3, 4]
-    assert json.loads((tmp_path / "latest").read_text())["step"] == 4
+    assert [step for step, _ in list_checkpoints(tmp_path / "checkpoints")] == [3, 4]
+    assert json.loads((tmp_path / "checkpoints" / "latest").read_text())["step"] == 4
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
@@ -154,7 +157,7 @@ def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
 def test_a_checkpoint_naming_files_outside_itself_does_not_verify(tmp_path: Path, escape: str) -> None:
     """A run dir is data from whoever made it: its checkpoint may point only at its own files, even when an
     outside file has the right bytes (the manifest's sha256 then matches)."""
-    setup = make_setup(tmp_path / "checkpoints")
+    setup = make_setup(tmp_path)
     setup.train_step()
     folder = setup.checkpointer.save(1)
     outside = tmp_path / "elsewhere"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from core.errors import CheckpointError
+from core.rundir import RunPaths
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
 from trainer.config import ModelDims
@@ -25,7 +26,7 @@ def model_dir(tmp_path: Path) -> Path:
     tokenizer = train_tokenizer(texts, vocab_size=400)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     shape = ModelShape(DIMS, tokenizer.get_vocab_size(), 32)
-    return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), tmp_path / "model",
+    return export_model(build_model(shape, seed=3).state_dict(), hf_llama_config(shape), RunPaths(tmp_path),
                         tmp_path / "tokenizer.json")
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, VOCAB_SIZE, Corpus, write_corpus_shards
 from trainer.config import ModelDims, TrainConfig
 from trainer.data import PAD_ID, SplitRows, make_batch
@@ -78,7 +79,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, real_row
     model = build_model(shape, seed=3).eval()
     tokenizer_json = tmp_path / "tokenizer.json"
     tokenizer_json.write_text(stdlib_corpus.tokenizer_json, encoding="utf-8")
-    out = export_model(model.state_dict(), hf_llama_config(shape), tmp_path / "model", tokenizer_json, {"step": 5})
+    out = export_model(model.state_dict(), hf_llama_config(shape), RunPaths(tmp_path), tokenizer_json, {"step": 5})
     hf_model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
     assert not info["missing_keys"]
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -92,7 +93,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path: Path, real_row
 def test_export_config_and_weights(tmp_path: Path) -> None:
     shape = shape_for(tied=True)
     model = build_model(shape, seed=1)
-    out = export_model(model.state_dict(), hf_llama_config(shape), tmp_path / "model")
+    out = export_model(model.state_dict(), hf_llama_config(shape), RunPaths(tmp_path))
     config = json.loads((out / "config.json").read_text())
     assert config == hf_llama_config(shape)
     assert (config["architectures"], config["model_type"], config["max_position_embeddings"]) == (
@@ -109,9 +110,9 @@ def test_export_replaces_an_older_export_whole(tmp_path: Path) -> None:
     shape = shape_for()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "stale.txt").write_text("from an old export")
-    export_model(build_model(shape, seed=1).state_dict(), hf_llama_config(shape), tmp_path / "model", None, {"step": 1})
+    export_model(build_model(shape, seed=1).state_dict(), hf_llama_config(shape), RunPaths(tmp_path), None, {"step": 1})
     newer = build_model(shape, seed=2).state_dict()
-    export_model(newer, hf_llama_config(shape), tmp_path / "model", None, {"step": 2})
+    export_model(newer, hf_llama_config(shape), RunPaths(tmp_path), None, {"step": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folders left behind
     assert not (tmp_path / "model" / "stale.txt").exists()
     assert exported_step(tmp_path / "model") == 2

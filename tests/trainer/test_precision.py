@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir, exported_weights, fresh_accelerator
 from trainer import precision
 from trainer.loop import TrainingLoop
@@ -21,7 +22,7 @@ def build_loop(run_dir: Path) -> TrainingLoop:
     config = read_trainer_config(run_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return build_training_loop(run_dir, config, fresh_accelerator(config.train))
+        return build_training_loop(RunPaths(run_dir), config, fresh_accelerator(config.train))
 
 
 def weights(loop: TrainingLoop) -> dict[str, torch.Tensor]:

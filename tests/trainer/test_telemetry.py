@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir
 from trainer.metrics import read_metric_rows
 from trainer.model import ModelShape, flops_per_token
@@ -65,11 +66,12 @@ def test_device_peak_comes_from_the_recipe_a_gpu_table_or_a_cached_probe(tmp_pat
     assert gpu_table_peak("NVIDIA H100 PCIe", "bf16") == 756.0
     assert gpu_table_peak("NVIDIA H200", "fp32") == 67.0 and gpu_table_peak("NVIDIA A100-SXM4-40GB", "fp16") == 312
     assert gpu_table_peak("Tesla T4", "fp16") is None
-    cache = tmp_path / "device_peak.json"
-    probed = device_peak(cpu, "fp32", None, cache)
+    paths = RunPaths(tmp_path)
+    cache = paths.device_peak
+    probed = device_peak(cpu, "fp32", None, paths)
     assert probed.source.startswith("probe") and probed.tflops > 0 and cache.is_file()
     cache.write_text(json.dumps({**json.loads(cache.read_text()), "tflops": 1.5}))
-    assert device_peak(cpu, "fp32", None, cache) == type(probed)(1.5, "probe (cached)")  # the run's number is kept
+    assert device_peak(cpu, "fp32", None, paths) == type(probed)(1.5, "probe (cached)")  # the run's number is kept
 
 
 def test_flops_per_token_counts_attention_and_memory_is_measured() -> None:
