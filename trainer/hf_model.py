@@ -10,6 +10,7 @@ weights (``*.bin``, ``*.pt``: never unpickled), a missing or corrupt shard, weig
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,9 @@ def load_pretrained_weights(model: nn.Module, folder: Path) -> None:
 
     Tied output weights (``tie_word_embeddings``) may be absent from the files, as ``save_pretrained`` leaves them.
     """
-    saved = {_own_name(model, name): tensor for name, tensor in read_weights(weight_files(folder)).items()}
+    to_model_name = checkpoint_renaming(model)
+    saved = {_own_name(model, to_model_name(name)): tensor
+             for name, tensor in read_weights(weight_files(folder)).items()}
     expected = model.state_dict()
     tied = tied_names(model)
     missing = sorted(set(expected) - set(saved) - tied)
@@ -177,6 +180,20 @@ def load_pretrained_weights(model: nn.Module, folder: Path) -> None:
                 param.copy_(saved[name].to(param.dtype))
     if tied:
         model.tie_weights()
+
+
+def checkpoint_renaming(model: nn.Module) -> Callable[[str], str]:
+    """Checkpoint name -> the model's state-dict name, by transformers' own renamings for this architecture.
+
+    transformers 5 renames some checkpoint keys on load, and ``save_pretrained`` writes the original ones back
+    (GPT-NeoX/Pythia: ``embed_out.weight`` in the files is the model's ``lm_head.weight``). Only renamings
+    apply: a checkpoint that needs a tensor conversion (fused experts, …) fails the name check below.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    renamings = [t for t in get_model_conversion_mapping(model) if not isinstance(t, WeightConverter)]
+    return lambda name: rename_source_key(name, renamings, [])[0]
 
 
 def _own_name(model: nn.Module, name: str) -> str:
