@@ -62,8 +62,8 @@ class ModelSpec(Protocol):
     def export_config(self) -> dict[str, Any]:
         """``config.json`` of the export, in the model's own architecture."""
 
-    def tied_names(self, model: nn.Module) -> set[str]:
-        """State-dict names the export leaves out because they share storage with another (tied weights)."""
+    def export_weights(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The whole state dict of ``model`` as the export's safetensors hold it (the architecture's own names)."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,8 @@ class BuiltinSpec:
     def export_config(self) -> dict[str, Any]:
         return hf_llama_config(self.shape, self.eos_id, self.pad_id)
 
-    def tied_names(self, model: nn.Module) -> set[str]:
-        return set()  # a tied built-in model has no lm_head parameter at all
+    def export_weights(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state_dict  # already HF Llama's names; a tied built-in model has no lm_head parameter at all
 
 
 TENSOR_PARALLEL_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -173,8 +173,13 @@ class HuggingFaceSpec:
         config.use_cache = True  # set off for training only; inference wants it
         return config.to_dict()
 
-    def tied_names(self, model: nn.Module) -> set[str]:
-        return tied_names(model)
+    def export_weights(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tied weights left out and transformers' load-time renamings reverted, as ``save_pretrained`` writes them
+        (a GPT-NeoX export holds ``embed_out.weight``, not the in-memory ``lm_head.weight``)."""
+        from transformers.core_model_loading import revert_weight_conversion
+
+        tied = tied_names(model)
+        return revert_weight_conversion(model, {name: t for name, t in state_dict.items() if name not in tied})
 
 
 def _class_of(config: Any) -> type:

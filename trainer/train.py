@@ -243,8 +243,7 @@ def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
     if stale[0]:
         state_dict = full_state_dict(accelerator, loop.model)
         if accelerator.is_main_process:
-            tied = loop.spec.tied_names(accelerator.unwrap_model(loop.model))
-            weights = {name: tensor for name, tensor in state_dict.items() if name not in tied}
+            weights = loop.spec.export_weights(accelerator.unwrap_model(loop.model), state_dict)
             export_model(weights, loop.spec.export_config(), paths, paths.tokenizer,
                          {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
                          base_model_tokenizer_files(paths))
