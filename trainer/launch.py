@@ -36,6 +36,8 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
     if num_processes > 1:
         command.append("--multi_gpu")
     command += ["--num_processes", str(num_processes), "--num_machines", str(num_machines)]
+    if OMP_THREADS_ENV not in os.environ:
+        command += ["--num_cpu_threads_per_process", str(cpu_threads_per_process(num_processes, num_machines))]
     if num_machines > 1:
         command += ["--machine_rank", str(machine_rank), "--main_process_ip", str(main_process_ip),
                     "--main_process_port", str(main_process_port)]
@@ -46,6 +48,22 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
     if allow_data_change:
         command.append("--allow-data-change")
     return command
+
+
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def cpu_threads_per_process(num_processes: int, num_machines: int = 1) -> int:
+    """The CPU threads each launched rank gets: this machine's usable cores over its ranks, at least 1.
+
+    ``accelerate launch`` sets ``OMP_NUM_THREADS`` in the ranks' environment to ``--num_cpu_threads_per_process``,
+    which it defaults to 1 (not to the cores) unless ``--cpu`` is passed: a flow-launched CPU trainer then ran
+    its matmuls on one core of two (~1.2 s/step for the tiny preset where a direct ``python -m trainer.train``
+    uses both). A user's own ``OMP_NUM_THREADS`` is left alone (launch_command passes no flag then).
+    """
+    ranks_here = max(1, num_processes // max(1, num_machines))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // ranks_here)
 
 
 PARENT_PID_ENV = "TOKENMILL_PARENT_PID"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import sys
 import warnings
@@ -119,6 +120,23 @@ def test_launch_command_forms() -> None:
     assert one[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
     assert two[two.index("--num_processes") + 1] == "2" and "--multi_gpu" in two
     assert two[-2:] == ["--until-step", "7"]
+
+
+def test_launched_ranks_get_the_cores_not_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate launch sets OMP_NUM_THREADS=1 in its ranks unless told otherwise: the flow's CPU trainer ran
+    on one core of two. Each rank gets this machine's cores over its ranks; a user's OMP_NUM_THREADS wins."""
+    def threads(argv: list[str]) -> str | None:
+        flag = "--num_cpu_threads_per_process"
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert threads(launch_command(Path("runs/x"), 1)) == "4"
+    assert threads(launch_command(Path("runs/x"), 2)) == "2"
+    assert threads(launch_command(Path("runs/x"), 8)) == "1"
+    assert threads(launch_command(Path("runs/x"), 4, num_machines=2, main_process_ip="127.0.0.1")) == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads(launch_command(Path("runs/x"), 1)) is None  # accelerate passes the user's 3 on
 
 
 def with_special_ids_moved(corpus: Corpus, eos_id: int, pad_id: int) -> Corpus:
