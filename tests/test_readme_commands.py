@@ -55,8 +55,9 @@ VENV = Path(sys.prefix)
 """The virtual environment running pytest: the README's `.venv`."""
 README_PORT = 4200
 QUICK_START_TIMEOUT_S = 1500
-"""A limit, not a speed check: the quick start took 6.5 min in session 5 and passed 600 s in session 6 (cause
-not yet found, see the closing note); a hang still fails here."""
+"""A limit, not a speed check (a hang still fails here): the quick start took 6.5 min in session 5 and passed
+600 s in session 6, on a slower host whose flow-launched trainer ran on one thread (accelerate's default; it now
+gets the machine's cores, see trainer.launch.cpu_threads_per_process)."""
 
 
 @dataclass(frozen=True)

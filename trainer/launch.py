@@ -58,8 +58,9 @@ def cpu_threads_per_process(num_processes: int, num_machines: int = 1) -> int:
 
     ``accelerate launch`` sets ``OMP_NUM_THREADS`` in the ranks' environment to ``--num_cpu_threads_per_process``,
     which it defaults to 1 (not to the cores) unless ``--cpu`` is passed: a flow-launched CPU trainer then ran
-    its matmuls on one core of two (~1.2 s/step for the tiny preset where a direct ``python -m trainer.train``
-    uses both). A user's own ``OMP_NUM_THREADS`` is left alone (launch_command passes no flag then).
+    its matmuls on one core of two. Measured on a quiet 2-core machine, tiny preset, seq 256: 1 thread 2,049 and
+    2,154 tokens/s, 2 threads 3,978 and 3,764 (1.8x). A user's own ``OMP_NUM_THREADS`` is left alone
+    (launch_command passes no flag then).
     """
     ranks_here = max(1, num_processes // max(1, num_machines))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
