@@ -3,7 +3,9 @@
 Both variants build the same model from the same seed, use the same AdamW groups, LR schedule,
 gradient clipping and precision, and draw the same kind of micro-batches from one token array; only
 the step machinery differs (Accelerate's prepare/accumulate/backward/clip and our loader vs plain
-``loss.backward(); opt.step()``). Rounds alternate between the two so machine noise hits both alike;
+``loss.backward(); opt.step()``). A third variant runs the same TrainingLoop on Hugging Face's
+``LlamaForCausalLM`` of the same dims (what ``model.hf_config`` trains), so the built-in model's speed is
+measured against transformers' own. Rounds alternate between the variants so machine noise hits all alike;
 tokens/s comes from the median step time. The last line printed is JSON for the results table.
 
 Both run where the trainer would: on the GPU when CUDA is available (``build_accelerator`` decides),
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from benchmarks.result import print_result
 from core.rundir import RunPaths
@@ -33,13 +36,16 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
 from trainer.data import PAD_ID, ArrayRows, BatchLayout, TrainLoader, make_batch
 from trainer.evaluate import Evaluator
+from trainer.export import hf_llama_config
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.model import ModelShape, build_model, flops_per_token
-from trainer.model_spec import BuiltinSpec
+from trainer.model_spec import BuiltinSpec, HuggingFaceSpec, ModelSpec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import apply_model_options, build_accelerator
 from trainer.telemetry import device_peak
+
+HF_VARIANT = "tokenmill TrainingLoop, HF LlamaForCausalLM"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,10 +93,10 @@ def bare_pytorch_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray,
     return step
 
 
-def tokenmill_step(shape: ModelShape, train: TrainConfig, tokens: np.ndarray, scratch: Path,
+def tokenmill_step(spec: ModelSpec, train: TrainConfig, tokens: np.ndarray, scratch: Path,
                    accelerator: Accelerator) -> Callable[[], None]:
     """TrainingLoop.train_step exactly as trainer.train runs it (checkpoints/eval/metrics are not timed)."""
-    model = apply_model_options(build_model(shape, train.seed), train, BuiltinSpec(shape))
+    model = apply_model_options(spec.build(train.seed), train, spec)
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
     loader = TrainLoader(ArrayRows(tokens), BatchLayout(train.micro_batch_size, 1), train.seed)
@@ -133,9 +139,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     accelerator = build_accelerator(train)  # the GPU when CUDA is available, else the CPU: both variants run there
     device = accelerator.device
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
+        hf_llama = HuggingFaceSpec(CONFIG_MAPPING["llama"].from_dict(hf_llama_config(shape)), args.seq_len)
         variants = {"bare PyTorch loop": bare_pytorch_step(shape, train, tokens, device),
-                    "tokenmill TrainingLoop (Accelerate)": tokenmill_step(shape, train, tokens, Path(scratch),
-                                                                          accelerator)}
+                    "tokenmill TrainingLoop (Accelerate)": tokenmill_step(BuiltinSpec(shape), train, tokens,
+                                                                          Path(scratch), accelerator),
+                    HF_VARIANT: tokenmill_step(hf_llama, train, tokens, Path(scratch), accelerator)}
         times = time_rounds(variants, rounds, steps, device)
     tokens_per_step = args.micro_batch_size * args.seq_len
     rate = {name: tokens_per_step / statistics.median(values) for name, values in times.items()}
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     for name, values in times.items():
         print(f"{name:40} {statistics.median(values):14.3f} {rate[name]:10,.0f}")
     baseline, ours = rate["bare PyTorch loop"], rate["tokenmill TrainingLoop (Accelerate)"]
+    print(f"built-in model / transformers LlamaForCausalLM (same loop, same dims): {ours / rate[HF_VARIANT]:.3f}x")
     peak = device_peak(device, args.precision, None, None)
     model_flops = flops_per_token(shape, build_model(shape, 0).num_parameters()) * ours / 1e12
     print(f"MFU {model_flops / peak.tflops:.1%} ({model_flops * 1e3:.1f} model GFLOP/s of a {peak.tflops * 1e3:.0f} "
