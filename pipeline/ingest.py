@@ -120,7 +120,7 @@ def source_root(source: SourceConfig, manifest_path: Path) -> Path:
     return path if path.is_dir() and source.format != "hf_disk" else path.parent
 
 
-RUN_DIR_SIGNATURES = (("ingest_plan",), ("recipe", "lock"))
+RUN_DIR_SIGNATURES = (("ingest_plan",), ("recipe", "lock_file"))
 """A folder holding ``docs/plan.json``, or both ``run.yaml`` and ``.lock``, is a tokenmill run dir."""
 
 
