@@ -221,8 +221,14 @@ def kill_group(process: subprocess.Popen) -> None:
 
 
 def user_env(prefect_home: Path) -> dict[str, str]:
-    """A user's shell: the venv's bin first on PATH, no Prefect server configured, a wide terminal."""
-    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    """A user's shell: the venv's bin first on PATH, no Prefect server configured, a wide terminal.
+
+    Thread-count variables are left out too: a library inside this test session sets OMP_NUM_THREADS=1 and
+    MKL_NUM_THREADS=1 in os.environ (found in the launched trainer's environment), and the launcher rightly
+    keeps a user's OMP_NUM_THREADS, so the quick start trained on one core of two here.
+    """
+    dropped = {"PREFECT_API_URL", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+    env = {key: value for key, value in os.environ.items() if key not in dropped}
     return {**env, "PATH": f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}", "PREFECT_HOME": str(prefect_home),
             "COLUMNS": "200"}
 
