@@ -7,6 +7,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,23 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Set to 1 in os.environ by a library inside the test session (seen in CI: the launched trainers of later tests
+inherited it, and the launcher keeps a user's OMP_NUM_THREADS, so they trained on one core of two)."""
+_SESSION_THREAD_COUNTS = {name: os.environ.get(name) for name in THREAD_COUNT_VARIABLES}
+
+
+@pytest.fixture(autouse=True)
+def _thread_counts_as_the_session_began() -> Iterator[None]:
+    """Undo a test's (or a library's) change of the thread-count variables before the next test runs."""
+    yield
+    for name, value in _SESSION_THREAD_COUNTS.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email", "logging", "http")) -> Path:
