@@ -18,13 +18,13 @@ from trainer.train import main
 
 
 def poison_training_losses(monkeypatch: pytest.MonkeyPatch, is_bad: Callable[[int], bool]) -> None:
-    """Test hook: the n-th training forward (labels given, grad on; 1-based) returns NaN when ``is_bad(n)``."""
+    """Test hook: the n-th training forward (grad on; 1-based) returns NaN logits when ``is_bad(n)``."""
     original = LlamaForCausalLM.forward
     calls = itertools.count(1)
 
     def forward(self: LlamaForCausalLM, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         out = original(self, input_ids, labels)
-        if labels is not None and torch.is_grad_enabled() and is_bad(next(calls)):
+        if torch.is_grad_enabled() and is_bad(next(calls)):
             return out * math.nan
         return out
 
