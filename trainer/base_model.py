@@ -49,7 +49,8 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     if done is not None and paths.base_model.is_dir():
         return done
     if model.from_pretrained is not None:
-        read_weights([path for path in files.values() if path.suffix == ".safetensors"])  # every shard readable
+        # Every shard opens and names its tensors (headers only: a large model is not read into memory twice).
+        read_weights([path for path in files.values() if path.suffix == ".safetensors"], headers_only=True)
     _link_folder(files, paths.base_model)
     summary = {"model_type": config.model_type, "files": sorted(files),
                "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}

@@ -127,16 +127,17 @@ def weight_files(folder: Path) -> list[Path]:
                       "weights (use model.hf_config to start from random weights).")
 
 
-def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
-    """Every tensor of the safetensors ``files``; ConfigError naming a corrupt or duplicated file."""
-    tensors: dict[str, torch.Tensor] = {}
+def read_weights(files: list[Path], headers_only: bool = False) -> dict[str, torch.Tensor | None]:
+    """Every tensor of the safetensors ``files`` (``headers_only``: names only, values None, nothing loaded);
+    ConfigError naming a corrupt or duplicated file."""
+    tensors: dict[str, torch.Tensor | None] = {}
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     if name in tensors:
                         raise ConfigError(f"{file}: tensor {name} is also in another shard; re-save the model.")
-                    tensors[name] = handle.get_tensor(name)
+                    tensors[name] = None if headers_only else handle.get_tensor(name)
         except (SafetensorError, OSError, ValueError) as err:
             raise ConfigError(f"{file}: not a readable safetensors file ({err}); copy it again or re-save the "
                               "model with `save_pretrained`.") from None
@@ -160,9 +161,9 @@ def load_pretrained_weights(model: nn.Module, folder: Path) -> None:
     Tied output weights (``tie_word_embeddings``) may be absent from the files, as ``save_pretrained`` leaves them.
     """
     to_model_name = checkpoint_renaming(model)
-    saved = {_own_name(model, to_model_name(name)): tensor
-             for name, tensor in read_weights(weight_files(folder)).items()}
     expected = model.state_dict()
+    saved = {_own_name(model, expected, to_model_name(name)): tensor
+             for name, tensor in read_weights(weight_files(folder)).items()}
     tied = tied_names(model)
     missing = sorted(set(expected) - set(saved) - tied)
     unexpected = sorted(set(saved) - set(expected))
@@ -196,10 +197,10 @@ def checkpoint_renaming(model: nn.Module) -> Callable[[str], str]:
     return lambda name: rename_source_key(name, renamings, [])[0]
 
 
-def _own_name(model: nn.Module, name: str) -> str:
+def _own_name(model: nn.Module, expected: dict[str, torch.Tensor], name: str) -> str:
     """A checkpoint name in the model's own spelling: base-model checkpoints lack the ``model.`` style prefix."""
     prefix = getattr(model, "base_model_prefix", "")
-    if prefix and not name.startswith(f"{prefix}.") and f"{prefix}.{name}" in model.state_dict():
+    if prefix and not name.startswith(f"{prefix}.") and f"{prefix}.{name}" in expected:
         return f"{prefix}.{name}"
     return name
 
