@@ -123,6 +123,38 @@ class RunPaths:
         return self.root / "report"
 
     @property
+    def eval(self) -> Path:
+        """``eval/``: the full evaluation's task files, results and per-checkpoint exports (trainer.eval_*)."""
+        return self.root / "eval"
+
+    @property
+    def eval_tasks(self) -> Path:
+        """``eval/tasks/``: the built-in task as plain lm-eval YAML + JSONL (``lm_eval --include_path`` runs it)."""
+        return self.eval / "tasks"
+
+    @property
+    def eval_texts(self) -> Path:
+        """``eval/texts/``: every configured task's documents, one JSON text per line (decontamination reads them)."""
+        return self.eval / "texts"
+
+    def eval_text(self, task: str) -> Path:
+        """``eval/texts/<task>.jsonl``: see :attr:`eval_texts`."""
+        return self.eval_texts / f"{task}.jsonl"
+
+    @property
+    def eval_results(self) -> Path:
+        """``eval/results/``: see :meth:`eval_result`."""
+        return self.eval / "results"
+
+    def eval_result(self, step: int, task: str) -> Path:
+        """``eval/results/step-NNNNNNN/<task>.json``: one (checkpoint, task) result, keyed by both fingerprints."""
+        return self.eval_results / f"step-{step:07d}" / f"{task}.json"
+
+    def eval_model(self, step: int) -> Path:
+        """``eval/models/step-NNNNNNN/``: a checkpoint exported as a Hugging Face folder for downstream tasks."""
+        return self.eval / "models" / f"step-{step:07d}"
+
+    @property
     def stages(self) -> Path:
         """Stage completion markers (``<stage>.json``, ``<stage>/<unit>.json``): see :meth:`done_summary`."""
         return self.root / "stages"

@@ -7,8 +7,9 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from core.eval_results import failed_results
 from core.rundir import RunPaths
-from pipeline.query import data_funnel, eval_history, rejects_by_reason
+from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason
 
 
 def publish_funnel(run_dir: Path, summary: dict[str, Any], report_path: str) -> None:
@@ -51,6 +52,19 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
         description="Run summary",
     )
     return summary
+
+
+def publish_evaluation(run_dir: Path, report_path: str) -> dict[str, Any]:
+    """The ``eval-results`` table (every checkpoint x task x metric) and the failures; returns both."""
+    results = eval_results_table(run_dir)
+    failed = failed_results(RunPaths(run_dir))
+    if results:
+        create_table_artifact(table=results, key="eval-results",
+                              description="Full evaluation: the whole val split (per source, bits per byte) and "
+                                          "the downstream tasks, per checkpoint")
+    if failed:
+        create_table_artifact(table=failed, key="eval-failures", description="Evaluations that failed, and why")
+    return {"results": results, "failed": failed, "report": report_path}
 
 
 def publish_training_failure(run_dir: Path, report_path: str, error: BaseException) -> None:

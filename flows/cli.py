@@ -111,6 +111,33 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     _run_flow("train_model", recipe, run_dir)
 
 
+@app.command(name="eval")
+def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+             checkpoint: Annotated[str | None, typer.Option(
+                 "--checkpoint", help="STEP, last or all (default: the recipe's eval.checkpoints).")] = None,
+             task: Annotated[str | None, typer.Option(
+                 "--task", help="Only this task: val_split or an lm-eval task name (default: all).")] = None) -> None:
+    """Evaluate a run's checkpoints: the whole val split (per source, bits per byte) and the downstream tasks.
+
+    Each (checkpoint, task) result is cached by both fingerprints: a re-run computes only what is missing.
+    Example: tokenmill eval runs/tiny --checkpoint all
+    """
+    from flows.recipe import resolve_recorded_run
+
+    if checkpoint is not None and checkpoint not in ("last", "all") and not checkpoint.isdigit():
+        raise TokenmillError(f"--checkpoint {checkpoint!r}: give a step number, last or all.")
+    run = resolve_recorded_run(run_dir)
+    import flows.pipeline
+    from flows.progress import live_progress
+
+    _hide_user_error_tracebacks()
+    with run.paths.lock():
+        guard_temporary_server()
+        with live_progress():
+            summary = flows.pipeline.evaluate_model(run, checkpoint=checkpoint, task=task)
+        _print_summary(summary)
+
+
 @app.command()
 def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
           sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],

@@ -10,15 +10,19 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
+from core.eval_results import VAL_SPLIT_TASK, describe
 from core.rundir import RunPaths
 from core.shards import read_shard_index, verify_shards
-from flows.artifacts import publish_funnel, publish_training, publish_training_failure
+from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.stage_processes import stage_processes
 from flows.tasks import (
     base_model_task,
     decontaminate_task,
     dedupe_task,
+    downstream_task,
+    eval_checkpoint_task,
+    eval_tasks_task,
     ingest_part_task,
     pack_task,
     plan_ingest_task,
@@ -28,6 +32,7 @@ from flows.tasks import (
     train_task,
 )
 from pipeline.manifest import load_manifest
+from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
 SPLITS = ("train", "val")
 
@@ -50,7 +55,8 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
             ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
                                             near=unmapped(loaded.dedupe.near)).result()
         deduped = dedupe_task(paths, loaded.dedupe)
-        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base))
+        eval_tasks = eval_tasks_task(paths, loaded.eval, str(base))  # checked now, not after training
+        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]))
         base_model = _optional_str(model_source(loaded, base))
         model = base_model_task(paths, loaded.model, base_model) if base_model is not None else None
         tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
@@ -60,7 +66,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
         shards = shard_index_task(paths)
         report = report_task(paths)
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
-               "decontaminate": decontaminated,
+               "decontaminate": decontaminated, "eval_tasks": eval_tasks,
                "base_model": model, "tokenizer": tokenizer, "num_shards": len(shards),
                "num_tokens": sum(info.num_tokens for info in shards), "report": report}
     publish_funnel(root, summary, report)
@@ -69,7 +75,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
 
 @flow(name="train-model")
 def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
-    """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export) in a child process group.
+    """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export), then the full evaluation.
 
     ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved.
     ``refresh=True`` (new data arrived) trains ``train.steps_per_refresh`` more steps from the newest
@@ -88,7 +94,10 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
             _report_failed_training(paths, failure)
             raise
         report = report_task(paths)
-    return publish_training(paths.root, report)
+    trained = publish_training(paths.root, report)
+    if loaded.eval.enabled:
+        trained["eval"] = evaluate_model(run)
+    return trained
 
 
 @flow(name="data-to-model")
@@ -104,8 +113,62 @@ def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
     before = _num_indexed_shards(run.paths)
     prepared = prepare_on(run, dask_address=dask_address)
     refresh = before > 0 and prepared["num_shards"] > before
-    trained = train_model(run, refresh=refresh)
+    trained = train_model(run, refresh=refresh)  # evaluates too (the recipe's eval section)
     return {"prepare": prepared, "train": trained}
+
+
+@flow(name="evaluate-model")
+def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkpoint: str | None = None,
+                   task: str | None = None) -> dict[str, Any]:
+    """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each result cached.
+
+    ``checkpoint``: ``last``, ``all`` or a step (default the recipe's ``eval.checkpoints``); ``task``: only this
+    task (``val_split`` or a downstream task name; default the whole split and every ``eval.tasks``). Every
+    (checkpoint, task) result is keyed by both fingerprints: a re-run evaluates only what is missing.
+    """
+    from trainer.eval_checkpoint import val_split_task_fingerprint
+    from trainer.eval_plan import chosen_checkpoints, has_export, plan_evaluation  # imports torch
+
+    run = as_resolved(recipe, run_dir)
+    config, paths = run.recipe.eval, run.paths
+    logger = get_run_logger()
+    with paths.lock():
+        task_fps, include = evaluation_tasks(run, task)
+        val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision)
+        plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
+                                task_fps, val_split=task in (None, VAL_SPLIT_TASK))
+        for plan in plans:
+            export = plan.needs_export and not has_export(paths, plan.step)
+            if plan.score_val_split or export:
+                try:
+                    eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
+                                         export)
+                except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
+                    logger.error("evaluating step %s failed: %s", plan.step, err)
+                    continue
+            for name in plan.tasks:
+                logger.info("%s", describe(downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
+                                                           [str(folder) for folder in include], config)))
+        report = report_task(paths)
+    return publish_evaluation(paths.root, report)
+
+
+def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:
+    """``({downstream task: fingerprint}, include folders)``: the recipe's ``eval.tasks`` through the eval-tasks
+    stage (cached), or the one ``task`` asked for, checked on its own."""
+    config, paths = run.recipe.eval, run.paths
+    if task == VAL_SPLIT_TASK or (task is None and not config.tasks):
+        return {}, []
+    from trainer.downstream import check_tasks  # lm-eval imports slowly
+    from trainer.eval_tasks import include_dirs, prepare_eval_tasks, recorded_include, write_builtin_task
+
+    include = recorded_include(paths) or include_dirs(paths, config, run.base)
+    if task is None:
+        return prepare_eval_tasks(paths, config, run.base, include)["tasks"], include
+    if task == NEXT_LINE_TASK and paths.eval_tasks not in include:
+        write_builtin_task(paths, config)
+        include = [*include, paths.eval_tasks]
+    return check_tasks([task], include), include
 
 
 def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,

@@ -16,7 +16,7 @@ from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
 from tokenization.config import PackConfig, TokenizerConfig
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import EvalConfig, ModelConfig, TrainConfig
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
@@ -33,6 +33,8 @@ class RunRecipe(FrozenConfig):
     pack: PackConfig = PackConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    """The full evaluation after training: whole val split, per source, downstream tasks (see docs/evaluation.md)."""
     dask_address: str | None = None
     """Run the data stages on this Dask scheduler (``tcp://host:port``) instead of local threads."""
 
@@ -121,6 +123,19 @@ def resolve_run(recipe_path: str | Path, run_dir: str | Path | None = None) -> R
     """Read the recipe at ``recipe_path``; its run dir is ``run_dir``, else the recipe's, else ``runs/<name>``."""
     recipe, base = load_recipe(recipe_path)
     return ResolvedRun(recipe, base, RunPaths(resolve_run_dir(recipe, run_dir)))
+
+
+def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
+    """The run as its ``run.yaml`` records it (``tokenmill eval RUN_DIR``: no recipe file needed).
+
+    Relative paths in it were relative to the recipe's folder, which is unknown here: they are taken from the
+    run dir, and stages that need them read what they recorded instead (the eval-tasks stage its folders).
+    """
+    paths = RunPaths(Path(run_dir).resolve())
+    if not paths.recipe.is_file():
+        raise ConfigError(f"{paths.root}: no run.yaml; give a run dir that tokenmill wrote (runs/<name>).")
+    return ResolvedRun(_recorded_recipe(paths.recipe, load_yaml_mapping(paths.recipe, "run recipe")), paths.root,
+                       paths)
 
 
 def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = None) -> ResolvedRun:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.eval_results import failed_results
 from core.rundir import RunPaths
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import connect, data_funnel, rejects_by_reason
+from pipeline.query import connect, data_funnel, eval_results_table, rejects_by_reason
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
@@ -27,6 +28,8 @@ PLOTS: dict[str, str] = {
     "source_mix": "Source mix (documents and tokens)",
     "doc_lengths": "Document length (characters)",
     "row_fill": "Row fill (real tokens per packed row)",
+    "eval_tasks": "Full evaluation: each task's metrics over steps",
+    "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
 }
 FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}
 """Plots wider than the default 7 x 3.6 inches (the funnel has a second panel: rejects by reason)."""
@@ -56,6 +59,13 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
             "doc_lengths": [r["num_chars"] for r in rows("SELECT num_chars FROM documents")],
             "row_fill": [r["num_tokens"] for r in rows("SELECT num_tokens FROM sequences")],
             "checkpoints": _checkpoints(run_dir),
+            "results": rows("SELECT * FROM eval_results ORDER BY step, task, metric, source"),
+            "results_table": eval_results_table(run_dir),
+            "eval_failures": failed_results(RunPaths(run_dir)),
+            "contaminated_by_task": rows(
+                "SELECT regexp_extract(detail, ' with eval task (\\S+) item ', 1) AS task, count(*) AS train_documents "
+                "FROM rejects WHERE reason = 'contaminated' AND detail LIKE '% with eval task %' "
+                "GROUP BY ALL ORDER BY task"),
         }
     finally:
         con.close()
@@ -282,8 +292,6 @@ def _plot_row_fill(axes: Any, data: dict[str, Any]) -> None:
     axes.set_ylabel("rows")
 
 
-PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
-                  "source_mix": _plot_source_mix, "doc_lengths": _plot_doc_lengths, "row_fill": _plot_row_fill}
 
 
 def _table_html(rows: list[dict[str, Any]]) -> str:
@@ -307,7 +315,56 @@ def _reason_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _eval_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"step": r["step"], "val_loss": r.get("val_loss"), "val_ppl": r.get("val_ppl")} for r in data["eval"]]
+    return [{"step": r["step"], "val_loss": r.get("val_loss"), "val_ppl": r.get("val_ppl"),
+             "val_rows": r.get("val_rows"), "val_tokens": r.get("val_tokens")} for r in data["eval"]]
+
+
+def subset_note(data: dict[str, Any]) -> str:
+    """What the in-loop numbers cover: a fixed subset of the val split, not all of it."""
+    last = data["eval"][-1] if data["eval"] else {}
+    if not last.get("val_rows"):
+        return "The in-loop evaluation scores a fixed subset of the validation rows."
+    total = last.get("val_split_rows")
+    of = f" of the {total:,}" if total else ""
+    return (f"In-loop evaluation: a fixed subset of {last['val_rows']:,}{of} validation rows "
+            f"({last.get('val_tokens', 0):,} tokens), the same at every step; the full evaluation below scores "
+            "every row.")
+
+
+def _plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for row in data["results"]:
+        if row["source"] is None and row["metric"] not in ("tokens", "bytes", "perplexity") \
+                and row["value"] is not None:
+            steps, values = series.setdefault(f"{row['task']} {row['metric']}", ([], []))
+            steps.append(row["step"])
+            values.append(row["value"])
+    if not series:
+        _no_data(axes, "no full evaluation yet (tokenmill eval RUN_DIR)")
+        return
+    for label, (steps, values) in sorted(series.items()):
+        axes.plot(steps, values, marker="o", label=label)
+    axes.set_xlabel("step")
+    axes.set_ylabel("value")
+    axes.legend(fontsize="small")
+
+
+def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for row in data["results"]:
+        if row["task"] == "val_split" and row["metric"] in ("loss", "bits_per_byte") and row["value"] is not None:
+            label = f"{row['source'] or 'all'} {row['metric']}"
+            steps, values = series.setdefault(label, ([], []))
+            steps.append(row["step"])
+            values.append(row["value"])
+    if not series:
+        _no_data(axes, "no full evaluation yet (tokenmill eval RUN_DIR)")
+        return
+    for label, (steps, values) in sorted(series.items()):
+        axes.plot(steps, values, marker="o", label=label)
+    axes.set_xlabel("step")
+    axes.set_ylabel("nats/token, bits/byte")
+    axes.legend(fontsize="small")
 
 
 def _html(run_dir: Path, data: dict[str, Any], images: dict[str, bytes]) -> str:
@@ -323,7 +380,10 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;te
 <body><h1>tokenmill run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Data funnel</h2>{_table_html(data["funnel"])}
 <h3>Rejected by reason</h3>{_table_html(_reason_rows(data))}
-<h2>Evaluation</h2>{_table_html(_eval_rows(data))}
+<h2>Evaluation</h2><p>{html.escape(subset_note(data))}</p>{_table_html(_eval_rows(data))}
+<h3>Full evaluation (every val row, downstream tasks)</h3>{_table_html(data["results_table"])}
+<h3>Failed evaluations</h3>{_table_html(data["eval_failures"])}
+<h3>Train documents removed as contaminated, per evaluation task</h3>{_table_html(data["contaminated_by_task"])}
 <h2>Checkpoints</h2>{_table_html(data["checkpoints"])}
 <h2>Plots</h2>{figures}
 </body></html>
@@ -337,7 +397,11 @@ def _b64(png: bytes) -> str:
 def _markdown(run_dir: Path, data: dict[str, Any]) -> str:
     lines = [f"# tokenmill run {_md_code(run_dir.name)}", "", "## Data funnel", "", *_table_md(data["funnel"]),
              "", "### Rejected by reason", "", *_table_md(_reason_rows(data)),
-             "", "## Evaluation", "", *_table_md(_eval_rows(data)),
+             "", "## Evaluation", "", _md_text(subset_note(data)), "", *_table_md(_eval_rows(data)),
+             "", "### Full evaluation (every val row, downstream tasks)", "", *_table_md(data["results_table"]),
+             "", "### Failed evaluations", "", *_table_md(data["eval_failures"]),
+             "", "### Train documents removed as contaminated, per evaluation task", "",
+             *_table_md(data["contaminated_by_task"]),
              "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items()]
     return "\n".join(lines) + "\n"
 
@@ -365,3 +429,8 @@ def _md_code(text: str) -> str:
     longest = max((len(run) for run in re.findall("`+", flat)), default=0)
     fence = "`" * (longest + 1)
     return f"{fence} {flat} {fence}" if longest else f"`{flat}`"
+
+
+PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
+                  "source_mix": _plot_source_mix, "doc_lengths": _plot_doc_lengths, "row_fill": _plot_row_fill,
+                  "eval_tasks": _plot_eval_tasks, "eval_sources": _plot_eval_sources}

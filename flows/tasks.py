@@ -27,8 +27,9 @@ from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 from trainer.base_model import import_base_model
-from trainer.config import ModelConfig
-from trainer.launch import launch_command, parent_watch_env
+from trainer.config import EvalConfig, ModelConfig
+from trainer.eval_tasks import prepare_eval_tasks
+from trainer.launch import eval_launch_command, launch_command, parent_watch_env
 
 
 @task(name="plan-ingest")
@@ -61,8 +62,16 @@ def dedupe_task(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
 @task(name="decontaminate")
 @reports_progress("decontaminate")
 @shows_bar("decontaminate")
-def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir: str) -> dict[str, Any]:
-    return decontaminate_documents(paths, config, base_dir=Path(recipe_dir))
+def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir: str,
+                       eval_tasks: list[str] = ()) -> dict[str, Any]:
+    return decontaminate_documents(paths, config, base_dir=Path(recipe_dir),
+                                   eval_tasks={name: paths.eval_text(name) for name in eval_tasks})
+
+
+@task(name="eval-tasks")
+@reports_progress("eval-tasks", rates=False)
+def eval_tasks_task(paths: RunPaths, config: EvalConfig, recipe_dir: str) -> dict[str, Any]:
+    return prepare_eval_tasks(paths, config, Path(recipe_dir))
 
 
 @task(name="base-model")
@@ -104,6 +113,21 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
     argv = launch_command(paths.root, num_processes, until_step)
     with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
         run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=parent_watch_env())
+
+
+@task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
+def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool) -> None:
+    """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export."""
+    argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
+    run_streaming(argv, get_run_logger(), deadline_s=None, env=parent_watch_env())
+
+
+@task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")
+def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: str, task_fp: str,
+                    include: list[str], config: EvalConfig) -> dict[str, Any]:
+    from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating
+
+    return run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include], config)
 
 
 @task(name="report")

@@ -16,6 +16,7 @@ batch of train documents.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ STATE_FILE = "decontaminate.json"
 stage is done is recorded in ``stages/decontaminate.json``)."""
 BATCH_ROWS = 512
 MAX_DETAIL_NGRAM_CHARS = 200
+TASK_DETAIL = re.compile(r" with eval task (\S+) item ")
+"""A reject's detail naming the evaluation task whose item it shares an n-gram with."""
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.zstd")
 
 
@@ -74,26 +77,34 @@ class TrainMatches:
 
 
 def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
-                            base_dir: Path | None = None) -> dict[str, Any]:
+                            base_dir: Path | None = None, eval_tasks: dict[str, Path] | None = None) -> dict[str, Any]:
     """Write ``rejects/contaminated.parquet`` for the kept train documents that share an n-gram with val/eval
     (and, on a refresh, the new val documents quoting a train document packed earlier).
 
     ``base_dir`` is the folder relative eval file paths are taken from (the recipe's folder; default the
-    working directory). Returns ``{"enabled", "num_train_checked", "num_contaminated", "num_reference_ngrams",
-    "num_boilerplate_ngrams", "contaminated_by_reference"}`` (``val`` / ``eval`` / ``earlier_train``). A repeat
+    working directory). ``eval_tasks``: ``{task name: its texts (eval/texts/<task>.jsonl)}`` of the recipe's
+    evaluation tasks; they are always checked against (the stage runs for them even when not ``enabled``), and a
+    document they contaminate is counted per task in ``contaminated_by_task``. Returns ``{"enabled",
+    "num_train_checked", "num_contaminated", "num_reference_ngrams", "num_boilerplate_ngrams",
+    "contaminated_by_reference", "contaminated_by_task"}`` (``val`` / ``eval`` / ``eval_task`` /
+    ``earlier_train``; ``{task: documents}``). A repeat
     call with nothing new returns the recorded summary. Raises ConfigError when an eval file does not exist,
     SourceReadError when it cannot be read.
     """
     output = paths.rejects / CONTAMINATED_FILE
-    if not config.enabled:
+    tasks = dict(sorted((eval_tasks or {}).items()))
+    if not config.enabled and not tasks:
         output.unlink(missing_ok=True)
         paths.clear_done("decontaminate")
         return {"enabled": False, "num_train_checked": 0, "num_contaminated": 0, "num_reference_ngrams": 0,
-                "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}}
+                "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}, "contaminated_by_task": {}}
+    if not config.enabled:  # only the evaluation tasks are checked
+        config = config.model_copy(update={"against_val": False, "eval_files": []})
     eval_files = _eval_paths(config, base_dir)
     parts = finished_parts(paths)
     settings = fingerprint("decontaminate", config.model_dump(exclude={"enabled"}),
-                           [(path.name, _file_digest(path)) for path in eval_files])
+                           [(path.name, _file_digest(path)) for path in eval_files],
+                           [(name, _file_digest(path)) for name, path in tasks.items()])
     run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
                                   _file_digest(paths.dedupe / DUPLICATES_FILE))
     done = paths.done_summary("decontaminate", run_fingerprint)
@@ -104,7 +115,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
     locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
     removed = _duplicate_doc_ids(paths)
-    reference = build_reference(parts, removed, config, eval_files)
+    reference = build_reference(parts, removed, config, eval_files, tasks)
     new_parts = [part for part in parts if part.part_id not in locked]
     matches = find_matches(new_parts, removed, reference, config.ngram)
     chosen, num_boilerplate = choose_contaminated(matches, reference, config.max_ngram_train_docs)
@@ -123,11 +134,17 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
 
 
 def build_reference(parts: list[DocsPart], removed: pa.Array, config: DecontaminateConfig,
-                    eval_files: list[Path]) -> ReferenceNgrams:
-    """The n-grams of the kept val documents (when ``against_val``) and of every eval file's records."""
+                    eval_files: list[Path], eval_tasks: dict[str, Path] | None = None) -> ReferenceNgrams:
+    """The n-grams of the evaluation tasks' items, the kept val documents (when ``against_val``) and every eval
+    file's records. An n-gram is labelled by its first owner, so a task's items come first: the built-in task is
+    made of val documents, and a document it contaminates is counted for the task."""
     hashes: list[np.ndarray] = []
     owners: list[np.ndarray] = []
     labels: list[str] = []
+    for name, path in (eval_tasks or {}).items():
+        for texts, uris in _eval_batches(path, "text"):
+            _add_reference(pa.array(texts, pa.large_string()), [f"eval task {name} item {uri}" for uri in uris],
+                           config.ngram, hashes, owners, labels)
     columns = ["doc_id", "text", "split"]
     batches = _kept_batches([part.path for part in parts], removed, "val", columns) if config.against_val else ()
     for batch in batches:
@@ -310,10 +327,15 @@ def _write_rejects(paths: RunPaths, output: Path, rows: list[dict[str, Any]], nu
         pq.write_table(pa.Table.from_pylist(rows, schema=REJECTS_SCHEMA), tmp, compression="zstd")
     by_reference = {"val": sum(" val doc_id " in row["detail"] for row in rows),
                     "eval": sum(" eval file " in row["detail"] for row in rows),
+                    "eval_task": sum(" eval task " in row["detail"] for row in rows),
                     "earlier_train": sum(" train doc_id " in row["detail"] for row in rows)}
+    by_task: dict[str, int] = {}
+    for row in rows:
+        if (found := TASK_DETAIL.search(row["detail"])) is not None:
+            by_task[found.group(1)] = by_task.get(found.group(1), 0) + 1
     return {"enabled": True, "num_train_checked": num_checked, "num_contaminated": len(rows),
             "num_reference_ngrams": num_ngrams, "num_boilerplate_ngrams": num_boilerplate,
-            "contaminated_by_reference": by_reference}
+            "contaminated_by_reference": by_reference, "contaminated_by_task": by_task}
 
 
 def _duplicate_doc_ids(paths: RunPaths) -> pa.Array:

@@ -27,15 +27,20 @@ import pyarrow.ipc as ipc
 
 from core.documents import DUPLICATES_FILE, document_part_files
 from core.errors import QueryError
+from core.eval_results import all_rows, result_files
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
 from core.shards import SHARD_LAYOUT, scan_shard_files
 
-VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics")
+VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics", "eval_results")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
                                   ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
-EVAL_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("val_loss", pa.float64()), ("val_ppl", pa.float64())])
+EVAL_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("val_loss", pa.float64()), ("val_ppl", pa.float64()),
+                                 ("val_rows", pa.int64()), ("val_tokens", pa.int64())])
+EVAL_RESULTS_SCHEMA = pa.schema([("step", pa.int64()), ("checkpoint", pa.string()), ("task", pa.string()),
+                                 ("metric", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()),
+                                 ("num_samples", pa.int64()), ("source", pa.string())])
 EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
                                     ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
                                     ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
@@ -50,7 +55,7 @@ DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
 def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, unable to touch any file.
 
-    Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics
+    Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
@@ -113,6 +118,10 @@ ORDER BY s.source
 """
 REJECTS_BY_REASON_SQL = "SELECT source, reason, count(*) AS records FROM rejects GROUP BY ALL ORDER BY source, reason"
 EVAL_SQL = "SELECT step, round(val_loss, 4) AS val_loss, round(val_ppl, 2) AS val_ppl FROM eval_metrics ORDER BY step"
+EVAL_RESULTS_SQL = """
+SELECT step, task, metric, round(value, 4) AS value, round(stderr, 4) AS stderr, num_samples
+FROM eval_results WHERE source IS NULL AND metric NOT IN ('tokens', 'bytes') ORDER BY step, task, metric
+"""
 TOKEN_MIX_SQL = """
 WITH docs AS (SELECT split, source, count(*) AS num_documents, sum(num_chars) AS num_chars
               FROM documents GROUP BY ALL),
@@ -159,6 +168,11 @@ def eval_history(run_dir: Path) -> list[dict[str, Any]]:
     return _rows(run_dir, EVAL_SQL)
 
 
+def eval_results_table(run_dir: Path) -> list[dict[str, Any]]:
+    """The full evaluation, overall rows: step, task, metric, value (rounded), stderr, num_samples."""
+    return _rows(run_dir, EVAL_RESULTS_SQL)
+
+
 def token_mix(run_dir: Path) -> list[dict[str, Any]]:
     """Per split and source: ``split, source, num_documents, num_chars, num_shards, num_rows, num_tokens``
     (EOS included, padding excluded), ``pct_of_split_tokens``, ``tokens_per_char``."""
@@ -184,6 +198,7 @@ def _run_tables(run_dir: Path) -> dict[str, ds.Dataset | pa.Table]:
         "shards": _parquet_dataset(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
         "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
         "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
+        "eval_results": _eval_results_table(run_dir, paths),
         "sequences": _sequences_table(run_dir, _checked_shard_files(run_dir)),
     }
 
@@ -229,6 +244,16 @@ def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table
     except (pa.ArrowException, UnicodeError) as err:
         raise QueryError(f"{path}: rows do not form one table ({_first_line(err)}); each key must hold one "
                          "type of value in every line: fix or remove the odd lines.") from None
+
+
+def _eval_results_table(run_dir: Path, paths: RunPaths) -> pa.Table:
+    """The full evaluation's results (``eval/results/step-N/<task>.json``): finished ones only, values as data."""
+    rows = all_rows(paths, _checked_files(run_dir, result_files(paths)))
+    try:
+        return pa.Table.from_pylist(rows, schema=EVAL_RESULTS_SCHEMA)
+    except (pa.ArrowException, TypeError) as err:
+        raise QueryError(f"{paths.eval_results}: a result file holds values of the wrong type ({_first_line(err)}); "
+                         "delete it and re-run `tokenmill eval` to compute it again.") from None
 
 
 def _checked_shard_files(run_dir: Path) -> list[Path]:

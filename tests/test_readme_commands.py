@@ -24,6 +24,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -141,6 +142,7 @@ RUNNERS = {
     r"tokenmill run \[RECIPE\] .*": "test_quick_start_runs_the_whole_path_into_runs_tiny",
     r"tokenmill prepare RECIPE .*": "test_prepare_and_train_skip_finished_work",
     r"tokenmill train RECIPE .*": "test_prepare_and_train_skip_finished_work",
+    r"tokenmill eval RUN_DIR .*": "test_eval_on_the_quick_start_run_recomputes_nothing_and_tiny_beats_chance",
     r"tokenmill query RUN_DIR .*": "test_querying_a_run_prints_what_the_query_returns",
     r"tokenmill shards verify RUN_DIR": "test_shards_verify_passes_on_the_quick_start_run",
     r"tokenmill shards stats RUN_DIR .*": "test_shards_stats_add_up_to_the_shard_index",
@@ -443,6 +445,60 @@ def test_generate_continues_the_prompt(quick_start: QuickStart, prefect_home: Pa
     result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
     assert result.returncode == 0, result.tail()
     assert result.stdout.startswith(prompt) and len(result.stdout.strip()) > len(prompt), result.stdout
+
+
+def test_eval_on_the_quick_start_run_recomputes_nothing_and_tiny_beats_chance(quick_start: QuickStart,
+                                                                               prefect_home: Path) -> None:
+    """The quick start already ran the full evaluation (configs/tiny.yaml names the built-in task)."""
+    results = sorted((quick_start.run_dir / "eval" / "results").glob("step-*/*.json"))
+    assert [path.name for path in results] == ["tokenmill_next_line.json", "val_split.json"], results
+    before = {path: path.read_bytes() for path in results}
+    argv = ["tokenmill", "eval", "runs/tiny", "--checkpoint", "last"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0, result.tail()
+    assert {path: path.read_bytes() for path in results} == before, "cached results are not recomputed"
+    summary, _ = json.JSONDecoder().raw_decode(result.stdout, result.stdout.index("{"))
+    by_metric = {(row["task"], row["metric"]): row for row in summary["results"]}
+    accuracy = by_metric[("tokenmill_next_line", "acc")]
+    print({key: row["value"] for key, row in by_metric.items()})
+    assert accuracy["num_samples"] == tiny_recipe()["eval"].get("next_line_items", 200)
+    assert accuracy["value"] > 0.25 + 2 * accuracy["stderr"], "the trained tiny model beats chance (1 in 4)"
+    assert summary["failed"] == []
+    val_rows = json.loads(results[1].read_text())["rows"]
+    in_loop = eval_rows(quick_start.run_dir)[-1]
+    assert {row["num_samples"] for row in val_rows if row["source"] is None} == {in_loop["val_split_rows"]}
+    assert in_loop["val_rows"] < in_loop["val_split_rows"], "the in-loop evaluation is a subset, and says so"
+    report = (quick_start.run_dir / "report" / "index.html").read_text()
+    assert f"a fixed subset of {in_loop['val_rows']:,} of the {in_loop['val_split_rows']:,} validation rows" in report
+
+
+def test_continue_recipe_adapts_the_quick_start_export_and_keeps_the_old_domain(
+        quick_start: QuickStart, prefect_home: Path, tmp_path: Path) -> None:
+    """configs/continue.yaml as shipped (``from_pretrained: ../runs/tiny/model``, the tiny recipe's own export),
+    with only its data made small: its sources are slices of the same corpora, its sizes a test's."""
+    from tests.flows.test_continue import continue_recipe_for_test
+
+    checkout = quick_start.checkout
+    recipe = continue_recipe_for_test(tmp_path, checkout / "configs" / "continue.yaml")
+    assert recipe["model"]["from_pretrained"] == "../runs/tiny/model"
+    (checkout / "configs" / "continue-test.yaml").write_text(yaml.safe_dump(recipe))
+    result = run_shell(".venv/bin/tokenmill run configs/continue-test.yaml", cwd=checkout,
+                       env=user_env(prefect_home), timeout_s=900)
+    assert result.returncode == 0, result.tail()
+    run_dir = Path(recipe["run_dir"])
+    export = quick_start.run_dir / "model"
+    assert yaml.safe_load((run_dir / "run.yaml").read_text())["mixture"] == {"debian_docs": 0.7, "stdlib": 0.3}
+    assert (run_dir / "tokenizer" / "tokenizer.json").read_bytes() == (export / "tokenizer.json").read_bytes()
+    rows = eval_rows(run_dir)
+    first, last = rows[0], rows[-1]
+    print({key: (round(first[key], 3), round(last[key], 3)) for key in first if key.startswith("val_loss")})
+    vocab = json.loads((export / "config.json").read_text())["vocab_size"]
+    # A trained model: step 0 on the replayed corpus is far below a uniform guess over its vocabulary.
+    assert first["step"] == 0 and first["val_loss/stdlib"] < 0.6 * math.log(vocab)
+    assert last["val_loss/debian_docs"] < first["val_loss/debian_docs"] - 0.3  # the new domain is learned
+    assert last["val_loss/stdlib"] < first["val_loss/stdlib"] + 0.15  # ...and the old one is kept
+    exported = json.loads((run_dir / "model" / "config.json").read_text())
+    assert exported["model_type"] == "llama" and (run_dir / "model" / "tokenizer.json").is_file()
 
 
 def test_version_is_the_installed_version(checkout: Path, prefect_home: Path) -> None:

@@ -75,6 +75,11 @@ def build_small_run(root: Path, *, train_steps: int = 0, packages: tuple[str, ..
         train(paths.root)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+        from trainer.eval_checkpoint import evaluate_checkpoint
+
+        evaluate_checkpoint(paths.root, train_steps, score=True, export=False)  # the eval_results view has rows
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
     return paths.root
 
 

@@ -217,6 +217,21 @@ class Checkpointer:
         self._restore(Path(folder))
         return int(step)
 
+    def load_step(self, step: int) -> None:
+        """Restore the checkpoint of ``step`` (an evaluation of a chosen checkpoint).
+
+        Raises CheckpointError naming the folder when it is missing or does not verify against its manifest.
+        """
+        folder = self.checkpoints_dir / step_dir_name(step)
+        problem: list[Any] = [None]
+        if self.accelerator.is_main_process:
+            problem[0] = "no such checkpoint" if not folder.is_dir() else verify_checkpoint(folder)
+        broadcast_object_list(problem)
+        if problem[0] is not None:
+            raise CheckpointError(f"{folder}: {problem[0]}; it cannot be evaluated: restore a good copy, or "
+                                  "evaluate another checkpoint (`tokenmill eval RUN_DIR --checkpoint STEP`).")
+        self._restore(folder)
+
     def _newest_valid(self) -> tuple[int, str] | None:
         found = list_checkpoints(self.checkpoints_dir)
         bad: list[Path] = []

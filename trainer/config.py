@@ -186,3 +186,27 @@ def check_tensor_parallel_dims(dims: ModelDims, tensor_parallel_size: int) -> No
             raise ValueError(f"train.tensor_parallel_size {tensor_parallel_size} must divide the {name} ({size}): "
                              "each process holds whole heads and an equal slice of the MLP; choose a divisor "
                              f"of {dims.num_heads}, {dims.num_kv_heads} and {dims.intermediate_size}")
+
+
+TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+
+
+class EvalConfig(FrozenConfig):
+    """The full evaluation after training (``eval`` section; ``tokenmill eval RUN_DIR`` runs it on demand)."""
+
+    enabled: bool = True
+    """Evaluate after training: the whole val split, per source, and ``tasks``; each result cached by fingerprint."""
+    checkpoints: Literal["last", "all"] = "last"
+    """Which kept checkpoints to evaluate: the newest, or every one in ``checkpoints/``."""
+    tasks: list[Annotated[str, Field(pattern=TASK_NAME_PATTERN)]] = []
+    """lm-evaluation-harness task names (local data only), and/or ``tokenmill_next_line``, the built-in task."""
+    include: list[str] = []
+    """Folders of local lm-eval task YAMLs (``--include_path``), relative to the recipe's folder."""
+    next_line_items: int = Field(default=200, ge=4)
+    """Items of the built-in ``tokenmill_next_line`` task, drawn from the run's validation documents."""
+    next_line_choices: int = Field(default=4, ge=2, le=10)
+    """Choices per built-in item (one true next line): chance accuracy is 1 / this."""
+    batch_size: int = Field(default=8, ge=1)
+    """lm-eval's batch size for downstream tasks."""
+    limit: int | None = Field(default=None, ge=1)
+    """Evaluate at most this many documents per downstream task (None: all)."""

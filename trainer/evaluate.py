@@ -1,14 +1,15 @@
-"""Evaluation: validation shards -> val loss and perplexity on a fixed subset, comparable across steps and runs.
+"""Evaluation: validation shards -> val loss and perplexity on a fixed subset (in the loop) or the whole split.
 
-The subset is ``eval_batches * micro_batch_size`` val rows (never shuffled), shared equally among the sources
-(each source's first rows in index order; a source with fewer rows gives all it has), so every source is
-scored: the result has ``val_loss/<source>`` beside the overall ``val_loss`` (a replay mixture shows whether
-each source is learned). Each data-parallel replica scores a contiguous share; the summed token losses and
-token counts per source are gathered, so the result is the token-weighted mean over the whole subset whatever
-the number of processes. Under FSDP every forward all-gathers parameters, so there a rank with a smaller share runs
-(and discards) extra forwards until every rank has run as many as the largest share needs. Under
-tensor parallelism the processes of a TP group are one replica: they score the same rows together,
-and only the group's first process counts them.
+In the training loop the subset is ``eval_batches * micro_batch_size`` val rows (never shuffled): quick, and
+comparable across steps and runs, but a subset (its ``val_rows`` / ``val_tokens`` say how much; the full evaluation,
+:mod:`trainer.eval_checkpoint`, scores every row, in bits per byte too). It is shared equally among the sources
+(each source's first rows in index order; a source with fewer rows gives all it has), so every source is scored: the
+result has ``val_loss/<source>`` beside the overall ``val_loss`` (a replay mixture shows whether each source is
+learned). Each data-parallel replica scores a contiguous share; the summed token losses and token counts per source
+are gathered, so the result is the token-weighted mean over the whole subset whatever the number of processes. Under
+FSDP every forward all-gathers parameters, so there a rank with a smaller share runs (and discards) extra forwards
+until every rank has run as many as the largest share needs. Under tensor parallelism the processes of a TP group
+are one replica: they score the same rows together, and only the group's first process counts them.
 """
 
 from __future__ import annotations
@@ -32,13 +33,21 @@ from trainer.parallel import data_parallel_coordinates, is_sharded, tensor_paral
 class Evaluator:
     """Scores a model on this rank's share of the fixed validation subset."""
 
-    def __init__(self, rows: TokenRows | None, micro_batch_size: int, eval_batches: int,
+    def __init__(self, rows: TokenRows | None, micro_batch_size: int, eval_batches: int | None,
                  accelerator: Accelerator,
-                 autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
-        """``autocast``: the training precision's autocast context (MixedPrecision.autocast)."""
+                 autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                 byte_counter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """``eval_batches``: the subset's size in micro-batches; None scores every row.
+
+        ``autocast``: the training precision's autocast context (MixedPrecision.autocast). ``byte_counter``:
+        [rows, seq_len] labels -> each row's UTF-8 bytes of its scored tokens (see
+        :func:`tokenization.special_tokens.scored_bytes`); with it the result has bits per byte.
+        """
         self.rows, self.micro_batch_size, self.accelerator = rows, micro_batch_size, accelerator
-        self.autocast = autocast
-        self.sources, subset, subset_sources = fixed_subset(rows, eval_batches * micro_batch_size)
+        self.autocast, self.byte_counter = autocast, byte_counter
+        self.split_rows = 0 if rows is None else rows.num_rows
+        num_rows = self.split_rows if eval_batches is None else eval_batches * micro_batch_size
+        self.sources, subset, subset_sources = fixed_subset(rows, num_rows)
         self.num_rows = len(subset)
         num_replicas, replica = data_parallel_coordinates(accelerator)
         shares = np.array_split(np.arange(self.num_rows, dtype=np.int64), num_replicas)
@@ -49,7 +58,11 @@ class Evaluator:
         self.num_forwards = -(-share // micro_batch_size)
 
     def evaluate(self, model: nn.Module) -> dict[str, float] | None:
-        """{"val_loss", "val_ppl", "val_tokens", "val_rows", "val_loss/<source>"…} over the subset (None: no val rows).
+        """The scores over the subset (None: no val rows).
+
+        ``val_loss``, ``val_ppl``, ``val_tokens``, ``val_rows`` (scored) and ``val_split_rows`` (in the split),
+        ``val_loss/<source>`` with several sources; with a byte counter also ``val_bytes``, ``val_bpb`` and
+        ``val_bpb/<source>`` (total nats / ln 2 over the UTF-8 bytes the scored tokens decode to).
 
         Runs on the unwrapped module: a DDP forward may broadcast buffers, and ranks can hold a
         different number of val batches, so only the final gather is collective (and, under FSDP,
@@ -61,8 +74,8 @@ class Evaluator:
         module = self.accelerator.unwrap_model(model)
         was_training = module.training
         module.eval()
-        # Per source: (summed token loss, tokens); the same shape on every rank, so one gather sums them.
-        totals = torch.zeros(len(self.sources), 2, dtype=torch.float64, device=self.accelerator.device)
+        # Per source: (summed token loss, tokens, bytes); the same shape on every rank, so one gather sums them.
+        totals = torch.zeros(len(self.sources), 3, dtype=torch.float64, device=self.accelerator.device)
         with torch.no_grad(), self.autocast():
             for start in range(0, self.num_forwards * self.micro_batch_size, self.micro_batch_size):
                 row_ids = self.rank_rows[start:start + self.micro_batch_size]
@@ -75,24 +88,37 @@ class Evaluator:
         if not self.reports_totals:
             totals.zero_()
         per_source = self.accelerator.gather(totals[None]).sum(dim=0)
-        loss_sum, num_tokens = per_source.sum(dim=0).tolist()
+        loss_sum, num_tokens, num_bytes = per_source.sum(dim=0).tolist()
         val_loss = loss_sum / max(num_tokens, 1.0)
         result = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0)), "val_tokens": int(num_tokens),
-                  "val_rows": self.num_rows}
+                  "val_rows": self.num_rows, "val_split_rows": self.split_rows}
+        if self.byte_counter is not None:
+            result.update(val_bytes=int(num_bytes), val_bpb=bits_per_byte(loss_sum, num_bytes))
         if len(self.sources) > 1:
-            for source, (source_loss, source_tokens) in zip(self.sources, per_source.tolist(), strict=True):
+            for source, (source_loss, source_tokens, source_bytes) in zip(self.sources, per_source.tolist(),
+                                                                          strict=True):
                 result[f"val_loss/{source}"] = source_loss / max(source_tokens, 1.0)
+                if self.byte_counter is not None:
+                    result[f"val_bpb/{source}"] = bits_per_byte(source_loss, source_bytes)
         return result
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
-        """[rows, 2]: each row's summed token loss and its number of scored tokens."""
+        """[rows, 3]: each row's summed token loss, its number of scored tokens and their bytes (0 uncounted)."""
         batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos)
         input_ids = batch.input_ids.to(self.accelerator.device)
         labels = batch.labels.to(self.accelerator.device)
         token_losses = next_token_loss(output_logits(module(input_ids)), labels, reduction="none")
         loss_sums = token_losses.view(len(row_ids), -1).double().sum(dim=1)  # ignored labels add 0
         num_tokens = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
-        return torch.stack([loss_sums, num_tokens.double()], dim=1)
+        num_bytes = torch.zeros_like(loss_sums)
+        if self.byte_counter is not None:
+            num_bytes = torch.from_numpy(self.byte_counter(batch.labels.numpy())).to(loss_sums)
+        return torch.stack([loss_sums, num_tokens.double(), num_bytes], dim=1)
+
+
+def bits_per_byte(loss_sum_nats: float, num_bytes: float) -> float:
+    """Summed token loss (nats) over the bytes it predicted, in bits: comparable across tokenizers (nan: no bytes)."""
+    return loss_sum_nats / math.log(2) / num_bytes if num_bytes > 0 else float("nan")
 
 
 def fixed_subset(rows: TokenRows | None, num_rows: int) -> tuple[list[str], np.ndarray, np.ndarray]:

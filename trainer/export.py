@@ -59,21 +59,22 @@ def tokenizer_config() -> dict[str, Any]:
 
 def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], paths: RunPaths,
                  tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None,
-                 tokenizer_extras: Sequence[Path] = ()) -> Path:
-    """Write the run's ``model/`` atomically (replacing an older export) from an unwrapped model's state dict.
+                 tokenizer_extras: Sequence[Path] = (), target: Path | None = None) -> Path:
+    """Write the run's ``model/`` (or ``target``, a folder in the run dir) atomically, replacing an older export,
+    from an unwrapped model's state dict.
 
     ``config``: the ``config.json`` content (:meth:`trainer.model_spec.ModelSpec.export_config`). Weights are
     saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists, with ``tokenizer_extras``
     (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, else a tokenizer_config.json
     for a tokenmill-trained tokenizer. The state dict must hold whole tensors, and no two names may share one
     (leave tied weights out): gather a tensor-parallel model's slices first
-    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError. Returns ``model/``.
+    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError. Returns the folder.
     """
     split = [name for name, tensor in state_dict.items() if isinstance(tensor, DTensor)]
     if split:
         raise TypeError(f"export_model got tensor-parallel slices ({split[0]}, ...); pass "
                         "trainer.parallel.full_state_dict(accelerator, model), called on every rank")
-    model_dir = paths.model
+    model_dir = paths.model if target is None else target
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))
     try:

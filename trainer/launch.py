@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from core.rundir import RunPaths
@@ -22,7 +23,8 @@ from core.rundir import RunPaths
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
                    allow_data_change: bool = False, *, num_machines: int = 1, machine_rank: int = 0,
-                   main_process_ip: str | None = None, main_process_port: int = 29500) -> list[str]:
+                   main_process_ip: str | None = None, main_process_port: int = 29500,
+                   module: str = "trainer.train", module_args: Sequence[str] = ()) -> list[str]:
     """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1.
 
     Several machines: run the same argv on each with its own ``machine_rank`` (0 on the machine at
@@ -41,13 +43,18 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
     if num_machines > 1:
         command += ["--machine_rank", str(machine_rank), "--main_process_ip", str(main_process_ip),
                     "--main_process_port", str(main_process_port)]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no",
-                "-m", "trainer.train", "--run-dir", str(run_dir)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", module, "--run-dir", str(run_dir)]
     if until_step is not None:
         command += ["--until-step", str(until_step)]
     if allow_data_change:
         command.append("--allow-data-change")
-    return command
+    return command + list(module_args)
+
+
+def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: bool, export: bool) -> list[str]:
+    """argv for ``accelerate launch … -m trainer.eval_checkpoint``: evaluate one checkpoint on ``num_processes``."""
+    flags = ["--step", str(step)] + (["--score"] if score else []) + (["--export"] if export else [])
+    return launch_command(run_dir, num_processes, module="trainer.eval_checkpoint", module_args=flags)
 
 
 OMP_THREADS_ENV = "OMP_NUM_THREADS"

@@ -237,8 +237,16 @@ def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
 
     Collective: under FSDP every rank sends its shards to rank 0, under TP every rank gathers every slice.
     """
+    export_if_stale_to(loop, paths, paths.model)
+
+
+def export_if_stale_to(loop: TrainingLoop, paths: RunPaths, target: Path) -> None:
+    """Write ``target`` (a folder in the run dir) from the current weights unless it already holds this step.
+
+    Collective, as :func:`export_if_stale`.
+    """
     accelerator = loop.accelerator
-    stale = [accelerator.is_main_process and exported_step(paths.model) != loop.counters.step]
+    stale = [accelerator.is_main_process and exported_step(target) != loop.counters.step]
     broadcast_object_list(stale)
     if stale[0]:
         state_dict = full_state_dict(accelerator, loop.model)
@@ -246,8 +254,8 @@ def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
             weights = loop.spec.export_weights(accelerator.unwrap_model(loop.model), state_dict)
             export_model(weights, loop.spec.export_config(), paths, paths.tokenizer,
                          {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
-                         base_model_tokenizer_files(paths))
-            accelerator.print(f"exported step {loop.counters.step} to {paths.model}", flush=True)
+                         base_model_tokenizer_files(paths), target=target)
+            accelerator.print(f"exported step {loop.counters.step} to {target}", flush=True)
     accelerator.wait_for_everyone()
 
 
@@ -282,11 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
     finally:
-        _leave_process_group()
+        leave_process_group()
     return 0
 
 
-def _leave_process_group() -> None:
+def leave_process_group() -> None:
     """Tear the process group down before exit: gloo threads alive at interpreter exit can abort a rank
     ("terminate called without an active exception") after training has already finished."""
     import torch.distributed as dist

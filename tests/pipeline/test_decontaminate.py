@@ -179,7 +179,7 @@ def test_eval_only_and_missing_eval_file(corpus: dict, tmp_path: Path) -> None:
     summary = decontaminate_documents(paths, config(against_val=False), base_dir=tmp_path)
     rows = pq.read_table(paths.rejects / CONTAMINATED_FILE).column("uri").to_pylist()
     assert rows == ["zz_quotes_eval.py"]
-    assert summary["contaminated_by_reference"] == {"val": 0, "eval": 1, "earlier_train": 0}
+    assert summary["contaminated_by_reference"] == {"val": 0, "eval": 1, "eval_task": 0, "earlier_train": 0}
     with pytest.raises(ConfigError, match=r"eval_files: evals/missing\.jsonl does not exist"):
         decontaminate_documents(paths, DecontaminateConfig(enabled=True, eval_files=["evals/missing.jsonl"]),
                                 base_dir=tmp_path)
@@ -226,3 +226,21 @@ def test_refresh_keeps_new_val_documents_that_share_only_boilerplate_with_earlie
     assert rows["zzz_val_body_quote.py"]["detail"].endswith(
         f"with train doc_id {documents_by_uri(paths)['zz_header_2.py']['doc_id']}, packed earlier")
     assert refreshed["contaminated_by_reference"]["earlier_train"] == 1
+
+
+def test_evaluation_task_items_decontaminate_even_when_the_stage_is_off(corpus: dict, tmp_path: Path) -> None:
+    """The recipe's eval tasks (their texts in eval/texts/) are always checked against, and counted per task."""
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    task_texts = paths.eval_text("bug_stories")
+    paths.write_text(task_texts, "".join(json.dumps({"text": text}) + "\n" for text in ("a short item", EVAL_PASSAGE)))
+    summary = decontaminate_documents(paths, DecontaminateConfig(), base_dir=tmp_path,  # enabled: false
+                                      eval_tasks={"bug_stories": task_texts})
+    rows = {row["uri"]: row for row in pq.read_table(paths.rejects / CONTAMINATED_FILE).to_pylist()}
+    assert set(rows) == {"zz_quotes_eval.py"}, "only the task was checked: val quotations stay (stage is off)"
+    assert rows["zz_quotes_eval.py"]["detail"].endswith("with eval task bug_stories item bug_stories.jsonl:2")
+    assert summary["contaminated_by_task"] == {"bug_stories": 1}
+    assert summary["contaminated_by_reference"]["eval_task"] == 1
+    # With the stage on, a document quoting a val document is still counted for val, not for a task.
+    summary = decontaminate_documents(paths, config(), base_dir=tmp_path, eval_tasks={"bug_stories": task_texts})
+    assert summary["contaminated_by_task"] == {"bug_stories": 1} and summary["contaminated_by_reference"]["val"] >= 1

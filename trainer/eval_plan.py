@@ -1,0 +1,109 @@
+"""Full evaluation, planned: a run's checkpoints x tasks -> what is missing, and the downstream tasks' results.
+
+Each (checkpoint, task) result is keyed by the checkpoint's fingerprint and the task's
+(:mod:`core.eval_results`): the plan lists only the pairs without a current result, so a re-run (after a
+kill -9, a new checkpoint or an edited task) evaluates only those. The whole-split scores of a checkpoint come
+from :mod:`trainer.eval_checkpoint` (launched on the run's processes); a downstream task runs here on the
+checkpoint's Hugging Face export (``model/`` when it holds that step, else ``eval/models/step-N/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, TokenmillError
+from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, is_current, read_result, write_result
+from core.rundir import RunPaths
+from trainer.checkpoint import list_checkpoints, verify_checkpoint
+from trainer.config import EvalConfig
+from trainer.export import exported_step
+
+
+@dataclass
+class CheckpointPlan:
+    """One checkpoint's missing work."""
+
+    step: int
+    fingerprint: str
+    score_val_split: bool
+    tasks: list[str] = field(default_factory=list)
+    """Downstream tasks without a current result."""
+
+    @property
+    def needs_export(self) -> bool:
+        return bool(self.tasks)
+
+
+def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Path]]:
+    """``last`` (the newest), ``all`` (every kept one, oldest first) or one step; CheckpointError-free.
+
+    Raises ConfigError when there is no checkpoint, or the step asked for is not kept.
+    """
+    found = list_checkpoints(paths.checkpoints)
+    if not found:
+        raise ConfigError(f"{paths.checkpoints}: no checkpoint to evaluate; train first (`tokenmill train`).")
+    if which == "all":
+        return found
+    if which == "last":
+        return found[-1:]
+    chosen = [(step, folder) for step, folder in found if step == int(which)]
+    if not chosen:
+        raise ConfigError(f"--checkpoint {which}: no such checkpoint in {paths.checkpoints} (kept: "
+                          f"{', '.join(str(step) for step, _ in found)}); name one of those, `last` or `all`.")
+    return chosen
+
+
+def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_split_fp: str,
+                    task_fps: dict[str, str], *, val_split: bool = True) -> list[CheckpointPlan]:
+    """The checkpoints with missing results (the whole val split too when ``val_split``). A checkpoint failing
+    its manifest check gets a failed result for every task (naming the folder and what is wrong) and no plan:
+    it cannot be evaluated until restored."""
+    plans = []
+    for step, folder in checkpoints:
+        problem = verify_checkpoint(folder)
+        if problem is not None:
+            message = (f"{folder}: {problem}; restore a good copy of the checkpoint (or delete it) and re-run "
+                       "`tokenmill eval`.")
+            for task, task_fp in (({VAL_SPLIT_TASK: val_split_fp} if val_split else {}) | task_fps).items():
+                write_result(paths, step, task, "", task_fp, error=message)
+            continue
+        checkpoint_fp = checkpoint_fingerprint(folder)
+        stored = read_result(paths.eval_result(step, VAL_SPLIT_TASK))
+        score = val_split and not is_current(stored, checkpoint_fp, val_split_fp)
+        missing = [task for task, task_fp in sorted(task_fps.items())
+                   if not is_current(read_result(paths.eval_result(step, task)), checkpoint_fp, task_fp)]
+        if score or missing:
+            plans.append(CheckpointPlan(step, checkpoint_fp, score, missing))
+    return plans
+
+
+def model_folder(paths: RunPaths, step: int) -> Path:
+    """The Hugging Face export of ``step``: ``model/`` when it holds that step, else ``eval/models/step-N/``."""
+    return paths.model if exported_step(paths.model) == step else paths.eval_model(step)
+
+
+def has_export(paths: RunPaths, step: int) -> bool:
+    return exported_step(model_folder(paths, step)) == step
+
+
+def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,
+                        include: list[Path], config: EvalConfig) -> dict[str, Any]:
+    """Evaluate ``task`` on the export of ``step`` with lm-eval and record the result (or the failure, in one
+    line saying what to fix: a task error never loses the results already computed)."""
+    from trainer.downstream import run_task  # lm-eval imports slowly
+
+    try:
+        results = run_task(model_folder(paths, step), task, include, batch_size=config.batch_size,
+                           limit=config.limit)
+    except TokenmillError as err:
+        return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
+    except Exception as err:  # lm-eval or the task's own code failed: record it, keep going with the others
+        reason = " ".join(str(err).split())[:300]
+        return write_result(paths, step, task, checkpoint_fp, task_fp,
+                            error=f"task {task} failed on step {step} ({type(err).__name__}: {reason}); fix the "
+                                  "task (see the log) and re-run `tokenmill eval`.")
+    rows = [{"task": result.task, "metric": result.metric, "value": result.value, "stderr": result.stderr,
+             "num_samples": result.num_samples, "source": None} for result in results]
+    return write_result(paths, step, task, checkpoint_fp, task_fp, rows=rows)

@@ -1,0 +1,114 @@
+"""Eval-tasks stage (after dedupe, before decontaminate): the recipe's ``eval.tasks`` -> checked tasks and their texts.
+
+Three jobs, so that evaluation never meets a surprise after hours of training:
+
+- the built-in ``tokenmill_next_line`` task (when named) is written from the run's validation documents into
+  ``eval/tasks/`` as a plain lm-eval YAML + JSONL (``lm_eval --include_path RUN/eval/tasks`` runs it as-is);
+- every named task is loaded through lm-evaluation-harness and checked (it exists, its YAML parses, its data are
+  local files): a bad one stops the prepare flow with one line naming it, before anything is trained;
+- every task's documents are written to ``eval/texts/<task>.jsonl``, which the decontaminate stage adds to its
+  reference, so a train document sharing a long n-gram with a task's item is rejected as ``contaminated``
+  with the task named in the detail.
+
+The stage's marker holds the fingerprint of the settings, the val documents and every task's own fingerprint
+(its config and data files), so a re-run with nothing changed does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.atomic import read_json
+from core.documents import document_part_files, document_part_marker, iter_documents
+from core.errors import ConfigError
+from core.rundir import RunPaths, fingerprint
+from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
+from trainer.next_line_task import next_line_items, write_next_line_task
+from trainer.config import EvalConfig
+
+STAGE = "eval-tasks"
+MAX_SOURCE_DOCUMENTS = 5000
+"""Validation documents read for the built-in task (the first ones in part order): enough for any item count."""
+
+
+def include_dirs(paths: RunPaths, config: EvalConfig, base_dir: Path) -> list[Path]:
+    """``eval.include`` (relative to the recipe's folder), then ``eval/tasks/`` when the built-in task is named.
+
+    Raises ConfigError naming a folder that does not exist.
+    """
+    folders = []
+    for name in config.include:
+        folder = (base_dir / name).resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"eval.include: {name} is not a folder (resolved to {folder}); give folders of local "
+                              "lm-eval task YAMLs, relative to the recipe's folder.")
+        folders.append(folder)
+    if NEXT_LINE_TASK in config.tasks:
+        folders.append(paths.eval_tasks)
+    return folders
+
+
+def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
+                       include: list[Path] | None = None) -> dict[str, Any]:
+    """Write the built-in task, check every task, write each task's texts; ``{"tasks": {name: fingerprint},
+    "num_items": {name: count}, "include": [folders]}``.
+
+    ``include``: the task folders (default :func:`include_dirs`); they are recorded, so ``tokenmill eval RUN_DIR``
+    finds them without the recipe's folder.
+
+    Raises ConfigError (one line) for an unknown task, a task YAML with an error, a task whose data are not
+    local files or are missing.
+    """
+    from trainer.downstream import check_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
+
+    if not config.tasks:
+        return {"tasks": {}, "num_items": {}, "include": []}
+    folders = include_dirs(paths, config, base_dir) if include is None else include
+    parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
+             for part in document_part_files(paths)]
+    settings = fingerprint(STAGE, config.model_dump(), parts, [str(folder) for folder in folders])
+    if NEXT_LINE_TASK in config.tasks:
+        write_builtin_task(paths, config)
+    task_fps = check_tasks(list(config.tasks), folders)
+    run_fp = fingerprint(settings, sorted(task_fps.items()))
+    done = paths.done_summary(STAGE, run_fp)
+    if done is not None and all(paths.eval_text(name).is_file() for name in task_fps):
+        return done
+    num_items = {}
+    for name in sorted(task_fps):
+        texts = task_texts(name, folders)
+        num_items[name] = len(texts)
+        paths.write_text(paths.eval_text(name),
+                         "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
+    summary = {"tasks": task_fps, "num_items": num_items, "include": [str(folder) for folder in folders]}
+    paths.mark_done(STAGE, run_fp, summary)
+    return summary
+
+
+def recorded_include(paths: RunPaths) -> list[Path] | None:
+    """The task folders the eval-tasks stage last used (absolute), or None before it ran."""
+    marker = paths.finished_marker(STAGE)
+    summary = read_json(marker).get("summary") if marker is not None else None
+    return [Path(folder) for folder in summary["include"]] if summary and "include" in summary else None
+
+
+def write_builtin_task(paths: RunPaths, config: EvalConfig) -> Path:
+    """``eval/tasks/tokenmill_next_line.{yaml,jsonl}`` from the kept validation documents (rewritten each time:
+    the items are a pure function of those documents and the settings, so an unchanged run writes the same bytes).
+
+    Raises ConfigError when the validation split has too few documents with several lines.
+    """
+    documents = []
+    for batch in iter_documents(paths, split="val", columns=["doc_id", "text"]):
+        documents.extend(zip((str(doc_id) for doc_id in batch.column("doc_id").to_pylist()),
+                             batch.column("text").to_pylist(), strict=True))
+        if len(documents) >= MAX_SOURCE_DOCUMENTS:
+            break
+    items = next_line_items(documents[:MAX_SOURCE_DOCUMENTS], config.next_line_items, config.next_line_choices)
+    if not items:
+        raise ConfigError(f"eval.tasks: {NEXT_LINE_TASK} needs validation documents with several lines, and this "
+                          f"run has {len(documents)} validation documents giving none; raise data.val_fraction, or "
+                          f"remove {NEXT_LINE_TASK} from eval.tasks.")
+    return write_next_line_task(paths.eval_tasks, items, paths.write_text)
