@@ -1,0 +1,140 @@
+"""Downstream evaluation (after export): a Hugging Face model folder + local lm-eval tasks -> per-task scores.
+
+Runs EleutherAI lm-evaluation-harness in-process and offline. A task is accepted only when its config reads
+local files (``dataset_path`` a builder such as json with ``dataset_kwargs.data_files`` that all exist, or an
+existing local folder or file) and uses only metrics built into lm-eval; anything else is refused
+(:mod:`trainer.lm_eval_tasks`) before lm-eval or ``datasets`` could reach for the network. Tasks come only
+from the ``eval.include`` folders. The scores are those the ``lm_eval`` command prints for the same model
+folder, task and settings (``--model hf --model_args pretrained=DIR,dtype=float32 --include_path DIR
+--device cpu --batch_size 8``).
+
+``datasets`` caches a local data file by path and modification time: a file rewritten in place with its old
+mtime restored would be read from the stale cache (the fingerprint, a hash of the content, still changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.atomic import sha256_file
+from core.errors import ConfigError
+from trainer.lm_eval_tasks import load_checked_tasks, task_manager
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One metric of one lm-eval task (a group gives one result per subtask and metric)."""
+
+    task: str
+    metric: str
+    """lm-eval's metric name; the filter is kept when it is not "none" (``exact_match,strict-match``)."""
+    value: float
+    stderr: float | None
+    """None where lm-eval reports "N/A"."""
+    num_samples: int
+    """Documents evaluated (lm-eval's ``n-samples`` "effective": the task's size, or ``limit``)."""
+
+
+def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
+    """{task name: fingerprint} for every named task (a task, group or tag of the ``eval.include`` folders).
+
+    Each task is built by lm-eval (its local data read), so a task that passes will run. The fingerprint is
+    a sha256 over the task's config as lm-eval loaded it, the sha256 of each local data file and the lm-eval
+    version: editing the YAML or its data changes it, re-running does not. Raises ConfigError (one line)
+    naming what to fix: an include folder that does not exist, a YAML that does not load, an unknown name, a
+    task whose data is not local or is missing, a metric lm-eval would download, or a task lm-eval cannot build.
+    """
+    manager = task_manager(include_dirs)
+    fingerprints = {}
+    for name in names:
+        tasks, data_files = load_checked_tasks(manager, name)
+        content = {"configs": {task_name: task.dump_config() for task_name, task in tasks.items()},
+                   "data_files": {str(path): sha256_file(path) for path in data_files},
+                   "lm_eval": importlib.metadata.version("lm_eval")}
+        text = json.dumps(content, sort_keys=True, default=_stable_text)
+        fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return fingerprints
+
+
+def task_texts(name: str, include_dirs: list[Path]) -> list[str]:
+    """The text of every evaluation document of the task, for decontamination.
+
+    One string per (document, choice or target): ``context + target_delimiter + continuation``, the text
+    the model scores. Documents are the task's test split (else validation) after ``process_docs``;
+    few-shot examples are not included. Raises ConfigError as check_tasks does.
+    """
+    tasks, _ = load_checked_tasks(task_manager(include_dirs), name)
+    return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
+            for text in _document_texts(tasks[task_name], doc)]
+
+
+def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size: int = 8,
+             limit: int | None = None, device: str = "cpu") -> list[TaskResult]:
+    """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
+
+    Results are sorted by (task, metric). ``limit``: evaluate the first ``limit`` documents only. lm-eval
+    seeds Python's, NumPy's and torch's global generators (0, 1234, 1234) as its command line does. Raises
+    ConfigError for a model folder without config.json, and as check_tasks does, before loading the model.
+    """
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
+                          "(the run's exported model/)")
+    manager = task_manager(include_dirs)
+    load_checked_tasks(manager, name)
+    import lm_eval
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path
+    # as a repo id before any request, where a relative "model" would be looked up online.
+    model_args = {"pretrained": str(model_dir.resolve()), "dtype": "float32"}
+    results = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[name], task_manager=manager,
+                                      batch_size=batch_size, limit=limit, device=device, log_samples=False)
+    assert results is not None, "lm-eval returns no results only on ranks other than 0"
+    return _task_results(results)
+
+
+def _task_results(results: dict[str, Any]) -> list[TaskResult]:
+    """TaskResults of the leaf tasks (those with ``n-samples``; group aggregates are left out)."""
+    found = []
+    for task, counts in results["n-samples"].items():
+        metrics = results["results"][task]
+        for key, value in metrics.items():
+            metric, separator, filter_key = key.partition(",")
+            # Skips "alias", "name", "sample_len" and the stderr entries, and non-scalar metrics.
+            if not separator or metric.endswith("_stderr") or not isinstance(value, int | float):
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{filter_key}", "N/A")
+            found.append(TaskResult(task=task, metric=metric if filter_key == "none" else key, value=float(value),
+                                    stderr=None if stderr == "N/A" else float(stderr),
+                                    num_samples=int(counts["effective"])))
+    return sorted(found, key=lambda result: (result.task, result.metric))
+
+
+def _document_texts(task: Any, doc: dict[str, Any]) -> list[str]:
+    """``context + delimiter + continuation`` for each choice (multiple choice) or target of one document."""
+    delimiter, context = task.config.target_delimiter, task.doc_to_text(doc)
+    choices = task.doc_to_choice(doc) if task.config.doc_to_choice is not None else None
+    target = task.doc_to_target(doc)
+    if isinstance(context, int) and choices is not None:  # multiple inputs: the choices are the contexts
+        return [f"{choice}{delimiter}{target}" for choice in choices]
+    if choices is not None:
+        return [f"{context}{delimiter}{choice}" for choice in choices]
+    targets = target if isinstance(target, list) else [target]
+    return [f"{context}{delimiter}{one_target}" for one_target in targets]
+
+
+def _stable_text(value: Any) -> str:
+    """JSON fallback that is the same in every process (``str`` of a function holds its address)."""
+    if callable(value):
+        try:
+            return inspect.getsource(value)
+        except (OSError, TypeError):
+            return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return str(value)
