@@ -28,7 +28,7 @@ PLOTS: dict[str, str] = {
     "source_mix": "Source mix (documents and tokens)",
     "doc_lengths": "Document length (characters)",
     "row_fill": "Row fill (real tokens per packed row)",
-    "eval_tasks": "Full evaluation: each task's metrics over steps",
+    "eval_tasks": "Full evaluation: the metrics of each task over steps",
     "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
 }
 FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}

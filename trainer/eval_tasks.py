@@ -24,9 +24,9 @@ from core.atomic import read_json
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths, fingerprint
+from trainer.config import EvalConfig
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.next_line_task import next_line_items, write_next_line_task
-from trainer.config import EvalConfig
 
 STAGE = "eval-tasks"
 MAX_SOURCE_DOCUMENTS = 5000

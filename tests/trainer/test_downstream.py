@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from core.atomic import write_text_atomic
 from core.errors import ConfigError
-from pipeline.next_line_task import TASK_NAME, next_line_items, write_next_line_task
 from trainer.downstream import TaskResult, check_tasks, run_task, task_texts
+from trainer.next_line_task import TASK_NAME, next_line_items, write_next_line_task
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 NUM_ITEMS = 40

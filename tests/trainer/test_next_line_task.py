@@ -1,4 +1,4 @@
-"""pipeline/next_line_task.py on real standard-library files: true next lines, foreign distractors, lm-eval reads it."""
+"""trainer/next_line_task.py on real standard-library files: true next lines, foreign distractors, lm-eval reads it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 
 from core.atomic import write_text_atomic
 from core.errors import ConfigError
-from pipeline.next_line_task import (
+from trainer.next_line_task import (
     MAX_CONTEXT_CHARS,
     MAX_CONTEXT_LINES,
     MIN_CONTEXT_LINES,
