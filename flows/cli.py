@@ -127,6 +127,9 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     if checkpoint is not None and checkpoint not in ("last", "all") and not checkpoint.isdigit():
         raise TokenmillError(f"--checkpoint {checkpoint!r}: give a step number, last or all.")
     run = resolve_recorded_run(run_dir)
+    from trainer.eval_plan import chosen_checkpoints
+
+    chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)  # a wrong step: one line, no Prefect
     import flows.pipeline
     from flows.progress import live_progress
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import build_query_run
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
-COMMANDS = [[], ["run"], ["prepare"], ["train"], ["query"], ["report"], ["generate"], ["serve"], ["shards"],
+COMMANDS = [[], ["run"], ["prepare"], ["train"], ["eval"], ["query"], ["report"], ["generate"], ["serve"], ["shards"],
             ["shards", "verify"], ["shards", "stats"], ["shards", "sample"]]
 
 
@@ -43,6 +43,8 @@ def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
     (["nosuchcmd"], "No such command 'nosuchcmd'. (see: tokenmill --help)"),
     (["shards", "sample", "x", "--n", "0"], "(see: tokenmill shards sample --help)"),
     (["query", "x", "SELECT 1", "--format", "xml"], "'xml' is not one of"),
+    (["eval", "no/such/run"], "no/such/run: no run.yaml; give a run dir that tokenmill wrote"),
+    (["eval", ".", "--checkpoint", "newest"], "--checkpoint 'newest': give a step number, last or all."),
 ])
 def test_usage_errors_are_one_line_with_exit_2(args: list[str], expected: str) -> None:
     result = tokenmill(*args)
