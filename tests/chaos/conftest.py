@@ -117,6 +117,7 @@ def write_chaos_recipe(root: Path, corpus: Path, *, train: dict[str, Any] | None
         "pack": {"seq_len": 64, "rows_per_shard": 96, **(pack or {})},
         "model": {"preset": None, "dims": DIMS},
         "train": {**TRAIN, **(train or {})},
+        "eval": {"enabled": False},  # the full evaluation has tests of its own (tests/trainer/test_full_eval.py)
     }))
     return recipe
 

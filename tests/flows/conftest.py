@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,8 +21,14 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
-def write_small_recipe(root: Path, *, max_steps: int = 30, packages: tuple[str, ...] = ("json", "email")) -> Path:
-    """A recipe over a slice of the standard library, sized to train in well under a minute."""
+def write_small_recipe(root: Path, *, max_steps: int = 30, packages: tuple[str, ...] = ("json", "email"),
+                       evaluate: dict[str, Any] | None = None) -> Path:
+    """A recipe over a slice of the standard library, sized to train in well under a minute.
+
+    The full evaluation after training is off unless ``evaluate`` gives its ``eval`` section: it has tests of
+    its own (tests/trainer/test_full_eval.py, the quick start's), and in every other flow test it would add a
+    launched process per training run.
+    """
     corpus = copy_stdlib_slice(root / "corpus", packages)
     manifest = root / "manifest.yaml"
     manifest.write_text(yaml.safe_dump({
@@ -40,6 +47,7 @@ def write_small_recipe(root: Path, *, max_steps: int = 30, packages: tuple[str, 
                            "intermediate_size": 64}},
         "train": {"max_steps": max_steps, "micro_batch_size": 8, "lr": 0.01, "warmup_steps": 5,
                   "checkpoint_every": 10, "eval_every": 10, "eval_batches": 4, "log_every": 5},
+        "eval": evaluate if evaluate is not None else {"enabled": False},
     }))
     return recipe
 

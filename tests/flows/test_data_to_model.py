@@ -19,7 +19,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, prefect_server: None)
     from flows.pipeline import data_to_model
 
     root = tmp_path_factory.mktemp("flow")
-    recipe = write_small_recipe(root)
+    recipe = write_small_recipe(root, evaluate={"tasks": ["tokenmill_next_line"], "next_line_items": 40})
     first = data_to_model(str(recipe))
     second = data_to_model(str(recipe))
     return root / "run", first, second
@@ -34,6 +34,25 @@ def test_every_stage_leaves_its_artifacts(finished_run: tuple[Path, dict, dict])
     assert list(run_dir.glob("docs/part-*.parquet")) and list(run_dir.glob("checkpoints/step-*"))
     assert verify_shards(run_dir) == []
     assert first["prepare"]["num_tokens"] > 10_000
+
+
+def test_the_full_evaluation_runs_after_training_and_a_rerun_recomputes_nothing(
+        finished_run: tuple[Path, dict, dict]) -> None:
+    run_dir, first, second = finished_run
+    for relpath in ("eval/tasks/tokenmill_next_line.yaml", "eval/tasks/tokenmill_next_line.jsonl",
+                    "eval/texts/tokenmill_next_line.jsonl", "eval/results/step-0000030/val_split.json",
+                    "eval/results/step-0000030/tokenmill_next_line.json"):
+        assert (run_dir / relpath).is_file(), relpath
+    rows = {(row["task"], row["metric"]): row for row in first["train"]["eval"]["results"]}
+    assert rows[("tokenmill_next_line", "acc")]["num_samples"] == 40
+    assert rows[("val_split", "bits_per_byte")]["num_samples"] == run_query(
+        run_dir, "SELECT sum(num_rows) AS n FROM shards WHERE split = 'val'").to_pylist()[0]["n"]
+    assert second["train"]["eval"]["results"] == first["train"]["eval"]["results"]
+    assert first["prepare"]["eval_tasks"]["tasks"].keys() == {"tokenmill_next_line"}
+    # The recipe leaves dedupe.decontaminate off: the stage still ran, against the task's items only.
+    decontaminated = first["prepare"]["decontaminate"]
+    assert decontaminated["enabled"] and decontaminated["num_reference_ngrams"] > 0
+    assert decontaminated["contaminated_by_reference"]["val"] == 0
 
 
 def test_training_progress_artifact_follows_the_metrics_file(finished_run: tuple[Path, dict, dict]) -> None:
