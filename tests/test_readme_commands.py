@@ -478,7 +478,7 @@ def test_continue_recipe_adapts_the_quick_start_export_and_keeps_the_old_domain(
         quick_start: QuickStart, prefect_home: Path, tmp_path: Path) -> None:
     """configs/continue.yaml as shipped (``from_pretrained: ../runs/tiny/model``, the tiny recipe's own export),
     with only its data made small: its sources are slices of the same corpora, its sizes a test's."""
-    from tests.flows.test_continue import continue_recipe_for_test
+    from tests.flows.continue_recipe import continue_recipe_for_test
 
     checkout = quick_start.checkout
     recipe = continue_recipe_for_test(tmp_path, checkout / "configs" / "continue.yaml")

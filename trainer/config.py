@@ -119,7 +119,8 @@ class TrainConfig(FrozenConfig):
     eval_every: int = Field(default=50, ge=1)
     """Validation every this many steps (and at step 0 and the end)."""
     eval_batches: int = Field(default=8, ge=1)
-    """Micro-batches of the fixed validation subset per evaluation."""
+    """Micro-batches of the fixed validation subset per in-loop evaluation (a subset: the ``eval`` section scores
+    the whole split after training)."""
     num_processes: int = Field(default=1, ge=1)
     """Processes ``accelerate launch`` starts (GPUs, or CPU processes over gloo)."""
     seed: int = 0
