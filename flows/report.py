@@ -332,29 +332,23 @@ def subset_note(data: dict[str, Any]) -> str:
 
 
 def _plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
-    series: dict[str, tuple[list[int], list[float]]] = {}
-    for row in data["results"]:
-        if row["source"] is None and row["metric"] not in ("tokens", "bytes", "perplexity") \
-                and row["value"] is not None:
-            steps, values = series.setdefault(f"{row['task']} {row['metric']}", ([], []))
-            steps.append(row["step"])
-            values.append(row["value"])
-    if not series:
-        _no_data(axes, "no full evaluation yet (tokenmill eval RUN_DIR)")
-        return
-    for label, (steps, values) in sorted(series.items()):
-        axes.plot(steps, values, marker="o", label=label)
-    axes.set_xlabel("step")
-    axes.set_ylabel("value")
-    axes.legend(fontsize="small")
+    rows = [row for row in data["results"]
+            if row["source"] is None and row["metric"] not in ("tokens", "bytes", "perplexity")]
+    _plot_result_series(axes, rows, lambda row: f"{row['task']} {row['metric']}", "value")
 
 
 def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
+    rows = [row for row in data["results"] if row["task"] == "val_split" and row["metric"] in ("loss", "bits_per_byte")]
+    _plot_result_series(axes, rows, lambda row: f"{row['source'] or 'all'} {row['metric']}", "nats/token, bits/byte")
+
+
+def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]], str],
+                        ylabel: str) -> None:
+    """One line per label over the steps of the full evaluation's rows (``eval_results``)."""
     series: dict[str, tuple[list[int], list[float]]] = {}
-    for row in data["results"]:
-        if row["task"] == "val_split" and row["metric"] in ("loss", "bits_per_byte") and row["value"] is not None:
-            label = f"{row['source'] or 'all'} {row['metric']}"
-            steps, values = series.setdefault(label, ([], []))
+    for row in rows:
+        if row["value"] is not None:
+            steps, values = series.setdefault(label_of(row), ([], []))
             steps.append(row["step"])
             values.append(row["value"])
     if not series:
@@ -363,7 +357,7 @@ def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
     for label, (steps, values) in sorted(series.items()):
         axes.plot(steps, values, marker="o", label=label)
     axes.set_xlabel("step")
-    axes.set_ylabel("nats/token, bits/byte")
+    axes.set_ylabel(ylabel)
     axes.legend(fontsize="small")
 
 
