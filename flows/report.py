@@ -28,7 +28,7 @@ PLOTS: dict[str, str] = {
     "source_mix": "Source mix (documents and tokens)",
     "doc_lengths": "Document length (characters)",
     "row_fill": "Row fill (real tokens per packed row)",
-    "eval_tasks": "Full evaluation: the metrics of each task over steps",
+    "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
     "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
 }
 FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}
@@ -332,9 +332,8 @@ def subset_note(data: dict[str, Any]) -> str:
 
 
 def _plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
-    rows = [row for row in data["results"]
-            if row["source"] is None and row["metric"] not in ("tokens", "bytes", "perplexity")]
-    _plot_result_series(axes, rows, lambda row: f"{row['task']} {row['metric']}", "value")
+    rows = [row for row in data["results"] if row["task"] != "val_split"]  # the val split has its own plot
+    _plot_result_series(axes, rows, lambda row: f"{row['task']} {row['metric']}", "score")
 
 
 def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
@@ -352,7 +351,7 @@ def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callabl
             steps.append(row["step"])
             values.append(row["value"])
     if not series:
-        _no_data(axes, "no full evaluation yet (tokenmill eval RUN_DIR)")
+        _no_data(axes, "none yet (eval.tasks; tokenmill eval RUN_DIR)")
         return
     for label, (steps, values) in sorted(series.items()):
         axes.plot(steps, values, marker="o", label=label)
