@@ -23,10 +23,6 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 def pytest_configure(config: pytest.Config) -> None:
     home = Path(tempfile.mkdtemp(prefix="tokenmill-prefect-home-"))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Each pytest-xdist worker gets a Prefect home of its own: the temporary servers of two workers'
-        # commands would otherwise share one SQLite database (the workers inherit the controller's home).
-        os.environ["PREFECT_HOME"] = str(home)
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
