@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,7 @@ class RunPaths:
 
     def eval_text(self, task: str) -> Path:
         """``eval/texts/<task>.jsonl``: see :attr:`eval_texts`."""
-        return self.eval_texts / f"{task}.jsonl"
+        return self.eval_texts / f"{_task_file_name(task)}.jsonl"
 
     @property
     def eval_results(self) -> Path:
@@ -148,7 +149,7 @@ class RunPaths:
 
     def eval_result(self, step: int, task: str) -> Path:
         """``eval/results/step-NNNNNNN/<task>.json``: one (checkpoint, task) result, keyed by both fingerprints."""
-        return self.eval_results / f"step-{step:07d}" / f"{task}.json"
+        return self.eval_results / f"step-{step:07d}" / f"{_task_file_name(task)}.json"
 
     def eval_model(self, step: int) -> Path:
         """``eval/models/step-NNNNNNN/``: a checkpoint exported as a Hugging Face folder for downstream tasks."""
@@ -309,6 +310,17 @@ def path_inside_run(run_dir: Path, path: Path) -> bool:
         return path.resolve().is_relative_to(Path(run_dir).resolve())
     except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return False
+
+
+TASK_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+"""An evaluation task's name as a file name: letters, digits, ``_``, ``.``, ``-`` (no ``/``, no leading dot)."""
+
+
+def _task_file_name(task: str) -> str:
+    """``task`` itself; ValueError when it could leave its folder (``../x``, ``a/b``) or is no plain name."""
+    if not TASK_FILE_NAME.match(task):
+        raise ValueError(f"evaluation task name {task!r}: use letters, digits, '_', '.' and '-' only")
+    return task
 
 
 def fingerprint(*parts: Any) -> str:

@@ -126,6 +126,10 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 
     if checkpoint is not None and checkpoint not in ("last", "all") and not checkpoint.isdigit():
         raise TokenmillError(f"--checkpoint {checkpoint!r}: give a step number, last or all.")
+    from core.rundir import TASK_FILE_NAME
+
+    if task is not None and not TASK_FILE_NAME.match(task):
+        raise TokenmillError(f"--task {task!r}: a task name has letters, digits, '_', '.' and '-' only.")
     run = resolve_recorded_run(run_dir)
     from trainer.eval_plan import chosen_checkpoints
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from core.config import FrozenConfig
+from core.rundir import TASK_FILE_NAME
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -189,7 +190,7 @@ def check_tensor_parallel_dims(dims: ModelDims, tensor_parallel_size: int) -> No
                              f"of {dims.num_heads}, {dims.num_kv_heads} and {dims.intermediate_size}")
 
 
-TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+TASK_NAME_PATTERN = TASK_FILE_NAME.pattern  # a task name becomes a file name in eval/
 
 
 class EvalConfig(FrozenConfig):

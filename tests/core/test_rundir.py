@@ -145,3 +145,13 @@ def test_the_run_dir_object_is_picklable_hashable_and_its_lock_is_the_run_lock(t
     with paths.lock() as lock:
         assert lock.path == paths.lock_file.resolve()
         assert paths.lock_file.read_text().startswith(f"pid {os.getpid()}")
+
+
+@pytest.mark.parametrize("task", ["../../outside", "a/b", ".hidden", "", "x" * 200])
+def test_an_evaluation_task_name_never_leaves_its_folder(tmp_path: Path, task: str) -> None:
+    paths = RunPaths(tmp_path)
+    with pytest.raises(ValueError, match="evaluation task name"):
+        paths.eval_result(1, task)
+    with pytest.raises(ValueError, match="evaluation task name"):
+        paths.eval_text(task)
+    assert paths.eval_result(1, "arc_easy.v2-local").parent == paths.eval_results / "step-0000001"

@@ -45,6 +45,7 @@ def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
     (["query", "x", "SELECT 1", "--format", "xml"], "'xml' is not one of"),
     (["eval", "no/such/run"], "no/such/run: no run.yaml; give a run dir that tokenmill wrote"),
     (["eval", ".", "--checkpoint", "newest"], "--checkpoint 'newest': give a step number, last or all."),
+    (["eval", ".", "--task", "../../etc/x"], "--task '../../etc/x': a task name has letters, digits"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(args: list[str], expected: str) -> None:
     result = tokenmill(*args)
