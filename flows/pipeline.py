@@ -162,7 +162,10 @@ def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str]
     from trainer.downstream import check_tasks  # lm-eval imports slowly
     from trainer.eval_tasks import include_dirs, prepare_eval_tasks, recorded_include, write_builtin_task
 
-    include = recorded_include(paths) or include_dirs(paths, config, run.base)
+    # From a recipe, its eval.include as it is now; from `tokenmill eval RUN_DIR` (no recipe folder: the base is
+    # the run dir) the folders the eval-tasks stage resolved and recorded when the data were prepared.
+    recorded = recorded_include(paths) if run.base == paths.root else None
+    include = recorded or include_dirs(paths, config, run.base)
     if task is None:
         return prepare_eval_tasks(paths, config, run.base, include)["tasks"], include
     if task == NEXT_LINE_TASK and paths.eval_tasks not in include:
