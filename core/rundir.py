@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from core.atomic import (
     out_of_space,
     read_json,
     remove_stale_temps,
+    sha256_file,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
@@ -327,3 +329,34 @@ def fingerprint(*parts: Any) -> str:
     """Deterministic sha256 over JSON-serialisable parts (settings, input digests, code version)."""
     payload = json.dumps([CODE_VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+SMALL_FILE_BYTES = 1 << 20
+"""Files up to this size are identified by their sha256 in :func:`file_stats`, larger ones by their stat."""
+
+
+def file_stats(root: Path, top: Path, skipped: frozenset[Path] = frozenset()) -> list[tuple[str, int, str]]:
+    """``(path relative to root, size, identity)`` of every file under ``top`` (a file or a folder), sorted.
+
+    For skip-if-unchanged checks over outputs too large to hash each time (checkpoints, shards): a file up to
+    SMALL_FILE_BYTES is identified by its sha256 (a recipe or an index rewritten with the same bytes is
+    unchanged), a larger one by its mtime and inode (an atomic rewrite is a new inode, so it shows even within
+    the file system's timestamp granularity). Paths in ``skipped`` (files or folders) are left out; symlinks
+    are not followed (a hostile run dir may loop); a missing ``top`` gives no entries.
+    """
+    if top.is_symlink() or not top.is_dir():
+        exists = top.is_file() or top.is_symlink()
+        return [_file_stat(root, top)] if exists and top not in skipped else []
+    entries = []
+    for folder, subfolders, files in os.walk(top):
+        subfolders[:] = sorted(name for name in subfolders if Path(folder, name) not in skipped)
+        entries.extend(_file_stat(root, Path(folder, name)) for name in sorted(files)
+                       if Path(folder, name) not in skipped)
+    return entries
+
+
+def _file_stat(root: Path, path: Path) -> tuple[str, int, str]:
+    stat = path.lstat()
+    small = stat.st_size <= SMALL_FILE_BYTES and not path.is_symlink()
+    identity = sha256_file(path) if small else f"{stat.st_mtime_ns}:{stat.st_ino}"
+    return path.relative_to(root).as_posix(), stat.st_size, identity

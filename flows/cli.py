@@ -9,14 +9,15 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from core.errors import TokenmillError
 from core.rundir import RunPaths
-from flows.server import guard_temporary_server
-from flows.settings import configure_environment
+from flows.server import guard_temporary_server, start_temporary_server
+from flows.settings import QUIET_ENV, configure_environment
 
 if TYPE_CHECKING:
     from flows.recipe import ResolvedRun
@@ -73,14 +74,7 @@ def _main(ctx: typer.Context,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"] = debug
     if quiet:
-        from flows.progress import QUIET_ENV
-
         os.environ[QUIET_ENV] = "1"
-    if not debug:
-        import flows.pipeline  # noqa: F401 - sets up Prefect's console logging, which the filter attaches to
-        from flows.settings import hide_user_error_tracebacks
-
-        hide_user_error_tracebacks()
     _help_without_a_command(ctx)
 
 
@@ -134,14 +128,12 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     from trainer.eval_plan import chosen_checkpoints
 
     chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)  # a wrong step: one line, no Prefect
-    import flows.pipeline
-    from flows.progress import live_progress
-
-    _hide_user_error_tracebacks()
     with run.paths.lock():
-        guard_temporary_server()
+        flows_module = _import_flows_with_a_server()
+        from flows.progress import live_progress
+
         with live_progress():
-            summary = flows.pipeline.evaluate_model(run, checkpoint=checkpoint, task=task)
+            summary = flows_module.evaluate_model(run, checkpoint=checkpoint, task=task)
         _print_summary(summary)
 
 
@@ -170,6 +162,7 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
     """
     from flows.serve import serve_deployments
 
+    _hide_user_error_tracebacks()
     guard_temporary_server()
     serve_deployments(recipe, _optional(run_dir), limit)
 
@@ -263,15 +256,31 @@ def _run_flow(flow_name: str, recipe: Path | None, run_dir: Path | None, **optio
     the lock: a refused command never pays for Prefect's server import).
     """
     run = _checked_recipe(recipe, run_dir)
+    with run.paths.lock():
+        flows_module = _import_flows_with_a_server()
+        from flows.progress import live_progress
+
+        with live_progress():
+            summary = getattr(flows_module, flow_name)(run, **options)
+        _print_summary(summary)
+
+
+def _import_flows_with_a_server() -> ModuleType:
+    """Import :mod:`flows.pipeline` (and so Prefect) with a Prefect server ready for its flows.
+
+    With no server configured, tokenmill's temporary server is started first, so it boots while Prefect and
+    the flows are imported (flows.server.start_temporary_server); with a Prefect home of the user's own,
+    Prefect starts one when it needs it, guarded the same way (flows.server.guard_temporary_server).
+    """
+    server = start_temporary_server()
     import flows.pipeline
-    from flows.progress import live_progress
 
     _hide_user_error_tracebacks()
-    with run.paths.lock():
+    if server is not None:
+        server.wait_until_ready()
+    else:
         guard_temporary_server()
-        with live_progress():
-            summary = getattr(flows.pipeline, flow_name)(run, **options)
-        _print_summary(summary)
+    return flows.pipeline
 
 
 def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:

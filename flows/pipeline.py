@@ -11,7 +11,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
 from core.eval_results import VAL_SPLIT_TASK, describe
-from core.rundir import RunPaths
+from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
@@ -32,6 +32,7 @@ from flows.tasks import (
     train_task,
 )
 from pipeline.manifest import load_manifest
+from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
 SPLITS = ("train", "val")
@@ -88,11 +89,15 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
         record_recipe(loaded, run.base, paths.root)
         until_step = _until_step(paths, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
         deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
-        try:
-            train_task(paths, loaded.train.num_processes, until_step, deadline_s)
-        except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
-            _report_failed_training(paths, failure)
-            raise
+        if paths.done_summary(TRAIN_STAGE, training_fingerprint(paths, until_step)) is not None:
+            get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)", until_step)
+        else:
+            try:
+                train_task(paths, loaded.train.num_processes, until_step, deadline_s)
+            except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
+                _report_failed_training(paths, failure)
+                raise
+            paths.mark_done(TRAIN_STAGE, training_fingerprint(paths, until_step), {"step": until_step})
         report = report_task(paths)
     trained = publish_training(paths.root, report)
     if loaded.eval.enabled:
@@ -215,6 +220,18 @@ def _refuse_corrupt_shards(paths: RunPaths) -> None:
                                "run dir.")
 
 
+TRAIN_STAGE = "train"
+TRAINING_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "base_model", "checkpoints", "model")
+"""What a launched trainer reads and writes, relative to the run dir (the shards are named by the index)."""
+
+
+def training_fingerprint(paths: RunPaths, until_step: int) -> str:
+    """The target step and the stats of every file in TRAINING_FILES: when it equals the one recorded after
+    the last training, a launch would only restore the checkpoint to say "nothing to train" (~5 s), so the
+    flow skips it. Any change (a new checkpoint or shard, a deleted export, an edited recipe) launches."""
+    return fingerprint(TRAIN_STAGE, until_step, [file_stats(paths.root, paths.root / name) for name in TRAINING_FILES])
+
+
 def _until_step(paths: RunPaths, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
     current = _latest_checkpoint_step(paths)
     if refresh and steps_per_refresh is not None and current is not None:
@@ -224,8 +241,6 @@ def _until_step(paths: RunPaths, max_steps: int, steps_per_refresh: int | None, 
 
 def _latest_checkpoint_step(paths: RunPaths) -> int | None:
     """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
-    from trainer.checkpoint import MANIFEST_NAME, list_checkpoints  # here: it imports accelerate, slow for the CLI
-
     steps = [step for step, folder in list_checkpoints(paths.checkpoints)
              if (folder / MANIFEST_NAME).is_file()]
     return max(steps, default=None)

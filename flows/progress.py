@@ -27,10 +27,10 @@ from rich.progress import Progress, Task, TaskID
 from rich.theme import Theme
 
 from flows.progress_columns import build_progress
+from flows.settings import QUIET_ENV
 
 P = ParamSpec("P")
 R = TypeVar("R")
-QUIET_ENV = "TOKENMILL_QUIET"
 COUNTERS = (("num_records", "records"), ("num_documents", "docs"), ("num_documents_in", "docs"),
             ("num_train_checked", "docs"), ("num_bytes", "bytes"), ("num_tokens", "tokens"), ("num_rows", "rows"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.eval_results import failed_results
-from core.rundir import RunPaths
+from core.rundir import RunPaths, file_stats, fingerprint
 from pipeline.filters import REJECT_REASONS
 from pipeline.query import connect, data_funnel, eval_results_table, rejects_by_reason
 
@@ -72,15 +72,37 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
 
 
 def write_report(paths: RunPaths) -> Path:
-    """Render every plot and write ``report/index.html``; returns its path."""
+    """Render every plot and write ``report/index.html``; returns its path.
+
+    Skipped when no file it reads changed since it was last written (``stages/report.json`` records
+    :func:`report_inputs_fingerprint`): rendering takes ~2 s, and each command of a run that changed
+    nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
+    """
+    index = paths.report / "index.html"
+    inputs = report_inputs_fingerprint(paths)
+    if index.is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None:
+        return index
     data = collect_report_data(paths.root)
     images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
     for name, png in images.items():
         paths.write_bytes(paths.report / f"{name}.png", png)
     paths.write_text(paths.report / "report.md", _markdown(paths.root, data))
-    index = paths.report / "index.html"
     paths.write_text(index, _html(paths.root, data, images))
+    paths.mark_done(REPORT_STAGE, inputs, {"index": index.relative_to(paths.root).as_posix()})
     return index
+
+
+REPORT_STAGE = "report"
+
+
+def report_inputs_fingerprint(paths: RunPaths) -> str:
+    """Name, size and mtime of every file in the run dir the report could read, and the code's version.
+
+    That is every file but ``report/``, the lock and the report's own marker. Stat only: a run dir of many
+    shards and checkpoints costs milliseconds.
+    """
+    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE)})
+    return fingerprint(REPORT_STAGE, file_stats(paths.root, paths.root, skipped))
 
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:

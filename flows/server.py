@@ -1,40 +1,125 @@
 """The temporary Prefect server of a run with no server configured: never outlives tokenmill, never dies before it.
 
-With no ``PREFECT_API_URL``, Prefect starts ``python -m uvicorn … prefect.server.api.server:create_app`` as a
-child (``SubprocessASGIServer``, the one "Starting temporary server on …" names) and stops it at exit. Two
-ways that went wrong:
+With no ``PREFECT_API_URL``, Prefect itself would start ``python -m uvicorn … prefect.server.api.server:create_app``
+as a child (``SubprocessASGIServer``) the first time a flow talks to its API, and stop it at exit. Three ways
+that went wrong:
 
 - ``kill -9`` (or an OOM kill) of tokenmill skips every exit handler: the server went on running with
   ppid 1 (~220 MB) for minutes, one more after each killed run;
 - it shared tokenmill's process group, so a Ctrl-C in the terminal stopped it too, and the flow, still
-  reporting its state to it, retried ``httpx.ConnectError`` for minutes instead of exiting.
+  reporting its state to it, retried ``httpx.ConnectError`` for minutes instead of exiting;
+- it started only when the flow began, after tokenmill had imported Prefect and its flows, so each command
+  paid both one after the other (~4.5 s of server start-up after ~6 s of imports on 2 cores).
 
-:func:`guard_temporary_server` registers, under the key Prefect looks its temporary server up by (what
-Prefect's own ``prefect_test_harness`` does), a server started the same way but in a session of its own (a
-Ctrl-C reaches tokenmill only, which stops the server at exit as before) and through this module, which
-stops it within a second of its parent's death whatever killed the parent. It starts when Prefect first
-needs it, exactly as before, so start-up time is unchanged.
+:func:`start_temporary_server` starts it first, before Prefect is imported: the server boots while tokenmill
+imports, and Prefect, finding ``PREFECT_API_URL`` set, uses it as it would a configured server. The server
+runs in a session of its own (a Ctrl-C reaches tokenmill only) through this module, which stops it within a
+second of its parent's death whatever killed the parent; tokenmill stops it at exit, after Prefect's exit
+handlers have sent their last logs. :func:`guard_temporary_server` does the same for a temporary server that
+Prefect starts itself (``tokenmill serve``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+from core.errors import TokenmillError
 
 ORPHAN_POLL_S = 0.5
 """How often the server checks that the process that started it is still its parent."""
 SHUTDOWN_GRACE_S = 10.0
 """How long an orphaned server may take to shut down cleanly (uvicorn on SIGTERM) before it exits hard."""
+STARTUP_TIMEOUT_S = 120.0
+"""How long tokenmill waits for its temporary server to answer ``/api/health`` (a cold start on a loaded
+2-core machine took up to ~15 s)."""
+APP = "prefect.server.api.server:create_app"
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+"""What Prefect's own temporary server runs with (``SubprocessASGIServer._run_uvicorn_command``)."""
 RUN_THIS_FILE = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 """The server's ``python -c``: this file by its path, not ``-m flows.server``, which would import a ``flows``
 package of the user's from the working directory (a Prefect project often has one) instead of ours."""
+
+
+@dataclass
+class TemporaryServer:
+    """A running temporary server: its process and the API URL this process and its children use."""
+
+    process: subprocess.Popen[bytes]
+    api_url: str
+
+    def wait_until_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Block until the server answers ``/api/health``; TokenmillError if it exits or stays silent."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise TokenmillError(f"the temporary Prefect server exited with status {self.process.returncode} "
+                                   "before it was ready; run with --debug, or set PREFECT_API_URL to a server")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+            time.sleep(0.05)
+        raise TokenmillError(f"the temporary Prefect server did not answer within {timeout_s:.0f} s; set "
+                           "PREFECT_API_URL to a running server (prefect server start)")
+
+    def stop(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
+        """SIGTERM the server (uvicorn finishes its requests) and wait for it; kill it if it lingers."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_temporary_server() -> TemporaryServer | None:
+    """Start tokenmill's temporary server now, unless the user configured Prefect; must run before Prefect is imported.
+
+    "Configured" is what :func:`flows.settings.configure_environment` leaves alone: a ``PREFECT_API_URL`` or
+    a ``PREFECT_HOME`` of the user's own (its profile may name a server), or temporary servers switched off.
+    Otherwise the server binds a free port itself and reports it, ``PREFECT_API_URL`` is set in this
+    process's environment (Prefect reads it when it is imported; launched processes inherit it), and the
+    server is stopped at exit, after Prefect's own exit handlers (atexit runs them in reverse order of
+    registration, and Prefect registers its handlers after this). Returns None when nothing was started.
+    """
+    from flows.settings import TOKENMILL_PREFECT_HOME_ENV
+
+    if "prefect" in sys.modules:  # too late to name a server to Prefect: it starts its own (guard_temporary_server)
+        return None
+    ephemeral = os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "true").strip().lower()
+    if ("PREFECT_API_URL" in os.environ or os.environ.get(TOKENMILL_PREFECT_HOME_ENV) != os.environ.get("PREFECT_HOME")
+            or ephemeral in ("0", "false", "no", "off")):
+        return None
+    read_port, write_port = os.pipe()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", RUN_THIS_FILE, __file__, str(os.getpid()), str(write_port), APP],
+            env={**os.environ, **SERVER_ENV}, pass_fds=(write_port,), start_new_session=True)
+    finally:
+        os.close(write_port)
+    with os.fdopen(read_port) as reported:
+        port = reported.readline().strip()
+    if not port.isdigit():
+        process.wait()
+        raise TokenmillError(f"the temporary Prefect server exited with status {process.returncode} before it "
+                           "bound a port; set PREFECT_API_URL to a running server (prefect server start)")
+    server = TemporaryServer(process, f"http://127.0.0.1:{port}/api")
+    os.environ["PREFECT_API_URL"] = server.api_url
+    atexit.register(server.stop)
+    return server
 
 
 def guard_temporary_server() -> None:
@@ -95,6 +180,24 @@ def serve_while_parent_lives(parent_pid: int, uvicorn_args: list[str]) -> None:
     runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
 
 
+def serve_on_free_port(parent_pid: int, port_fd: int, app: str) -> None:
+    """Bind a free loopback port, write its number to ``port_fd``, then serve Prefect's ``app`` on it.
+
+    The socket listens before the port is reported and before Prefect's app is imported (seconds), so the
+    parent can name the URL at once; a request sent early waits in the listen backlog. No port is chosen
+    by the parent and then bound by the child, so no other process can take it in between.
+    """
+    threading.Thread(target=_stop_when_orphaned, args=(parent_pid,), name="parent-watch", daemon=True).start()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    with os.fdopen(port_fd, "w") as report:
+        report.write(f"{listener.getsockname()[1]}\n")
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, factory=True, log_level="error", lifespan="on")).run(sockets=[listener])
+
+
 def _stop_when_orphaned(parent_pid: int) -> None:
     """Once this process is no longer ``parent_pid``'s child, SIGTERM it (uvicorn shuts down), then exit hard."""
     while os.getppid() == parent_pid:
@@ -104,5 +207,8 @@ def _stop_when_orphaned(parent_pid: int) -> None:
     os._exit(1)
 
 
-if __name__ == "__main__":  # python -c RUN_THIS_FILE …/flows/server.py PARENT_PID UVICORN_ARGS…
-    serve_while_parent_lives(int(sys.argv[1]), sys.argv[2:])
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[3] == APP:  # python -c RUN_THIS_FILE …/flows/server.py PARENT_PID PORT_FD APP
+        serve_on_free_port(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    else:  # python -c RUN_THIS_FILE …/flows/server.py PARENT_PID UVICORN_ARGS… (Prefect-started, guarded)
+        serve_while_parent_lives(int(sys.argv[1]), sys.argv[2:])

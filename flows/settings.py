@@ -24,6 +24,13 @@ DEFAULTS = {
 }
 
 
+QUIET_ENV = "TOKENMILL_QUIET"
+"""Set (by ``tokenmill --quiet``): no progress bars and no per-stage progress lines (flows.progress)."""
+TOKENMILL_PREFECT_HOME_ENV = "TOKENMILL_PREFECT_HOME"
+"""Names the Prefect home that tokenmill chose itself: equal to ``PREFECT_HOME``, no profile of the user's
+can name a server, and tokenmill starts its own temporary one (flows.server.start_temporary_server)."""
+
+
 def configure_environment() -> None:
     """Fill in settings the user has not set; must run before Prefect is imported.
 
@@ -35,7 +42,7 @@ def configure_environment() -> None:
     if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
         home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "prefect"
         home.mkdir(parents=True, exist_ok=True)
-        os.environ["PREFECT_HOME"] = str(home)
+        os.environ["PREFECT_HOME"] = os.environ[TOKENMILL_PREFECT_HOME_ENV] = str(home)
 
 
 class _HideUserErrorTracebacks(logging.Filter):

@@ -26,7 +26,6 @@ from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
-from trainer.base_model import import_base_model
 from trainer.config import EvalConfig, ModelConfig
 from trainer.eval_tasks import prepare_eval_tasks
 from trainer.launch import eval_launch_command, launch_command, parent_watch_env
@@ -77,6 +76,8 @@ def eval_tasks_task(paths: RunPaths, config: EvalConfig, recipe_dir: str) -> dic
 @task(name="base-model")
 @reports_progress("base-model", rates=False)
 def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[str, Any]:
+    from trainer.base_model import import_base_model  # imports torch: the flows' process needs it only here
+
     return import_base_model(paths, Path(source), config)
 
 

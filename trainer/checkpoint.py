@@ -19,7 +19,6 @@ with ``weights_only=False``); our own state goes through JSON instead.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -31,6 +30,7 @@ from accelerate.utils import DistributedType, broadcast_object_list
 from core.atomic import TEMP_PREFIX, read_json, sha256_file
 from core.errors import CheckpointError
 from core.rundir import RunPaths, path_inside_run
+from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
@@ -40,7 +40,6 @@ from trainer.tensor_parallel_checkpoint import (
 )
 
 CHECKPOINT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 LATEST_NAME = "latest"
 FSDP_MODEL_METADATA = "pytorch_model_fsdp_0/.metadata"
@@ -48,7 +47,6 @@ FSDP_OPTIMIZER_METADATA = "optimizer_0/.metadata"
 REQUIRED_FILES = (("model.safetensors", FSDP_MODEL_METADATA, f"{TENSOR_PARALLEL_DIR}/tp_rank_0.safetensors"),
                   ("optimizer.bin", FSDP_OPTIMIZER_METADATA, TENSOR_PARALLEL_LAYOUT), (TRAINER_STATE_NAME,))
 """Each group needs one of its files: weights and optimizer state whole (DDP), sharded (FSDP) or split (TP)."""
-STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 
 
 class Stateful(Protocol):
@@ -57,20 +55,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def step_dir_name(step: int) -> str:
-    """``step-NNNNNNN`` (7 digits, so names sort by step)."""
-    return f"step-{step:07d}"
-
-
-def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every ``step-NNNNNNN`` folder, oldest first; validity is not checked."""
-    if not checkpoints_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in checkpoints_dir.iterdir()
-             if p.is_dir() and (m := STEP_DIR_PATTERN.match(p.name))]
-    return sorted(found)
 
 
 def write_manifest(paths: RunPaths, folder: Path, step: int) -> None:

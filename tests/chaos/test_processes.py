@@ -275,11 +275,18 @@ def test_a_launched_process_shares_its_launchers_lock_and_nobody_elses(tmp_path:
 # ---- the temporary Prefect server ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_server_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """``tokenmill`` with no server configured, so it starts a temporary one (its own Prefect home)."""
-    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
-    return env | {"PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")), "PYTHONUNBUFFERED": "1"}
+@pytest.fixture(scope="module", params=["tokenmill's home", "the user's home"])
+def own_server_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """``tokenmill`` with no server configured, so a temporary one starts.
+
+    In tokenmill's own Prefect home (no PREFECT_HOME) tokenmill starts it before importing Prefect
+    (flows.server.start_temporary_server); in a home of the user's, whose profile might name a server,
+    Prefect starts it and tokenmill guards it (flows.server.guard_temporary_server).
+    """
+    unset = ("PREFECT_API_URL", "PREFECT_HOME", "TOKENMILL_PREFECT_HOME")
+    env = {key: value for key, value in os.environ.items() if key not in unset} | {"PYTHONUNBUFFERED": "1"}
+    home = str(tmp_path_factory.mktemp("prefect-home"))
+    return env | ({"XDG_CACHE_HOME": home} if request.param == "tokenmill's home" else {"PREFECT_HOME": home})
 
 
 def start_prepare_with_its_own_server(tmp_path: Path, env: dict[str, str]) -> tuple[LiveCommand, list[psutil.Process]]:
