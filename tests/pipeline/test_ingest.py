@@ -354,3 +354,26 @@ def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeyp
     assert ("signature", 200) in writes  # blocks were written before the failure
     assert not list((paths.dedupe / near_dedupe.MINHASH_DIR).iterdir())
     assert not part_marker(paths, part.part_id).exists()
+
+
+def test_each_split_lands_in_row_groups_of_its_own_in_record_order(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """So the pack of one split skips the other's row groups undecompressed (core.documents.iter_documents)."""
+    from pipeline import ingest
+
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    write_short_docs(tmp_path / "docs.jsonl", 2_000)
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "docs.jsonl", "format": "jsonl"}])
+    paths = RunPaths(tmp_path / "run")
+    (part,) = plan_ingest([manifest], paths, 1 << 30)
+    ingest_part(part, 0.3, paths)
+    parquet = pq.ParquetFile(paths.docs / "part-00000.parquet")
+    groups = [parquet.read_row_group(group, columns=["uri", "split"]).to_pylist()
+              for group in range(parquet.num_row_groups)]
+    assert all(len({row["split"] for row in group}) == 1 and len(group) <= 300 for group in groups)
+    rows = [row for group in groups for row in group]
+    lines = [f"docs.jsonl:{number}" for number in range(1, 2_001)]
+    for split in ("train", "val"):
+        uris = [row["uri"] for row in rows if row["split"] == split]
+        assert len(uris) > 300 and uris == [uri for uri in lines if uri in set(uris)]  # record order kept
+    assert sorted(row["uri"] for row in rows) == sorted(lines)
