@@ -7,14 +7,10 @@ are identical to encoding the whole text, while the work spreads over all cores 
 
 from __future__ import annotations
 
-import queue
 import re
-import threading
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import numpy as np
-import pyarrow as pa
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
 PIECE_CHARS = 1 << 18
@@ -47,61 +43,6 @@ def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
         num_pieces.append(len(parts))
     piece_ids = list(_encode_pieces(tokenizer, pieces))
     return _join_pieces(piece_ids, num_pieces)
-
-
-ENCODE_AHEAD_BATCHES = 2
-"""Encoded batches :func:`encode_ahead` may hold ready for its caller (bounds the memory it adds)."""
-
-
-@dataclass(frozen=True)
-class _Failure:
-    error: BaseException
-
-
-_END = object()
-
-
-def encode_ahead(tokenizer: Tokenizer,
-                 batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[list[int], list[np.ndarray]]]:
-    """``(doc_ids, ids per text)`` of each batch (``doc_id`` and ``text`` columns), in order, made by a thread.
-
-    The thread reads and encodes the next batches while the caller packs and writes this one: encoding runs
-    on the Rust threads without the GIL, so the caller's Python work overlaps it instead of waiting for it.
-    At most :data:`ENCODE_AHEAD_BATCHES` batches wait; an error in the thread is raised here, and closing the
-    generator early stops the thread.
-    """
-    ready: queue.Queue = queue.Queue(maxsize=ENCODE_AHEAD_BATCHES)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for batch in batches:
-                texts = batch.column("text").to_pylist()
-                if not put((batch.column("doc_id").to_pylist(), encode_texts(tokenizer, texts))):
-                    return
-            put(_END)
-        except BaseException as err:  # handed to the caller, who raises it
-            put(_Failure(err))
-
-    thread = threading.Thread(target=produce, name="encode-ahead", daemon=True)
-    thread.start()
-    try:
-        while (item := ready.get()) is not _END:
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 def can_split_texts(tokenizer: Tokenizer) -> bool:

@@ -20,7 +20,7 @@ from core.errors import ConfigError, StageMismatchError
 from core.rundir import RunPaths, fingerprint
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
-from tokenization.encode import encode_ahead
+from tokenization.encode import encode_texts
 from tokenization.pack import Packer
 from tokenization.special_tokens import load_tokenizer, read_special_tokens
 from tokenization.train_tokenizer import tokenizer_vocab_size
@@ -124,9 +124,10 @@ def _pack_parts(paths: RunPaths, split: str, source: str, config: PackConfig, pa
     num_documents = 0
     batches = iter_documents(paths, split=split, source=source, columns=["doc_id", "text"], parts=parts,
                              batch_rows=config.encode_batch_docs)
-    for doc_ids, encoded in encode_ahead(tokenizer, batches):
+    for batch in batches:
+        doc_ids = batch.column("doc_id").to_pylist()
         num_tokens_before = packer.num_added_tokens
-        for doc_id, tokens in zip(doc_ids, encoded, strict=True):
+        for doc_id, tokens in zip(doc_ids, encode_texts(tokenizer, batch.column("text").to_pylist()), strict=True):
             packer.add(doc_id, tokens)
         num_documents += len(doc_ids)
         if on_progress is not None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
-import threading
 import unicodedata
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from core.errors import ConfigError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
 from tokenization.config import TokenizerConfig
-from tokenization.encode import encode_ahead, encode_texts, split_text
+from tokenization.encode import encode_texts, split_text
 from tokenization.train_tokenizer import (
     load_tokenizer,
     prepare_tokenizer,
@@ -175,29 +173,3 @@ def test_training_without_train_documents_is_refused(tmp_path: Path, texts: list
     write_docs_part(tmp_path, 0, texts[:3], split="val")
     with pytest.raises(ConfigError, match="no train-split text"):
         prepare_tokenizer(RunPaths(tmp_path), TokenizerConfig(vocab_size=VOCAB_SIZE), None)
-
-
-def text_batches(texts: list[str], size: int) -> list[pa.RecordBatch]:
-    return [pa.record_batch({"doc_id": list(range(start, start + len(texts[start:start + size]))),
-                             "text": texts[start:start + size]}) for start in range(0, len(texts), size)]
-
-
-def test_encoding_ahead_gives_the_ids_of_encode_texts_in_order(texts: list[str], tokenizer) -> None:
-    batches = text_batches(texts[:50], 7)
-    got = list(encode_ahead(tokenizer, iter(batches)))
-    assert [doc_ids for doc_ids, _ in got] == [batch.column("doc_id").to_pylist() for batch in batches]
-    expected = encode_texts(tokenizer, texts[:50])
-    assert [ids.tolist() for _, encoded in got for ids in encoded] == [ids.tolist() for ids in expected]
-
-
-def test_encoding_ahead_raises_the_reader_error_and_stops_its_thread(texts: list[str], tokenizer) -> None:
-    def failing() -> Iterator[pa.RecordBatch]:
-        yield from text_batches(texts[:10], 5)
-        raise OSError("disk gone")
-
-    with pytest.raises(OSError, match="disk gone"):
-        list(encode_ahead(tokenizer, failing()))
-    ahead = encode_ahead(tokenizer, iter(text_batches(texts[:60], 2)))  # more batches than it may hold ready
-    next(ahead)
-    ahead.close()
-    assert not [thread for thread in threading.enumerate() if thread.name == "encode-ahead"]
