@@ -84,10 +84,10 @@ def _timed(work: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
 def _ingest(manifest: Path, paths, dedupe) -> dict[str, float]:
     """Plan and ingest every part as the flow does (worker processes, one per core, near signatures made)."""
     from flows.stage_processes import run_stage_call, stage_processes
-    from pipeline.ingest import IngestPart, ingest_part, plan_ingest
+    from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
 
     def work() -> int:
-        parts = plan_ingest([manifest], paths, PART_SIZE_BYTES)
+        parts = largest_first(plan_ingest([manifest], paths, PART_SIZE_BYTES))
         workers = min(os.cpu_count() or 1, len(parts))
         with stage_processes(workers), ThreadPoolExecutor(workers) as threads:
             calls = [threads.submit(run_stage_call, ingest_part, IngestPart.from_dict(part.to_dict()),

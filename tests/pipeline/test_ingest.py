@@ -26,6 +26,7 @@ from pipeline.ingest import (
     glob_regex,
     group_files,
     ingest_part,
+    largest_first,
     part_marker,
     plan_ingest,
 )
@@ -377,3 +378,20 @@ def test_each_split_lands_in_row_groups_of_its_own_in_record_order(tmp_path: Pat
         uris = [row["uri"] for row in rows if row["split"] == split]
         assert len(uris) > 300 and uris == [uri for uri in lines if uri in set(uris)]  # record order kept
     assert sorted(row["uri"] for row in rows) == sorted(lines)
+
+
+def test_parts_come_largest_first_by_decompressed_bytes(tmp_path: Path) -> None:
+    """A part of one small ``.gz`` file holding the most text starts first, so two workers finish together."""
+    import gzip
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_short_docs(data / "a.jsonl", 300)
+    write_short_docs(data / "b.jsonl", 600)
+    with gzip.open(data / "c.jsonl.gz", "wt", encoding="utf-8") as out:
+        out.write("\n".join(json.dumps({"text": "same words again " * 20}) for _ in range(3_000)) + "\n")
+    assert (data / "c.jsonl.gz").stat().st_size < (data / "a.jsonl").stat().st_size
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "data", "format": "jsonl"}])
+    parts = largest_first(plan_ingest([manifest], RunPaths(tmp_path / "run"), 1))
+    assert [(part.part_id, part.files) for part in parts] == [(2, ("c.jsonl.gz",)), (1, ("b.jsonl",)),
+                                                              (0, ("a.jsonl",))]
