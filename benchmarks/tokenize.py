@@ -5,6 +5,12 @@ in one process. ``ours`` is :func:`tokenization.stage.pack_split_source` end to 
 parquet, encode, pack into rows, write Arrow shards. ``baseline`` is what a user would write by hand:
 ``encode_batch`` over batches of the texts already in memory, with no packing or writing at all.
 
+``--scale`` measures how the stage grows instead: a corpus of perturbed stdlib copies
+(:func:`benchmarks.ingest_memory.generate_corpus`) at 1x and 4x goes through the real ingest (parts in 2 worker
+processes, as the flow runs them), dedupe and tokenizer stages, then the train and val packs run on 2 threads
+at once (as the flow's thread pool runs them). It prints each stage's wall time and cores busy (CPU seconds of
+the process and its finished children / wall seconds) and, last, the 4x / 1x pack wall-time ratio (4.0 is linear).
+
 Run from the repo root: ``.venv/bin/python benchmarks/tokenize.py --quick``. The last line printed is JSON.
 """
 
@@ -28,6 +34,11 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.corpus import stdlib_texts
 
     args = _parse_args(argv)
+    if args.scale:
+        from benchmarks.pack_scaling import run_scaling
+
+        run_scaling(args.max_mb, args.rounds)
+        return
     texts = stdlib_texts(args.max_mb * 1_000_000)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-") as tmp:
         results = run_benchmark(Path(tmp), texts, args.rounds, args.batch_docs)
@@ -51,10 +62,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="about 4 MB of text (well under 2 minutes)")
     parser.add_argument("--max-mb", type=int, default=None, help="MB of stdlib text to use (default 32, quick 4)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds of each side; the best one counts")
+    parser.add_argument("--scale", action="store_true",
+                        help="ingest + pack at 1x and 4x of --max-mb (default 8): wall, cores busy, 4x/1x ratio")
     parser.add_argument("--batch-docs", type=int, default=256, help="documents per encode call, both sides")
     args = parser.parse_args(argv)
-    args.max_mb = args.max_mb or (4 if args.quick else 32)
-    args.rounds = args.rounds or (3 if args.quick else 2)
+    args.max_mb = args.max_mb or (8 if args.scale else 4 if args.quick else 32)
+    args.rounds = args.rounds or (3 if args.quick or args.scale else 2)
     return args
 
 

@@ -21,7 +21,7 @@ from flows.subprocess_log import run_streaming
 from flows.training_progress import training_progress
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
-from pipeline.ingest import IngestPart, ingest_part, plan_ingest
+from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
 from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
@@ -34,7 +34,7 @@ from trainer.launch import eval_launch_command, launch_command, parent_watch_env
 @task(name="plan-ingest")
 @reports_progress("plan-ingest")
 def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
-    parts = plan_ingest([Path(m) for m in manifests], paths, part_size_bytes)
+    parts = largest_first(plan_ingest([Path(m) for m in manifests], paths, part_size_bytes))
     open_shared_bar("ingest", "bytes", total=sum(part.num_bytes for part in parts), num_calls=len(parts))
     return [part.to_dict() for part in parts]
 

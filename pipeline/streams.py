@@ -170,6 +170,28 @@ def iter_lines(path: Path, rel: str, max_bytes: int) -> Iterator[tuple[int, byte
         yield (line_no + 1, *buffer.take())
 
 
+def decompressed_size_estimate(path: Path) -> int:
+    """About how many bytes ``path`` decompresses to, from what its format records, without decompressing.
+
+    gzip: the trailer's ISIZE (the size modulo 4 GiB, of the last member); zstd: the first frame's content
+    size when its header records it; otherwise (plain files, folders, unknown sizes, unreadable files) the
+    size on disk. Never less than the size on disk: it only orders work, a wrong guess costs no correctness.
+    """
+    try:
+        size = path.stat().st_size if path.is_file() else 0
+        kind = _stream_kind(path)
+        if kind == "text" or size < 18:
+            return size
+        with open(path, "rb") as handle:
+            if kind == "gzip":
+                handle.seek(-4, os.SEEK_END)
+                return max(size, int.from_bytes(handle.read(4), "little"))
+            content_size = zstandard.frame_content_size(handle.read(18))
+    except (OSError, zstandard.ZstdError):
+        return 0
+    return max(size, content_size)
+
+
 def _stream_kind(path: Path) -> str:
     name = path.name.lower()
     if name.endswith(".gz"):

@@ -26,6 +26,7 @@ from pipeline.ingest import (
     glob_regex,
     group_files,
     ingest_part,
+    largest_first,
     part_marker,
     plan_ingest,
 )
@@ -354,3 +355,43 @@ def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeyp
     assert ("signature", 200) in writes  # blocks were written before the failure
     assert not list((paths.dedupe / near_dedupe.MINHASH_DIR).iterdir())
     assert not part_marker(paths, part.part_id).exists()
+
+
+def test_each_split_lands_in_row_groups_of_its_own_in_record_order(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """So the pack of one split skips the other's row groups undecompressed (core.documents.iter_documents)."""
+    from pipeline import ingest
+
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    write_short_docs(tmp_path / "docs.jsonl", 2_000)
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "docs.jsonl", "format": "jsonl"}])
+    paths = RunPaths(tmp_path / "run")
+    (part,) = plan_ingest([manifest], paths, 1 << 30)
+    ingest_part(part, 0.3, paths)
+    parquet = pq.ParquetFile(paths.docs / "part-00000.parquet")
+    groups = [parquet.read_row_group(group, columns=["uri", "split"]).to_pylist()
+              for group in range(parquet.num_row_groups)]
+    assert all(len({row["split"] for row in group}) == 1 and len(group) <= 300 for group in groups)
+    rows = [row for group in groups for row in group]
+    lines = [f"docs.jsonl:{number}" for number in range(1, 2_001)]
+    for split in ("train", "val"):
+        uris = [row["uri"] for row in rows if row["split"] == split]
+        assert len(uris) > 300 and uris == [uri for uri in lines if uri in set(uris)]  # record order kept
+    assert sorted(row["uri"] for row in rows) == sorted(lines)
+
+
+def test_parts_come_largest_first_by_decompressed_bytes(tmp_path: Path) -> None:
+    """A part of one small ``.gz`` file holding the most text starts first, so two workers finish together."""
+    import gzip
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_short_docs(data / "a.jsonl", 300)
+    write_short_docs(data / "b.jsonl", 600)
+    with gzip.open(data / "c.jsonl.gz", "wt", encoding="utf-8") as out:
+        out.write("\n".join(json.dumps({"text": "same words again " * 20}) for _ in range(3_000)) + "\n")
+    assert (data / "c.jsonl.gz").stat().st_size < (data / "a.jsonl").stat().st_size
+    manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "data", "format": "jsonl"}])
+    parts = largest_first(plan_ingest([manifest], RunPaths(tmp_path / "run"), 1))
+    assert [(part.part_id, part.files) for part in parts] == [(2, ("c.jsonl.gz",)), (1, ("b.jsonl",)),
+                                                              (0, ("a.jsonl",))]

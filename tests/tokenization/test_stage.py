@@ -230,3 +230,23 @@ def test_a_long_document_packs_like_its_short_pieces(tmp_path: Path, texts: list
     assert len(infos) > 1
     found = documents_from_shards(tmp_path, infos, eos_id=0)
     assert load_tokenizer(paths.tokenizer).decode(found[7]) == unicodedata.normalize("NFC", long_text)
+
+
+def test_shards_do_not_depend_on_how_a_part_groups_its_rows(tmp_path: Path, texts: list[str],
+                                                            tokenizer_file: Path) -> None:
+    """Parts whose row groups mix the splits (older ingest) and parts with a split per row group (ingest now)
+    pack into the same bytes: each split's documents keep their order either way."""
+    mixed = new_run(tmp_path / "mixed", tokenizer_file)
+    write_docs_part(mixed.root, 0, texts)
+    table = pq.read_table(mixed.docs / "part-00000.parquet")
+    apart = new_run(tmp_path / "apart", tokenizer_file)
+    apart.docs.mkdir(parents=True)
+    with pq.ParquetWriter(apart.docs / "part-00000.parquet", DOCUMENTS_SCHEMA) as writer:
+        for split in ("val", "train"):
+            rows = table.filter(pa.compute.equal(table.column("split"), split))
+            for start in range(0, rows.num_rows, 7):
+                writer.write_table(rows.slice(start, 7))
+    (apart.docs / "part-00000.json").write_text("{}")
+    assert pq.ParquetFile(apart.docs / "part-00000.parquet").num_row_groups > 2
+    digests = [{info.path: info.sha256 for info in pack_all(paths)} for paths in (mixed, apart)]
+    assert digests[0] == digests[1] and len(digests[0]) > 4
