@@ -23,3 +23,22 @@ def stdlib_texts(max_bytes: int, min_words: int = 0, max_words: int = 10**9) -> 
             if total >= max_bytes:
                 break
     return texts
+
+
+def site_packages_texts(max_bytes: int) -> list[tuple[str, str]]:
+    """``(relative path, text)`` of the running environment's site-packages ``.py`` files, in path order, until
+    ``max_bytes``: real code with the copies real corpora have (vendored packages, generated stubs)."""
+    root = Path(sysconfig.get_paths()["purelib"])
+    found, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if not text.split():
+            continue  # empty __init__.py files: nothing to dedupe or tokenize
+        found.append((str(path.relative_to(root)), text))
+        total += len(text.encode("utf-8"))
+        if total >= max_bytes:
+            break
+    return found

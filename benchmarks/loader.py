@@ -40,16 +40,20 @@ BASELINE = "np.memmap random windows (vectorised)"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=32768, help="rows of seq_len tokens (both sides)")
+    parser.add_argument("--rows", type=int, default=None, help="rows of seq_len tokens, both sides (default 32768)")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--rows-per-shard", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds per side")
-    parser.add_argument("--batches-per-round", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=None, help="alternating timed rounds per side (default 7)")
+    parser.add_argument("--batches-per-round", type=int, default=None, help="default 200")
     parser.add_argument("--quick", action="store_true", help="8192 rows, 5 rounds of 100 batches (< 2 minutes)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.rows, args.rounds, args.batches_per_round = 8192, 5, 100
+    # --quick sets only what was not given, so a test can ask for a tinier run (tests/test_benchmarks.py)
+    quick = {"rows": 8192, "rounds": 5, "batches_per_round": 100} if args.quick else {}
+    full = {"rows": 32768, "rounds": 7, "batches_per_round": 200}
+    for name, value in full.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick.get(name, value))
     return args
 
 

@@ -63,8 +63,10 @@ def best_cpu_seconds(function: Callable[[], object], repeats: int = 3) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 MB of text instead of 20")
+    parser.add_argument("--mb", type=float, default=None, help="MB of stdlib text (default 20, quick 5)")
     args = parser.parse_args(argv)
-    texts = pa.array(stdlib_texts(5_000_000 if args.quick else 20_000_000, min_words=20, max_words=5000))
+    num_bytes = int((args.mb or (5 if args.quick else 20)) * 1_000_000)
+    texts = pa.array(stdlib_texts(num_bytes, min_words=20, max_words=5000))
     megabytes = sum(len(text.encode("utf-8")) for text in texts.to_pylist()) / 1e6
     hashes, offsets = minhash.word_hashes(texts)
     shingles, shingle_offsets = minhash.shingle_hashes(hashes, offsets, 5)
