@@ -41,14 +41,15 @@ QUICK_PACKAGES = ("json", "email")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=120, help="optimizer steps on each side")
-    parser.add_argument("--warmup", type=int, default=10, help="first steps of each side left out of the rate")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps on each side (default 120, quick 30)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="first steps of each side left out of the rate (default 10, quick 5)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=16)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the fastest counts")
-    parser.add_argument("--quick", action="store_true", help="a small corpus and 30 steps")
+    parser.add_argument("--quick", action="store_true", help="a small corpus and 30 steps (sets what is not given)")
     parser.add_argument("--work-dir", type=Path,
                         help="a new folder to keep the corpus, run dir and results in (default: a temp dir)")
     parser.add_argument("--hf-side", type=Path, help=argparse.SUPPRESS)  # internal: run the Trainer on RUN_DIR
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
     if args.hf_side is not None:
         return _hf_trainer_side(args.hf_side, args)
-    if args.quick:
-        args.steps, args.warmup = 30, 5
+    args.steps = args.steps or (30 if args.quick else 120)
+    args.warmup = args.warmup if args.warmup is not None else (5 if args.quick else 10)
     with tempfile.TemporaryDirectory(prefix="tm-bench-train-") as tmp:
         work = args.work_dir or Path(tmp)
         recipe = write_recipe(work, args, QUICK_PACKAGES if args.quick else STDLIB_PACKAGES)

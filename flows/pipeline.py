@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.eval_results import VAL_SPLIT_TASK, describe
+from core.eval_results import VAL_SPLIT_TASK, describe, failed_results
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
@@ -131,31 +131,65 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
     task (``val_split`` or a downstream task name; default the whole split and every ``eval.tasks``). Every
     (checkpoint, task) result is keyed by both fingerprints: a re-run evaluates only what is missing.
     """
+    run = as_resolved(recipe, run_dir)
+    paths = run.paths
+    logger = get_run_logger()
+    with paths.lock():
+        unchanged = evaluation_fingerprint(run, checkpoint, task)
+        if paths.done_summary(EVAL_STAGE, unchanged) is not None:
+            logger.info("evaluate: every result is current and nothing changed since: skipped (up to date)")
+            return publish_evaluation(paths.root, report_task(paths))
+        _evaluate(run, checkpoint, task)
+        report = report_task(paths)
+        if not failed_results(paths):  # a failed result is retried by the next run
+            paths.mark_done(EVAL_STAGE, evaluation_fingerprint(run, checkpoint, task), {"checkpoint": checkpoint,
+                                                                                        "task": task})
+    return publish_evaluation(paths.root, report)
+
+
+EVAL_STAGE = "evaluate"
+EVAL_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "checkpoints", "model", "eval")
+
+
+def evaluation_fingerprint(run: ResolvedRun, checkpoint: str | None, task: str | None) -> str:
+    """What the evaluation reads and writes (its settings, the checkpoints, the results, the task folders, by
+    file stats): equal to the one recorded after the last evaluation without failures, every result is current
+    and the flow skips planning, which imports torch and lm-eval (~5 s)."""
+    from trainer.eval_tasks import include_dirs, recorded_include
+
+    paths = run.paths
+    recorded = recorded_include(paths) if run.base == paths.root else None
+    include = [folder for folder in recorded or include_dirs(paths, run.recipe.eval, run.base)
+               if not folder.is_relative_to(paths.root)]  # eval/tasks is among EVAL_FILES already
+    stats = [file_stats(paths.root, paths.root / name) for name in EVAL_FILES]
+    stats += [file_stats(folder, folder) for folder in include]
+    return fingerprint(EVAL_STAGE, run.recipe.eval.model_dump(mode="json"), run.recipe.train.precision, checkpoint,
+                       task, [str(folder) for folder in include], stats)
+
+
+def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
+    """Plan the missing or stale (checkpoint, task) results and compute them; a failure is recorded and logged."""
     from trainer.eval_checkpoint import val_split_task_fingerprint
     from trainer.eval_plan import chosen_checkpoints, has_export, plan_evaluation  # imports torch
 
-    run = as_resolved(recipe, run_dir)
     config, paths = run.recipe.eval, run.paths
     logger = get_run_logger()
-    with paths.lock():
-        task_fps, include = evaluation_tasks(run, task)
-        val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision)
-        plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
-                                task_fps, val_split=task in (None, VAL_SPLIT_TASK))
-        for plan in plans:
-            export = plan.needs_export and not has_export(paths, plan.step)
-            if plan.score_val_split or export:
-                try:
-                    eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
-                                         export)
-                except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
-                    logger.error("evaluating step %s failed: %s", plan.step, err)
-                    continue
-            for name in plan.tasks:
-                logger.info("%s", describe(downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
-                                                           [str(folder) for folder in include], config)))
-        report = report_task(paths)
-    return publish_evaluation(paths.root, report)
+    task_fps, include = evaluation_tasks(run, task)
+    val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision)
+    plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
+                            task_fps, val_split=task in (None, VAL_SPLIT_TASK))
+    for plan in plans:
+        export = plan.needs_export and not has_export(paths, plan.step)
+        if plan.score_val_split or export:
+            try:
+                eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
+                                     export)
+            except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
+                logger.error("evaluating step %s failed: %s", plan.step, err)
+                continue
+        for name in plan.tasks:
+            logger.info("%s", describe(downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
+                                                       [str(folder) for folder in include], config)))
 
 
 def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:

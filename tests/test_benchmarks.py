@@ -30,6 +30,7 @@ TINY_ARGS = {
     "minhash_impls": ["--mb", "0.5"],
     "peers": ["--mb", "1"],
     "tokenize": ["--max-mb", "1", "--rounds", "1"],
+    "train_hf_trainer": ["--steps", "6", "--warmup", "1", "--repeats", "1"],
     "train_step": ["--rounds", "1", "--steps-per-round", "1"],
 }
 """Options, after ``--quick``, that make a benchmark tiny; a benchmark not listed runs with ``--quick`` alone."""
