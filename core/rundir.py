@@ -9,6 +9,7 @@ import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from core.atomic import (
@@ -348,15 +349,18 @@ def file_stats(root: Path, top: Path, skipped: frozenset[Path] = frozenset()) ->
         exists = top.is_file() or top.is_symlink()
         return [_file_stat(root, top)] if exists and top not in skipped else []
     entries = []
-    for folder, subfolders, files in os.walk(top):
-        subfolders[:] = sorted(name for name in subfolders if Path(folder, name) not in skipped)
-        entries.extend(_file_stat(root, Path(folder, name)) for name in sorted(files)
+    for folder, subfolders, files in os.walk(top):  # a link to a folder is listed among subfolders, not entered
+        links = [name for name in subfolders if Path(folder, name).is_symlink()]
+        subfolders[:] = sorted(name for name in subfolders if Path(folder, name) not in skipped and name not in links)
+        entries.extend(_file_stat(root, Path(folder, name)) for name in sorted([*files, *links])
                        if Path(folder, name) not in skipped)
     return entries
 
 
 def _file_stat(root: Path, path: Path) -> tuple[str, int, str]:
     stat = path.lstat()
-    small = stat.st_size <= SMALL_FILE_BYTES and not path.is_symlink()
+    if path.is_symlink():
+        return path.relative_to(root).as_posix(), stat.st_size, f"link:{os.readlink(path)}"
+    small = stat.st_size <= SMALL_FILE_BYTES and S_ISREG(stat.st_mode)  # never open a FIFO or a device
     identity = sha256_file(path) if small else f"{stat.st_mtime_ns}:{stat.st_ino}"
     return path.relative_to(root).as_posix(), stat.st_size, identity

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from core.rundir import RunPaths
 from core.shards import verify_shards
+from flows.pipeline import training_fingerprint
+from flows.report import report_inputs_fingerprint
 from pipeline.query import run_query
 from tests.flows.conftest import write_small_recipe
 
@@ -95,6 +98,9 @@ def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict])
     assert second["prepare"]["num_shards"] == first["prepare"]["num_shards"]
     eval_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
     assert len(eval_steps) == len(set(eval_steps)), "a finished training run must not train again"
+    paths = RunPaths(run_dir)  # and the next run does not even launch the trainer, nor re-render the report
+    assert paths.done_summary("train", training_fingerprint(paths, 30)) == {"step": 30}
+    assert paths.done_summary("report", report_inputs_fingerprint(paths)) is not None
 
 
 def test_every_record_is_accounted_for(finished_run: tuple[Path, dict, dict]) -> None:
