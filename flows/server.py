@@ -86,14 +86,15 @@ class TemporaryServer:
 
 
 def start_temporary_server() -> TemporaryServer | None:
-    """Start tokenmill's temporary server now, unless the user configured Prefect; must run before Prefect is imported.
+    """Start tokenmill's temporary server now, unless the user configured Prefect or Prefect is imported already.
 
     "Configured" is what :func:`flows.settings.configure_environment` leaves alone: a ``PREFECT_API_URL`` or
     a ``PREFECT_HOME`` of the user's own (its profile may name a server), or temporary servers switched off.
     Otherwise the server binds a free port itself and reports it, ``PREFECT_API_URL`` is set in this
     process's environment (Prefect reads it when it is imported; launched processes inherit it), and the
     server is stopped at exit, after Prefect's own exit handlers (atexit runs them in reverse order of
-    registration, and Prefect registers its handlers after this). Returns None when nothing was started.
+    registration, and Prefect registers its handlers after this). Returns None when nothing was started (then
+    Prefect starts its own when it needs one, and guard_temporary_server guards it).
     """
     from flows.settings import TOKENMILL_PREFECT_HOME_ENV
 
