@@ -251,9 +251,8 @@ def _run_flow(flow_name: str, recipe: Path | None, run_dir: Path | None, **optio
 
     The recipe is read once, here, and the flows get the resolved run (a deployment starts them with a path
     instead). The lock is taken before Prefect starts, so a second process gets one
-    clean line, not a failed flow; the flows take it again (it nests within a process). Inside it,
-    :func:`flows.server.guard_temporary_server` makes a temporary Prefect server die with this process (after
-    the lock: a refused command never pays for Prefect's server import).
+    clean line, not a failed flow; the flows take it again (it nests within a process). Inside it, the Prefect
+    server comes up (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server).
     """
     run = _checked_recipe(recipe, run_dir)
     with run.paths.lock():
