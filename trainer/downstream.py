@@ -51,8 +51,13 @@ def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
     naming what to fix: an include folder that does not exist, a YAML that does not load, an unknown name, a
     task whose data is not local or is missing, a metric lm-eval would download, or a task lm-eval cannot build.
     """
+    return checked_tasks(names, include_dirs)[0]
+
+
+def checked_tasks(names: list[str], include_dirs: list[Path]) -> tuple[dict[str, str], list[Path]]:
+    """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged")."""
     manager = task_manager(include_dirs)
-    fingerprints = {}
+    fingerprints, all_files = {}, set()
     for name in names:
         tasks, data_files = load_checked_tasks(manager, name)
         content = {"configs": {task_name: task.dump_config() for task_name, task in tasks.items()},
@@ -60,7 +65,8 @@ def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
                    "lm_eval": importlib.metadata.version("lm_eval")}
         text = json.dumps(content, sort_keys=True, default=_stable_text)
         fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return fingerprints
+        all_files.update(Path(path) for path in data_files)
+    return fingerprints, sorted(all_files)
 
 
 def task_texts(name: str, include_dirs: list[Path]) -> list[str]:

@@ -16,6 +16,7 @@ The stage's marker holds the fingerprint of the settings, the val documents and 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from core.atomic import read_json
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths, file_stats, fingerprint
 from trainer.config import EvalConfig
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.next_line_task import next_line_items, write_next_line_task
@@ -61,8 +62,6 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
     Raises ConfigError (one line) for an unknown task, a task YAML with an error, a task whose data are not
     local files or are missing.
     """
-    from trainer.downstream import check_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
-
     if not config.tasks:
         return {"tasks": {}, "num_items": {}, "include": []}
     folders = include_dirs(paths, config, base_dir) if include is None else include
@@ -71,10 +70,16 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
     settings = fingerprint(STAGE, config.model_dump(), parts, [str(folder) for folder in folders])
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
-    task_fps = check_tasks(list(config.tasks), folders)
+    if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
+        return unchanged
+    from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
+
+    task_fps, data_files = checked_tasks(list(config.tasks), folders)
     run_fp = fingerprint(settings, sorted(task_fps.items()))
+    record = {"inputs": _inputs_fingerprint(settings, folders, data_files), "data_files": [str(f) for f in data_files]}
     done = paths.done_summary(STAGE, run_fp)
     if done is not None and all(paths.eval_text(name).is_file() for name in task_fps):
+        paths.mark_done(STAGE, run_fp, done, **record)  # the same summary, now with the inputs' stats
         return done
     num_items = {}
     for name in sorted(task_fps):
@@ -83,8 +88,31 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
         paths.write_text(paths.eval_text(name),
                          "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
     summary = {"tasks": task_fps, "num_items": num_items, "include": [str(folder) for folder in folders]}
-    paths.mark_done(STAGE, run_fp, summary)
+    paths.mark_done(STAGE, run_fp, summary, **record)
     return summary
+
+
+def _inputs_fingerprint(settings: str, folders: list[Path], data_files: list[Path]) -> str:
+    """The stage's settings and the stats of every file it read (task folders, data files) and lm-eval's version."""
+    stats = [file_stats(folder, folder) for folder in folders] + [file_stats(path.parent, path) for path in data_files]
+    return fingerprint(settings, stats, [str(path) for path in data_files], importlib.metadata.version("lm_eval"))
+
+
+def _unchanged_summary(paths: RunPaths, settings: str, folders: list[Path]) -> dict[str, Any] | None:
+    """The recorded summary when no file the last check read changed (no lm-eval import, ~2 s), else None.
+
+    Checking the tasks again builds each with lm-eval; when the settings, the task folders, the data files
+    they named and lm-eval's version are as recorded, it would find the same fingerprints.
+    """
+    marker = paths.finished_marker(STAGE)
+    record = read_json(marker) if marker is not None else {}
+    if "inputs" not in record or "summary" not in record:
+        return None
+    data_files = [Path(name) for name in record.get("data_files", [])]
+    summary = record["summary"]
+    if record["inputs"] != _inputs_fingerprint(settings, folders, data_files):
+        return None
+    return summary if all(paths.eval_text(name).is_file() for name in summary.get("tasks", {})) else None
 
 
 def recorded_include(paths: RunPaths) -> list[Path] | None:

@@ -281,3 +281,27 @@ def test_a_group_of_local_tasks_is_checked_member_by_member(next_line_folder: Pa
     (folder / "hub_member.yaml").unlink()
     (folder / "lines.yaml").write_text(f"group: lines\ntask:\n  - {TASK_NAME}\n")
     assert set(check_tasks(["lines"], [folder])) == {"lines"}
+
+
+def test_the_eval_tasks_stage_builds_the_tasks_again_only_when_a_file_they_read_changed(
+        next_line_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.downstream as downstream
+    from core.rundir import RunPaths
+    from trainer.config import EvalConfig
+    from trainer.eval_tasks import prepare_eval_tasks
+
+    folder = tmp_path / "tasks"
+    data = copy_task(next_line_folder, folder)
+    (folder / "lines.yaml").write_text(f"group: lines\ntask:\n  - {TASK_NAME}\n")
+    checks: list[list[str]] = []
+    real_check = downstream.checked_tasks
+    monkeypatch.setattr(downstream, "checked_tasks",
+                        lambda names, dirs: checks.append(names) or real_check(names, dirs))
+    paths, config = RunPaths(tmp_path / "run"), EvalConfig(tasks=["lines"], include=["tasks"])
+    first = prepare_eval_tasks(paths, config, tmp_path)
+    assert prepare_eval_tasks(paths, config, tmp_path) == first
+    assert len(checks) == 1  # the second call read the recorded summary: lm-eval built nothing
+    data.write_text("".join(data.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]), encoding="utf-8")
+    changed = prepare_eval_tasks(paths, config, tmp_path)
+    assert len(checks) == 2 and changed["tasks"]["lines"] != first["tasks"]["lines"]
+    assert changed["num_items"]["lines"] < first["num_items"]["lines"]
