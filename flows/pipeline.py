@@ -140,10 +140,10 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
             logger.info("evaluate: every result is current and nothing changed since: skipped (up to date)")
             return publish_evaluation(paths.root, report_task(paths))
         _evaluate(run, checkpoint, task)
-        report = report_task(paths)
         if not failed_results(paths):  # a failed result is retried by the next run
             paths.mark_done(EVAL_STAGE, evaluation_fingerprint(run, checkpoint, task), {"checkpoint": checkpoint,
                                                                                         "task": task})
+        report = report_task(paths)  # after the marker: the report reads stages/, and would be stale at once
     return publish_evaluation(paths.root, report)
 
 

@@ -3,7 +3,9 @@
 Incremental by design: signatures and LSH band keys are cached per part (``dedupe/minhash/``,
 ``dedupe/bands/``), and a document kept by an earlier dedupe run is never removed later, because its
 tokens may already be in shards. Such "locked" documents win every exact group and near cluster they
-are in; otherwise the survivor is the earliest document by (part_id, row).
+are in; otherwise the survivor is the earliest document by (part_id, row). Rows are in the order ingest wrote
+them: each split in row groups of its own (one written as it fills, the rest at the end, train's before
+val's), so within one part a train member usually comes first.
 
 Memory holds the per-document catalog (~0.15 KB/doc: ids, uri, content hash) and the near-duplicate
 candidates, never all signatures (0.5 KB/doc at 128 permutations): band keys are made one signature row

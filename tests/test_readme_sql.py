@@ -122,7 +122,9 @@ def test_the_planted_faults_reach_the_views(trained_run: Path) -> None:
     rejected = run_query(trained_run, "SELECT uri FROM rejects").column("uri").to_pylist()
     assert {"json/tiny.py", "json/blob.py"} <= set(rejected)
     near = run_query(trained_run, QUERIES[4]).to_pylist()  # near-duplicate pairs with both uris
-    assert {(row["removed_uri"], row["kept_uri"]) for row in near} == {("json/encoder_edited.py", "json/encoder.py")}
+    # Which of the two is kept follows dedupe's rule (the earliest by part, then row, in the order ingest wrote
+    # the rows: each split in row groups of its own), not the file names: the pair is found either way round.
+    assert [{row["removed_uri"], row["kept_uri"]} for row in near] == [{"json/encoder_edited.py", "json/encoder.py"}]
 
 
 def test_reading_a_shard_without_tokenmill_snippet_runs(trained_run: Path, capsys: pytest.CaptureFixture) -> None:
@@ -142,7 +144,7 @@ def test_named_queries_token_mix_and_near_duplicate_pairs(trained_run: Path) -> 
         trained_run, "SELECT sum(num_tokens)::BIGINT AS n FROM shards").column("n")[0].as_py()
     assert mix["train"]["pct_of_split_tokens"] == 100.0 and mix["train"]["tokens_per_char"] > 0
     (pair,) = near_duplicate_pairs(trained_run)
-    assert (pair["removed_uri"], pair["kept_uri"]) == ("json/encoder_edited.py", "json/encoder.py")
+    assert {pair["removed_uri"], pair["kept_uri"]} == {"json/encoder_edited.py", "json/encoder.py"}
     assert 0.8 <= pair["similarity"] < 1.0
 
 
