@@ -556,7 +556,7 @@ def test_prefect_server_start_and_export_give_a_working_api(server_env: dict[str
 
 
 def test_prepare_and_train_skip_finished_work(quick_start: QuickStart, server_env: dict[str, str]) -> None:
-    """On the finished run: prepare redoes no stage, train resumes from the last checkpoint and adds no step."""
+    """On the finished run: prepare redoes no stage, train launches nothing and adds no step."""
     run_dir = quick_start.run_dir
     outputs = [*run_dir.glob("stages/**/*.json"), *run_dir.glob("docs/*"), *run_dir.glob("dedupe/*"),
                *run_dir.glob("tokenizer/*"), *run_dir.glob("shards/**/*.arrow")]
@@ -571,7 +571,9 @@ def test_prepare_and_train_skip_finished_work(quick_start: QuickStart, server_en
     trained = run_table_command(["tokenmill", "train", "configs/tiny.yaml", "--run-dir", "runs/tiny"],
                                 quick_start.checkout, server_env)
     assert trained.returncode == 0, trained.tail()
-    assert f"Resuming from checkpoint at step {max_steps}" in trained.stdout + trained.stderr, trained.tail()
+    # Nothing changed since the run trained to max_steps: the flow does not even launch the trainer.
+    assert f"train: at step {max_steps} already, nothing changed since: skipped (up to date)" in \
+        trained.stdout + trained.stderr, trained.tail()
     assert eval_rows(run_dir)[-1]["step"] == max_steps
 
 
