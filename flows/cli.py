@@ -188,11 +188,13 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
 def report(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Write the run report (report/index.html: loss curves, data funnel, source mix, histograms, tables).
 
-    Example: tokenmill report runs/tiny
+    Skipped when no file of the run changed since it was written. Example: tokenmill report runs/tiny
     """
-    from flows.report import write_report
+    from flows.report import report_is_current, write_report
 
-    typer.echo(f"wrote {write_report(RunPaths(run_dir))}")
+    paths = RunPaths(run_dir)
+    current = report_is_current(paths)
+    typer.echo(f"{'up to date' if current else 'wrote'} {write_report(paths)}")
 
 
 @shards_app.command("verify")

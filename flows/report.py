@@ -79,9 +79,9 @@ def write_report(paths: RunPaths) -> Path:
     nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
     """
     index = paths.report / "index.html"
-    inputs = report_inputs_fingerprint(paths)
-    if index.is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None:
+    if report_is_current(paths):
         return index
+    inputs = report_inputs_fingerprint(paths)
     data = collect_report_data(paths.root)
     images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
     for name, png in images.items():
@@ -93,6 +93,12 @@ def write_report(paths: RunPaths) -> Path:
 
 
 REPORT_STAGE = "report"
+
+
+def report_is_current(paths: RunPaths) -> bool:
+    """Whether ``report/index.html`` exists and no file it reads changed since it was written."""
+    index = paths.report / "index.html"
+    return index.is_file() and paths.done_summary(REPORT_STAGE, report_inputs_fingerprint(paths)) is not None
 
 
 def report_inputs_fingerprint(paths: RunPaths) -> str:

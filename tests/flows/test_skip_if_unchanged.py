@@ -11,7 +11,7 @@ from pathlib import Path
 
 from core.rundir import SMALL_FILE_BYTES, RunPaths, file_stats
 from flows.pipeline import training_fingerprint
-from flows.report import REPORT_STAGE, report_inputs_fingerprint, write_report
+from flows.report import REPORT_STAGE, report_inputs_fingerprint, report_is_current, write_report
 from tests.conftest import build_query_run
 
 
@@ -73,10 +73,12 @@ def test_report_is_written_again_only_when_a_file_it_reads_changed(tmp_path: Pat
     index = write_report(paths)
     written = index.stat().st_mtime_ns, index.stat().st_ino
     assert paths.done_summary(REPORT_STAGE, report_inputs_fingerprint(paths)) is not None
+    assert report_is_current(paths)  # `tokenmill report` then says "up to date" instead of "wrote"
     write_report(paths)
     assert (index.stat().st_mtime_ns, index.stat().st_ino) == written  # nothing changed: not rendered again
     with (paths.metrics / "train.jsonl").open("a") as metrics:
         metrics.write(json.dumps({"step": 99, "loss": 1.0}) + "\n")
+    assert not report_is_current(paths)
     write_report(paths)
     assert (index.stat().st_mtime_ns, index.stat().st_ino) != written
     index.unlink()  # a deleted report is written again, whatever its marker says
