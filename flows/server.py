@@ -66,13 +66,13 @@ class TemporaryServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise TokenmillError(f"the temporary Prefect server exited with status {self.process.returncode} "
-                                   "before it was ready; run with --debug, or set PREFECT_API_URL to a server")
+                                     "before it was ready; run with --debug, or set PREFECT_API_URL to a server")
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
                 if answer.status == 200:
                     return
             time.sleep(0.05)
         raise TokenmillError(f"the temporary Prefect server did not answer within {timeout_s:.0f} s; set "
-                           "PREFECT_API_URL to a running server (prefect server start)")
+                             "PREFECT_API_URL to a running server (prefect server start)")
 
     def stop(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
         """SIGTERM the server (uvicorn finishes its requests) and wait for it; kill it if it lingers."""
@@ -116,7 +116,7 @@ def start_temporary_server() -> TemporaryServer | None:
     if not port.isdigit():
         process.wait()
         raise TokenmillError(f"the temporary Prefect server exited with status {process.returncode} before it "
-                           "bound a port; set PREFECT_API_URL to a running server (prefect server start)")
+                             "bound a port; set PREFECT_API_URL to a running server (prefect server start)")
     server = TemporaryServer(process, f"http://127.0.0.1:{port}/api")
     os.environ["PREFECT_API_URL"] = server.api_url
     atexit.register(server.stop)
