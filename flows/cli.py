@@ -6,11 +6,13 @@ import csv
 import io
 import json
 import os
+import shlex
+import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -29,7 +31,7 @@ shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run
                               "Example: tokenmill shards verify runs/tiny", invoke_without_command=True)
 app.add_typer(shards_app, name="shards")
 
-STATE = {"debug": False}
+STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False}
 
 
 class OutputFormat(StrEnum):
@@ -72,7 +74,7 @@ def _main(ctx: typer.Context,
                                                help="No progress bars and no per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
-    STATE["debug"] = debug
+    STATE["debug"], STATE["quiet"] = debug, quiet
     if quiet:
         os.environ[QUIET_ENV] = "1"
     _help_without_a_command(ctx)
@@ -84,7 +86,7 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
     """
-    _run_flow("data_to_model", recipe, run_dir, dask_address=dask_address)
+    _run_flow("data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -93,7 +95,7 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     Example: tokenmill prepare configs/tiny.yaml
     """
-    _run_flow("prepare_on", recipe, run_dir, dask_address=dask_address)
+    _run_flow("prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -102,7 +104,11 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
 
     Example: tokenmill train configs/tiny.yaml
     """
-    _run_flow("train_model", recipe, run_dir)
+    from core.shards import read_shard_index
+
+    run = _checked_recipe(recipe, run_dir)
+    read_shard_index(run.paths.root)  # no shards yet: one line now, not after a server start; no run dir left
+    _run_flow("train_model", run)
 
 
 @app.command(name="eval")
@@ -125,6 +131,7 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     if task is not None and not TASK_FILE_NAME.match(task):
         raise TokenmillError(f"--task {task!r}: a task name has letters, digits, '_', '.' and '-' only.")
     run = resolve_recorded_run(run_dir)
+    STATE["run_dir"] = run.paths.root
     from trainer.eval_plan import chosen_checkpoints
 
     chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)  # a wrong step: one line, no Prefect
@@ -162,7 +169,7 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
     """
     from flows.serve import serve_deployments
 
-    _hide_user_error_tracebacks()
+    _configure_console(say_errors_once=False, temporary_server=False)  # no final `error:` line: keep Prefect's
     guard_temporary_server()
     serve_deployments(recipe, _optional(run_dir), limit)
 
@@ -245,18 +252,17 @@ def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
     _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
-def _run_flow(flow_name: str, recipe: Path | None, run_dir: Path | None, **options: Any) -> None:
-    """What ``run``, ``prepare`` and ``train`` share: check the recipe, lock the run dir, run the flow, print it.
+def _run_flow(flow_name: str, run: ResolvedRun, **options: Any) -> None:
+    """What ``run``, ``prepare`` and ``train`` share: lock the checked run's dir, run the flow, print it.
 
     ``flow_name`` names the function of :mod:`flows.pipeline` (imported only now: it imports Prefect), called
     as ``flow(run, **options)``.
 
-    The recipe is read once, here, and the flows get the resolved run (a deployment starts them with a path
-    instead). The lock is taken before Prefect starts, so a second process gets one
-    clean line, not a failed flow; the flows take it again (it nests within a process). Inside it, the Prefect
-    server comes up (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server).
+    The lock is taken before Prefect starts, so a second process gets one clean line, not a failed flow; the
+    flows take it again (it nests within a process). Inside it, the Prefect server comes up
+    (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server).
     """
-    run = _checked_recipe(recipe, run_dir)
+    STATE["run_dir"] = run.paths.root
     with run.paths.lock():
         flows_module = _import_flows_with_a_server()
         from flows.progress import live_progress
@@ -276,7 +282,7 @@ def _import_flows_with_a_server() -> ModuleType:
     server = start_temporary_server()
     import flows.pipeline
 
-    _hide_user_error_tracebacks()
+    _configure_console(say_errors_once=True, temporary_server=server is not None)
     if server is not None:
         server.wait_until_ready()
     else:
@@ -285,27 +291,32 @@ def _import_flows_with_a_server() -> ModuleType:
 
 
 def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:
-    """Validate the recipe and its manifests before Prefect starts, so user errors are one clean line.
+    """Validate the recipe and its manifests, and refuse a changed recipe, before Prefect starts: one clean line.
 
     Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
     ``runs/<name>``).
     """
-    from flows.recipe import DEFAULT_RECIPE, manifest_paths, resolve_run
+    from flows.recipe import DEFAULT_RECIPE, manifest_paths, refuse_changed_recipe, resolve_run
     from pipeline.manifest import load_manifest, resolve_source_path
 
     run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
     for manifest_path in manifest_paths(run.recipe, run.base):
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
+    refuse_changed_recipe(run.recipe, run.base, run.paths.root)
     return run
 
 
-def _hide_user_error_tracebacks() -> None:
-    """Prefect's console logging exists once flows.pipeline is imported; unless --debug, filter it."""
-    if not STATE["debug"]:
-        from flows.settings import hide_user_error_tracebacks
+def _configure_console(*, say_errors_once: bool, temporary_server: bool) -> None:
+    """Prefect's console logging exists once flows.pipeline is imported: filter it (flows.settings.ConsoleFilter).
 
-        hide_user_error_tracebacks()
+    ``--debug`` shows everything; ``--quiet`` shows warnings and errors only.
+    """
+    from flows.settings import ConsoleFilter, configure_console
+
+    if not STATE["debug"]:
+        configure_console(ConsoleFilter(say_errors_once=say_errors_once, hide_view_links=temporary_server),
+                          quiet=STATE["quiet"])
 
 
 def _optional(path: Path | None) -> str | None:
@@ -353,23 +364,70 @@ def usage_error_line(err: typer.TyperException) -> str:
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one line on stderr and exit status 2."""
+    """Console-script entry point: user errors become one line on stderr and exit status 2; Ctrl-C exits 130."""
     configure_environment()
+    signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         exit_code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
-    except TokenmillError as err:
-        if STATE["debug"]:
-            raise
+    except KeyboardInterrupt:
+        _exit_interrupted()
+    except Exception as err:
+        if STATE["interrupted"]:  # whatever the Ctrl-C ended as (DuckDB raises "RuntimeError: Query interrupted")
+            _exit_interrupted()
+        _exit_on_error(err)
+    if STATE["interrupted"]:  # typer returns 130 for a KeyboardInterrupt in a command
+        _exit_interrupted()
+    sys.exit(exit_code if isinstance(exit_code, int) else 0)
+
+
+def _exit_on_error(err: Exception) -> NoReturn:
+    """A user error: one line, exit 2; a usage error: one line and click's status; anything else: re-raised."""
+    if isinstance(err, typer.Exit):
+        sys.exit(err.exit_code)
+    if isinstance(err, typer.Abort):
+        _exit_interrupted()
+    if STATE["debug"] or not isinstance(err, TokenmillError | typer.TyperException):
+        raise err
+    if isinstance(err, TokenmillError):
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except typer.TyperException as err:  # usage errors: typer raises its own bundled click's, not click's
-        if STATE["debug"]:
-            raise
-        typer.echo(usage_error_line(err), err=True)
-        sys.exit(err.exit_code)
-    sys.exit(exit_code if isinstance(exit_code, int) else 0)
+    typer.echo(usage_error_line(err), err=True)  # typer raises its own bundled click's exceptions, not click's
+    sys.exit(err.exit_code)
+
+
+def _on_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """The first Ctrl-C interrupts the command (it stops its children and exits 130); a second one exits now.
+
+    Exiting at once leaves nothing behind: the trainer and the temporary server each exit within a second of
+    tokenmill's death (trainer.launch.exit_with_parent, flows.server), and every write is atomic.
+    """
+    if STATE["interrupted"]:
+        _exit_interrupted(now=True)
+    STATE["interrupted"] = True
+    raise KeyboardInterrupt
+
+
+def _exit_interrupted(now: bool = False) -> NoReturn:
+    """One line: what the run dir keeps and how to resume; exit 130 (``now``: without Python's exit handlers)."""
+    run_dir = STATE["run_dir"]
+    line = "interrupted"
+    if run_dir is not None:
+        again = shlex.join(["tokenmill", *sys.argv[1:]])
+        line += f": {run_dir} keeps {kept_in_run_dir(run_dir)}; run `{again}` to resume"
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    if now:
+        os._exit(130)
+    sys.exit(130)
+
+
+def kept_in_run_dir(run_dir: Path) -> str:
+    """What an interrupted run leaves to resume from: its newest complete checkpoint and its finished stages."""
+    from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
+
+    paths = RunPaths(run_dir)
+    complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]
+    stages = {entry.stem for entry in paths.stages.iterdir()} if paths.stages.is_dir() else set()
+    kept = [f"checkpoint step {complete[-1]}"] if complete else []
+    kept.append(f"{len(stages)} finished stage(s)" if stages else "no finished stage")
+    return " and ".join(kept)

@@ -237,6 +237,22 @@ def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest
     return [part for part in data_part + manifest_parts if part]
 
 
+def refuse_changed_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
+    """ConfigError when the run dir was prepared with other data settings (what :func:`record_recipe` refuses).
+
+    The CLI calls it before a Prefect server starts, so the refusal is one line in well under a second.
+    """
+    path = RunPaths(run_dir).recipe
+    if path.is_file():
+        _refuse_changes(path, recipe, [portable_manifest(manifest) for manifest in load_manifests(recipe, base)])
+
+
+def _refuse_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest]) -> None:
+    if path.is_file() and (changed := recipe_changes(path, recipe, manifests)):
+        raise ConfigError(f"{path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
+                          "use another --run-dir, or delete the run dir to start fresh.")
+
+
 def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     """Write ``run.yaml`` (resolved recipe, resolved manifests, source mixture weights, code version).
 
@@ -251,13 +267,7 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     path = paths.recipe
     loaded = load_manifests(recipe, base)
     manifests = [portable_manifest(manifest) for manifest in loaded]
-    if path.is_file():
-        changed = recipe_changes(path, recipe, manifests)
-        if changed:
-            raise ConfigError(
-                f"{path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
-                "use another --run-dir, or delete the run dir to start fresh."
-            )
+    _refuse_changes(path, recipe, manifests)
     recorded = yaml.safe_dump({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]},
                               sort_keys=False)
     mixture = yaml.safe_dump({"mixture": _mixture(loaded)}, sort_keys=True)

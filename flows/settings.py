@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,21 +46,68 @@ def configure_environment() -> None:
         os.environ["PREFECT_HOME"] = os.environ[TOKENMILL_PREFECT_HOME_ENV] = str(home)
 
 
-class _HideUserErrorTracebacks(logging.Filter):
-    """Console only: a TokenmillError is a message for the user, not a bug; its traceback stays in the API logs."""
+INTERRUPTED = "aborted by an interrupt signal"
+"""In Prefect's records of a run stopped by Ctrl-C ("Crash detected! Execution was aborted by an interrupt signal.")."""
+RETRY_NOTICE = "Retry "
+"""In Prefect's record of a failed task that will run again ("… - Retry 1/2 will start 10 second(s) from now")."""
+
+
+class ConsoleFilter(logging.Filter):
+    """What Prefect's console handler shows of a command run in this process; the API keeps every record.
+
+    - A TokenmillError is a message for the user, not a bug: its traceback is left out.
+    - ``say_errors_once``: the CLI ends a failed command with one ``error:`` line, so Prefect's own records
+      of that error (each failing task's and flow's "Encountered exception …", their "Finished in state
+      Failed(…)") are left out, as are the "Crash detected … interrupt signal" records of a Ctrl-C (the CLI
+      says what was kept instead). A retry notice stays: it says what happens next.
+    - ``hide_view_links``: a temporary server serves no UI, so its "View at URL" links lead nowhere.
+    """
+
+    def __init__(self, *, say_errors_once: bool, hide_view_links: bool) -> None:
+        super().__init__()
+        self.say_errors_once, self.hide_view_links = say_errors_once, hide_view_links
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        message = record.getMessage()
         if isinstance(error, TokenmillError):
             record.exc_info, record.exc_text = None, None
-        return True
+            return not self.say_errors_once or RETRY_NOTICE in message
+        if self.say_errors_once and (INTERRUPTED in message or _failed_by_user_error(message)):
+            return False
+        if message.startswith("Still processing items"):  # Prefect's event queue flushing at exit
+            return False
+        return not (self.hide_view_links and message.startswith("View at "))
 
 
-def hide_user_error_tracebacks() -> None:
-    """Strip tracebacks of user errors from Prefect's console output (``--debug`` keeps them)."""
+
+FAILED_BY = re.compile(r"^Finished in state (?:Failed|Crashed)\(\W{0,2}"
+                       r"(?:Task|Flow) run encountered an exception:? (\w+): ")
+"""Prefect's last record of a task or flow that raised: ``Finished in state Failed("Task run encountered an
+exception SourceReadError: …")``; it may come from a worker process, where the exception itself was logged."""
+
+
+def _failed_by_user_error(message: str) -> bool:
+    found = FAILED_BY.match(message)
+    return found is not None and found.group(1) in _user_error_names()
+
+
+def _user_error_names() -> set[str]:
+    pending, names = [TokenmillError], set()
+    while pending:
+        error = pending.pop()
+        names.add(error.__name__)
+        pending += error.__subclasses__()
+    return names
+
+
+def configure_console(console_filter: ConsoleFilter, *, quiet: bool) -> None:
+    """Filter Prefect's console handler (``quiet``: warnings and errors only); the API's log handler is untouched."""
     for handler in logging.getLogger().handlers:
         if type(handler).__name__ == "PrefectConsoleHandler":
-            handler.addFilter(_HideUserErrorTracebacks())
+            handler.addFilter(console_filter)
+            if quiet:
+                handler.setLevel(max(handler.level, logging.WARNING))
 
 
 def retry_unless_user_error(task: object, task_run: object, state: State) -> bool:
