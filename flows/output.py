@@ -23,9 +23,12 @@ import re
 import sys
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.cells import cell_len
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MIN_READABLE_COLUMN_CELLS = 24
 """A table is drawn only if every column gets this many cells (or its whole width, when narrower)."""
@@ -96,7 +99,7 @@ def table_fits(headers: Sequence[str], cells: Sequence[Sequence[str]], width: in
     return needed <= width
 
 
-def _print_rich_table(console: Any, headers: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
+def _print_rich_table(console: Console, headers: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
     from rich.table import Column, Table
     from rich.text import Text
 
