@@ -106,7 +106,10 @@ def shard_metadata(path: Path) -> dict[str, str]:
         with pa.memory_map(str(path)) as source:
             raw = ipc.open_file(source).schema.metadata or {}
     except (pa.ArrowInvalid, OSError) as err:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC shard ({err}); re-run `tokenmill prepare`.") from None
+        run_dir = path.parents[3] if len(path.parents) > 3 else "RUN_DIR"  # <run>/shards/split=*/source=*/part
+        raise ShardFormatError(f"{path}: not a readable Arrow IPC shard ({err}); it is damaged or truncated: "
+                               f"`tokenmill shards verify {run_dir}` lists every damaged shard, and `tokenmill "
+                               "prepare` on a fresh run dir writes them again.") from None
     metadata = {key.decode(): value.decode() for key, value in raw.items()}
     missing = [key for key in REQUIRED_METADATA if key not in metadata]
     if missing:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shlex
 import signal
 import sys
-from enum import StrEnum
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -18,6 +15,7 @@ import typer
 
 from core.errors import TokenmillError
 from core.rundir import RunPaths
+from flows.output import OutputFormat, emit_rows
 from flows.server import guard_temporary_server, start_temporary_server
 from flows.settings import QUIET_ENV, configure_environment
 
@@ -32,12 +30,6 @@ shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run
 app.add_typer(shards_app, name="shards")
 
 STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False}
-
-
-class OutputFormat(StrEnum):
-    table = "table"
-    csv = "csv"
-    json = "json"
 
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
@@ -155,7 +147,7 @@ def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     from pipeline.query import run_query
 
     table = run_query(run_dir, sql)
-    _emit(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
+    emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
 
 
 @app.command()
@@ -231,7 +223,7 @@ def shards_stats(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]
     from pipeline.shard_stats import shard_stats
 
     rows = shard_stats(run_dir, histogram="dict" if output_format is OutputFormat.json else "text")
-    _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+    emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
 @shards_app.command("sample")
@@ -249,7 +241,12 @@ def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
     from tokenization.sample import sample_rows
 
     rows = sample_rows(run_dir, n, seed=seed, split=split, source=source, decode=decode)
-    _emit(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+    if output_format is OutputFormat.table:
+        from flows.sample_view import write_sample_rows
+
+        write_sample_rows(rows, sys.stdout)
+        return
+    emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
 def _run_flow(flow_name: str, run: ResolvedRun, **options: Any) -> None:
@@ -325,35 +322,6 @@ def _optional(path: Path | None) -> str | None:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     typer.echo(json.dumps(summary, indent=2, default=str))
-
-
-def _emit(columns: list[str], rows: list[list[Any]], output_format: OutputFormat) -> None:
-    rows = [[_plain(value) for value in row] for row in rows]
-    if output_format is OutputFormat.json:
-        typer.echo(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], indent=2, default=str))
-    elif output_format is OutputFormat.csv:
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(rows)
-        typer.echo(buffer.getvalue(), nl=False)
-    else:
-        from rich.console import Console
-        from rich.table import Column, Table
-        from rich.text import Text
-
-        # Cells are data (a uri, a record's text): Text() shows them as they are, never as rich markup
-        # ("[/]" would crash the table, "[link=…]" would become a terminal hyperlink).
-        table = Table(*(Column(header=Text(column)) for column in columns))
-        for row in rows:
-            table.add_row(*(Text(str(value)) for value in row))
-        Console().print(table)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
 
 
 def usage_error_line(err: typer.TyperException) -> str:

@@ -45,6 +45,8 @@ EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_
                                     ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
                                     ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
                                     ("source", pa.string()), ("shard_path", pa.string())])
+SEQUENCES_VIEW = "sequences"
+DEPTH_ADVICE = 'Use "SET max_expression_depth'
 SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
 # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
 DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
@@ -52,11 +54,13 @@ DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
                       "AND (source, uri) NOT IN (SELECT source, uri FROM rejects WHERE reason = 'contaminated')")
 
 
-def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
+def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, unable to touch any file.
 
     Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
+    ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
+    names ``sequences`` (else that view is empty), so a damaged shard breaks only the queries that read it.
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
@@ -64,7 +68,9 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     if not run_dir.is_dir():
         raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote "
                          "(runs/<name> by default).")
-    tables = _run_tables(run_dir)  # everything is read (or refused) before a connection exists
+    # Everything is read (or refused) before a connection exists. A word test, not a parse: a statement
+    # can read the view only by naming it, and a false positive merely opens the shards.
+    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower())
     con = duckdb.connect(":memory:")
     # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
     con.execute("SET enable_external_access = false")
@@ -77,21 +83,39 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
 
 def run_query(run_dir: str | Path, sql: str) -> pa.Table:
     """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) and return a table."""
-    statements = duckdb.extract_statements(sql)
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as err:
+        raise QueryError(f"query failed: {duckdb_error_line(err)}") from None
+    if not statements:
+        raise QueryError("expected one SQL statement, got none; e.g. SELECT count(*) FROM documents")
     if len(statements) != 1:
         raise QueryError(f"expected exactly one SQL statement, got {len(statements)}; run them one at a time.")
     kind = statements[0].type
     if kind not in ALLOWED_STATEMENTS:
         raise QueryError(f"queries are read-only: {kind.name} statements are not allowed; use SELECT "
                          f"over the views {', '.join(VIEWS)}.")
-    con = connect(run_dir)
+    con = connect(run_dir, sql)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as err:
-        message = str(err).splitlines()[0]
-        raise QueryError(f"query failed: {message}") from None
+        raise QueryError(f"query failed: {duckdb_error_line(err)}") from None
     finally:
         con.close()
+
+
+def duckdb_error_line(err: duckdb.Error) -> str:
+    """DuckDB's message as one line, its hints kept ("Did you mean ...", candidate columns).
+
+    Dropped: the echoed statement with its ``^^^`` marker (multi-line), and the advice to
+    ``SET max_expression_depth``, which a locked, one-statement connection cannot follow.
+    """
+    message = str(err).split("\n\nLINE ", 1)[0]
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    if DEPTH_ADVICE in line:
+        line = (f"{line.split(DEPTH_ADVICE, 1)[0].rstrip()} Nest the expression less deeply: sum a list with "
+                "list_sum, or split a long chain of operators.")
+    return line
 
 
 # ---- named questions ---------------------------------------------------------------------------
@@ -143,7 +167,7 @@ ORDER BY d.similarity DESC, d.doc_id
 
 
 def _rows(run_dir: Path, sql: str) -> list[dict[str, Any]]:
-    con = connect(run_dir)
+    con = connect(run_dir, sql)
     try:
         return con.sql(sql).to_arrow_table().to_pylist()
     finally:
@@ -188,9 +212,14 @@ def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:
 # ---- the run's artifacts as Arrow data ---------------------------------------------------------
 
 
-def _run_tables(run_dir: Path) -> dict[str, ds.Dataset | pa.Table]:
-    """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``)."""
+def _run_tables(run_dir: Path, read_shards: bool) -> dict[str, ds.Dataset | pa.Table]:
+    """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``).
+
+    The layout under ``shards/`` is checked either way; the shard files are opened only when ``read_shards``
+    (else ``sequences`` is an empty table of its columns).
+    """
     paths = RunPaths(run_dir)
+    shard_files = _checked_shard_files(run_dir)
     return {
         "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
         "duplicates": _parquet_dataset(run_dir, _existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA),
@@ -199,7 +228,7 @@ def _run_tables(run_dir: Path) -> dict[str, ds.Dataset | pa.Table]:
         "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
         "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
         "eval_results": _eval_results_table(run_dir, paths),
-        "sequences": _sequences_table(run_dir, _checked_shard_files(run_dir)),
+        "sequences": _sequences_table(run_dir, shard_files if read_shards else []),
     }
 
 
@@ -276,7 +305,7 @@ def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
     """
     if not shard_files:
         return EMPTY_SEQUENCES_SCHEMA.empty_table()
-    shards = [_open_shard(path) for path in shard_files]
+    shards = [_open_shard(run_dir, path) for path in shard_files]
     max_rows = max(table.num_rows for table in shards)
     row_numbers = pa.array(np.arange(max_rows, dtype=np.int64))
     zeros = pa.array(np.zeros(max_rows, dtype=np.int8))
@@ -299,13 +328,19 @@ def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
                          "run dir.") from None
 
 
-def _open_shard(shard: Path) -> pa.Table:
-    """A shard's rows, memory-mapped (no copy of the tokens), without schema metadata; QueryError if unreadable."""
+def _open_shard(run_dir: Path, shard: Path) -> pa.Table:
+    """A shard's rows, memory-mapped (no copy of the tokens), without schema metadata; QueryError if unreadable.
+
+    Fully validated (list offsets within their buffers, ...): DuckDB trusts the Arrow data it scans, and a
+    damaged file must fail here with its name, not inside the scan. That reads the offsets, not the tokens.
+    """
     try:
         table = ipc.open_file(pa.memory_map(str(shard))).read_all().replace_schema_metadata(None)
+        table.validate(full=True)
     except (pa.ArrowException, OSError) as err:
-        raise QueryError(f"{shard}: not a readable Arrow IPC shard ({_first_line(err)}); remove it, or re-run "
-                         "`tokenmill prepare` on a fresh run dir.") from None
+        raise QueryError(f"{shard}: not a readable Arrow IPC shard ({_first_line(err)}); it is damaged or "
+                         f"truncated: `tokenmill shards verify {run_dir}` lists every damaged shard; queries that "
+                         "do not read `sequences` still work.") from None
     if table.column_names != SHARD_COLUMNS:
         raise QueryError(f"{shard}: columns {table.column_names}, a shard has {SHARD_COLUMNS}; it was not written "
                          "by tokenmill's packer: remove it, or re-run `tokenmill prepare` on a fresh run dir.")
