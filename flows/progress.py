@@ -40,11 +40,11 @@ COUNTERS = (("num_records", "records"), ("num_documents", "docs"), ("num_documen
 
 def describe_rates(label: str, summary: Any, seconds: float, rates: bool = True) -> str:
     """``ingest-part 3: 1,755 docs, 31.5 MB in 0.70 s (2,507 docs/s, 45.0 MB/s)``; skipped stages say so."""
-    if isinstance(summary, list) and all(hasattr(item, "num_tokens") for item in summary):  # ShardInfo rows
+    if isinstance(summary, list) and summary and all(hasattr(item, "num_tokens") for item in summary):  # shards
         summary = {"num_rows": sum(info.num_rows for info in summary),
                    "num_tokens": sum(info.num_tokens for info in summary)}
     elif isinstance(summary, list):  # planned parts
-        return f"{label}: {len(summary)} part(s) to do"
+        return f"{label}: {len(summary)} part(s) to do" if summary else f"{label}: nothing new to do"
     if not isinstance(summary, dict):
         return f"{label}: done in {seconds:.2f} s"
     amounts = [(unit, summary[key]) for key, unit in COUNTERS if isinstance(summary.get(key), int)]
@@ -52,7 +52,9 @@ def describe_rates(label: str, summary: Any, seconds: float, rates: bool = True)
     amounts = [(unit, value) for unit, value in amounts if not (unit in seen or seen.add(unit))]
     done = ", ".join(_amount(unit, value) for unit, value in amounts) or "done"
     if summary.get("skipped") or seconds <= 0 or not rates:
-        return f"{label}: {done} (already done, skipped)" if summary.get("skipped") else f"{label}: {done}"
+        if summary.get("skipped"):
+            return f"{label}: {done + ': ' if amounts else ''}skipped (up to date)"
+        return f"{label}: {done}"
     rates = ", ".join(_amount(unit, value / seconds) + "/s" for unit, value in amounts)
     return f"{label}: {done} in {seconds:.2f} s" + (f" ({rates})" if rates else "")
 

@@ -24,7 +24,7 @@ from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
 from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
-from tokenization.stage import pack_split_source, write_index
+from tokenization.stage import pack_split_source, packed_shards, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 from trainer.config import EvalConfig, ModelConfig
 from trainer.eval_tasks import prepare_eval_tasks
@@ -94,9 +94,17 @@ def tokenizer_task(paths: RunPaths, config: TokenizerConfig | None, given_path: 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="pack-{split}-{source}")
 @reports_progress("pack")
-def pack_task(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo]:
+def pack_task(paths: RunPaths, split: str, source: str, config: PackConfig) -> dict[str, Any]:
+    packed = packed_shards(paths, split, source, config)
+    if packed is not None:
+        return {**shards_summary(packed), "skipped": True}
     with stage_meter(f"pack {split}/{source}", "tokens") as meter:
-        return pack_split_source(paths, split, source, config, on_progress=meter.advance)
+        return shards_summary(pack_split_source(paths, split, source, config, on_progress=meter.advance))
+
+
+def shards_summary(shards: list[ShardInfo]) -> dict[str, Any]:
+    return {"num_shards": len(shards), "num_rows": sum(info.num_rows for info in shards),
+            "num_tokens": sum(info.num_tokens for info in shards)}
 
 
 @task(name="shard-index")

@@ -109,7 +109,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                                   _file_digest(paths.dedupe / DUPLICATES_FILE))
     done = paths.done_summary("decontaminate", run_fingerprint)
     if done is not None and output.is_file():
-        return done
+        return {**done, "skipped": True}
     state_path = paths.dedupe / STATE_FILE
     state = read_json(state_path) if state_path.is_file() else {}
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}

@@ -391,7 +391,7 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
                                    val_fraction)
     done = paths.done_summary("ingest", part_fingerprint, part_unit(part.part_id))
     if done is not None and (paths.docs / part_file_name(part.part_id)).is_file():
-        return done
+        return {**done, "skipped": True}
     root = source_root(source, manifest_path)
     with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
         summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,

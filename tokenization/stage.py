@@ -30,6 +30,36 @@ STATE_VERSION = 1
 """Bumped when state.json changes incompatibly; a state of another version is refused."""
 
 
+def packed_shards(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo] | None:
+    """The pair's shards when every document part is packed with this tokenizer and seq_len already, else None.
+
+    What :func:`pack_split_source` returns without packing, asked beforehand (a flow says "skipped").
+    """
+    _, state, _, stage_fingerprint = _pack_inputs(paths, split, source, config)
+    if not _is_packed(paths, split, source, state, stage_fingerprint):
+        return None
+    return [ShardInfo(**info) for info in state["shards"]]
+
+
+def _pack_inputs(paths: RunPaths, split: str, source: str,
+                 config: PackConfig) -> tuple[str, dict[str, Any], list[Path], str]:
+    """(tokenizer sha256, the pair's state, the document parts, the stage fingerprint); checks the tokenizer."""
+    if not paths.tokenizer.is_file():
+        raise ConfigError(f"{paths.tokenizer}: no tokenizer; run the tokenizer stage before packing.")
+    tokenizer_sha256 = sha256_file(paths.tokenizer)
+    state = _load_state(shard_folder(paths, split, source), tokenizer_sha256, config.seq_len)
+    parts = document_part_files(paths)
+    stage_fingerprint = fingerprint("pack", STATE_VERSION, tokenizer_sha256, config.seq_len,
+                                    [part.name for part in parts])
+    return tokenizer_sha256, state, parts, stage_fingerprint
+
+
+def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], stage_fingerprint: str) -> bool:
+    """The marker matches, and so does its summary: a marker never vouches for shards deleted since (to re-pack)."""
+    return ((shard_folder(paths, split, source) / STATE_FILE).is_file()
+            and paths.done_summary("pack", stage_fingerprint, pack_unit(split, source)) == _pack_summary(state))
+
+
 def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig,
                       on_progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
     """Encode and pack the not-yet-packed documents of (split, source); return every shard of the pair.
@@ -40,16 +70,11 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     is missing and StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
     """
     folder = shard_folder(paths, split, source)
-    if not paths.tokenizer.is_file():
-        raise ConfigError(f"{paths.tokenizer}: no tokenizer; run the tokenizer stage before packing.")
-    tokenizer_sha256 = sha256_file(paths.tokenizer)
-    state = _load_state(folder, tokenizer_sha256, config.seq_len)
+    tokenizer_sha256, state, parts, stage_fingerprint = _pack_inputs(paths, split, source, config)
     infos = [ShardInfo(**info) for info in state["shards"]]
-    parts = document_part_files(paths)
-    unit, stage_fingerprint = pack_unit(split, source), fingerprint("pack", STATE_VERSION, tokenizer_sha256,
-                                                                    config.seq_len, [part.name for part in parts])
-    if (folder / STATE_FILE).is_file() and paths.done_summary("pack", stage_fingerprint, unit) == _pack_summary(state):
-        return infos  # the summary check: a marker never vouches for shards deleted since (to re-pack)
+    unit = pack_unit(split, source)
+    if _is_packed(paths, split, source, state, stage_fingerprint):
+        return infos
     new_parts = [part for part in parts if part.name not in state["packed_parts"]]
     if not new_parts:  # packed by a version that kept no marker under stages/: record it now
         paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)

@@ -89,7 +89,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig | None, given_pat
     stage_fingerprint = fingerprint("tokenizer", settings)
     done = _recorded_summary(paths, stage_fingerprint, needs_special_tokens=from_model)
     if done is not None:
-        summary = done
+        summary = {**done, "skipped": True}
     elif from_model:
         assert model_folder is not None  # checked by _settings
         summary = _copy_model_tokenizer(paths, Path(model_folder))

@@ -47,7 +47,7 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     stage_fingerprint = fingerprint(STAGE, model.model_dump(mode="json"), _file_stats(files))
     done = paths.done_summary(STAGE, stage_fingerprint)
     if done is not None and paths.base_model.is_dir():
-        return done
+        return {**done, "skipped": True}
     if model.from_pretrained is not None:
         # Every shard opens and names its tensors (headers only: a large model is not read into memory twice).
         read_weights([path for path in files.values() if path.suffix == ".safetensors"], headers_only=True)

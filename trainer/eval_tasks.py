@@ -71,7 +71,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
     if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
-        return unchanged
+        return {**unchanged, "skipped": True}
     from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
 
     task_fps, data_files = checked_tasks(list(config.tasks), folders)
@@ -80,7 +80,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
     done = paths.done_summary(STAGE, run_fp)
     if done is not None and all(paths.eval_text(name).is_file() for name in task_fps):
         paths.mark_done(STAGE, run_fp, done, **record)  # the same summary, now with the inputs' stats
-        return done
+        return {**done, "skipped": True}
     num_items = {}
     for name in sorted(task_fps):
         texts = task_texts(name, folders)

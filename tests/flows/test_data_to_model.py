@@ -94,7 +94,9 @@ def test_validation_loss_falls(finished_run: tuple[Path, dict, dict]) -> None:
 def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict]) -> None:
     run_dir, first, second = finished_run
     assert second["prepare"]["parts_ingested"] == 0
-    assert second["prepare"]["dedupe"]["skipped"] is True
+    for stage in ("dedupe", "decontaminate", "tokenizer", "eval_tasks"):  # each logs "skipped (up to date)"
+        assert second["prepare"][stage].get("skipped") is True, stage
+        assert first["prepare"][stage].get("skipped") is not True, stage
     assert second["prepare"]["num_shards"] == first["prepare"]["num_shards"]
     eval_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
     assert len(eval_steps) == len(set(eval_steps)), "a finished training run must not train again"

@@ -50,7 +50,7 @@ def test_shard_infos_skipped_stages_and_plans() -> None:
              ShardInfo("b", "train", "s", 5, 1000, "x", "t", 256)]
     assert describe_rates("pack", infos, 1.0) == "pack: 3,560 tokens, 15 rows in 1.00 s (3,560 tokens/s, 15 rows/s)"
     assert describe_rates("dedupe", {"num_documents_in": 7, "skipped": True}, 0.1) == \
-        "dedupe: 7 docs (already done, skipped)"
+        "dedupe: 7 docs: skipped (up to date)"
     assert describe_rates("plan-ingest", [{"part_id": 0}, {"part_id": 1}], 0.1) == "plan-ingest: 2 part(s) to do"
     decontaminated = {"enabled": True, "num_train_checked": 1700, "num_contaminated": 3}
     assert describe_rates("decontaminate", decontaminated, 0.5) == \
@@ -361,3 +361,8 @@ def test_prepare_without_a_terminal_logs_one_line_per_stage(tmp_path: Path, cli_
     assert len(ingest) == summary["parts_ingested"] and all(" MB/s)" in line for line in ingest)
     assert len(pack) == 2 and all(" tokens/s" in line for line in pack)  # train and val of the one source
     assert sum(" - tokenizer: " in line for line in lines) == 1
+
+
+def test_a_skipped_stage_without_counts_says_only_that_it_skipped() -> None:
+    assert describe_rates("tokenizer", {"vocab_size": 512, "skipped": True}, 0.001) == "tokenizer: skipped (up to date)"
+    assert describe_rates("plan-ingest", [], 0.2) == "plan-ingest: nothing new to do"
