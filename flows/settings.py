@@ -48,6 +48,9 @@ def configure_environment() -> None:
 
 INTERRUPTED = "aborted by an interrupt signal"
 """In Prefect's records of a run stopped by Ctrl-C ("Crash detected! Execution was aborted by an interrupt signal.")."""
+PREFECT_HOUSEKEEPING = ("Still processing items", "Starting temporary server on", "Stopping temporary server on")
+"""Prefect's own notes at start and exit (its event queue flushing, the temporary server it starts in a Prefect
+home of the user's, which serves no UI): the last would come after the CLI's final line."""
 RETRY_NOTICE = "Retry "
 """In Prefect's record of a failed task that will run again ("… - Retry 1/2 will start 10 second(s) from now")."""
 
@@ -61,6 +64,7 @@ class ConsoleFilter(logging.Filter):
       Failed(…)") are left out, as are the "Crash detected … interrupt signal" records of a Ctrl-C (the CLI
       says what was kept instead). A retry notice stays: it says what happens next.
     - ``hide_view_links``: a temporary server serves no UI, so its "View at URL" links lead nowhere.
+    - Prefect's housekeeping notes (:data:`PREFECT_HOUSEKEEPING`) are left out.
     """
 
     def __init__(self, *, say_errors_once: bool, hide_view_links: bool) -> None:
@@ -75,7 +79,7 @@ class ConsoleFilter(logging.Filter):
             return not self.say_errors_once or RETRY_NOTICE in message
         if self.say_errors_once and (INTERRUPTED in message or _failed_by_user_error(message)):
             return False
-        if message.startswith("Still processing items"):  # Prefect's event queue flushing at exit
+        if message.startswith(PREFECT_HOUSEKEEPING):
             return False
         return not (self.hide_view_links and message.startswith("View at "))
 

@@ -147,6 +147,57 @@ def test_unreadable_file_mid_flow_names_the_file_without_traceback(tmp_path: Pat
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "truncated.jsonl.gz" in errors[0] and "on_error: skip" in errors[0]
     assert result.stderr.count("Retry") == 0, "bad input is not retried"
+    said = result.stdout + result.stderr  # said once, last: not also in Prefect's task and flow ERROR lines
+    assert said.count("truncated.jsonl.gz") == 1 and said.rstrip().endswith(errors[0]), said
+    quiet = tokenmill("-q", "prepare", str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert quiet.returncode == 2 and quiet.stderr.splitlines() == errors, quiet.stderr  # no INFO lines either
+
+
+def test_train_before_prepare_is_one_line_before_any_server_and_leaves_no_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\n")
+    result = tokenmill("train", str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'run/shards/index.parquet'}: no shard index; "
+                                          "run `tokenmill prepare` first."]
+    assert "flow run" not in result.stdout + result.stderr  # refused before Prefect started
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_changed_recipe_is_refused_before_any_server(tmp_path: Path) -> None:
+    from flows.recipe import load_recipe, record_recipe
+
+    (tmp_path / "m.yaml").write_text("name: m\nsources: [{name: s, path: corpus, format: text}]\n")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\n")
+    record_recipe(*load_recipe(tmp_path / "recipe.yaml"), tmp_path / "run")  # as a prepare records it
+    (tmp_path / "recipe.yaml").write_text("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 600}\n")
+    for command in ("prepare", "train", "run"):
+        result = tokenmill(command, str(tmp_path / "recipe.yaml"), "--run-dir", str(tmp_path / "run"))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert len(result.stderr.splitlines()) == 1 and "recipe changed since" in result.stderr, result.stderr
+        assert "tokenizer.vocab_size" in result.stderr and "flow run" not in result.stdout + result.stderr
+
+
+def test_ctrl_c_during_a_long_query_exits_130_at_once(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    run = build_query_run(tmp_path / "run")
+    endless = "SELECT sum(a.range * b.range) FROM range(1000000) a, range(1000000) b"
+    process = subprocess.Popen([TOKENMILL, "query", str(run), endless], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(3)  # started, and deep in the join (it would run for hours)
+    assert process.poll() is None, process.communicate()
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("tokenmill query still running 60 s after Ctrl-C")
+    assert process.returncode == 130 and stderr.splitlines() == ["interrupted"], stderr
 
 
 def test_shards_stats_and_sample_on_a_real_run(tmp_path: Path) -> None:
