@@ -542,10 +542,13 @@ def server_env(checkout: Path, prefect_home: Path) -> Iterator[dict[str, str]]:
     start = readme_command(SERVER_START)
     health_url = re.search(r"http://\S+/api/health", on_free_port(start.comment, port))
     assert start.background and health_url and start.comment.endswith("says true"), start.comment
-    env = user_env(prefect_home)
+    export = readme_command(SERVER_EXPORT)
+    assert BASH_COMMANDS.index(export) < BASH_COMMANDS.index(start), \
+        "the README exports PREFECT_API_URL before it starts the server (its UI reads it)"
+    env = {**user_env(prefect_home), **exported(on_free_port(export.text, port))}
     with background(["bash", "-c", on_free_port(start.text, port)], env, prefect_home / "server.log", cwd=checkout):
         wait_until(lambda: http_text(health_url.group(0)) == "true", 120, f"{health_url.group(0)} saying true")
-        yield {**env, **exported(on_free_port(readme_command(SERVER_EXPORT).text, port))}
+        yield env
 
 
 def test_prefect_server_start_and_export_give_a_working_api(server_env: dict[str, str]) -> None:
@@ -553,6 +556,8 @@ def test_prefect_server_start_and_export_give_a_working_api(server_env: dict[str
     assert api_get(server_env, "health") is True, "PREFECT_API_URL as exported reaches the server"
     ui_url = server_env["PREFECT_API_URL"].removesuffix("/api")
     assert "<html" in (http_text(ui_url) or "").lower(), f"no Prefect UI at {ui_url} (README: 'The Prefect UI')"
+    ui_settings = json.loads(http_text(f"{ui_url}/ui-settings") or "{}")  # where the UI's pages call the API
+    assert ui_settings.get("api_url") == server_env["PREFECT_API_URL"], ui_settings
 
 
 def test_prepare_and_train_skip_finished_work(quick_start: QuickStart, server_env: dict[str, str]) -> None:
