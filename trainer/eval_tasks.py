@@ -68,10 +68,10 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
     parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
              for part in document_part_files(paths)]
     settings = fingerprint(STAGE, config.model_dump(), parts, [str(folder) for folder in folders])
+    if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
+        return {**unchanged, "skipped": True}  # the built-in task's files too are as the last check left them
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
-    if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
-        return {**unchanged, "skipped": True}
     from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
 
     task_fps, data_files = checked_tasks(list(config.tasks), folders)

@@ -299,7 +299,7 @@ def test_the_eval_tasks_stage_builds_the_tasks_again_only_when_a_file_they_read_
                         lambda names, dirs: checks.append(names) or real_check(names, dirs))
     paths, config = RunPaths(tmp_path / "run"), EvalConfig(tasks=["lines"], include=["tasks"])
     first = prepare_eval_tasks(paths, config, tmp_path)
-    assert prepare_eval_tasks(paths, config, tmp_path) == first
+    assert prepare_eval_tasks(paths, config, tmp_path) == {**first, "skipped": True}
     assert len(checks) == 1  # the second call read the recorded summary: lm-eval built nothing
     data.write_text("".join(data.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]), encoding="utf-8")
     changed = prepare_eval_tasks(paths, config, tmp_path)
