@@ -127,7 +127,7 @@ def test_rerun_refresh_and_disable(corpus: dict, tmp_path: Path) -> None:
     first = decontaminate_documents(paths, config(), base_dir=tmp_path)
     output = paths.rejects / CONTAMINATED_FILE
     stamp = output.stat().st_mtime_ns
-    assert decontaminate_documents(paths, config(), base_dir=tmp_path) == first
+    assert decontaminate_documents(paths, config(), base_dir=tmp_path) == {**first, "skipped": True}
     assert output.stat().st_mtime_ns == stamp  # nothing redone
     before = {row["uri"] for row in pq.read_table(output).to_pylist()}
     (corpus["folder"] / "zzz_new_quote.py").write_text(train_text(f"v = 5\n{corpus['passage']}"), encoding="utf-8")
@@ -170,7 +170,8 @@ def test_refresh_rejects_new_val_documents_quoting_train_documents_packed_earlie
                 for row in batch.to_pylist()}
     assert {"zzz_val_near_miss.py", "zzz_val_untrained.py"} <= kept_val
     assert not {"zzz_val_quote_a.py", "zzz_val_quote_b.py"} & kept_val
-    assert decontaminate_documents(paths, config(), base_dir=tmp_path) == refreshed  # decisions stand
+    again = decontaminate_documents(paths, config(), base_dir=tmp_path)
+    assert again == {**refreshed, "skipped": True}  # decisions stand
 
 
 def test_eval_only_and_missing_eval_file(corpus: dict, tmp_path: Path) -> None:

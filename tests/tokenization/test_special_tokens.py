@@ -104,7 +104,7 @@ def test_model_tokenizer_is_copied_byte_for_byte_warns_once_and_is_skipped_after
     assert paths.marker("tokenizer").is_file()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call is skipped: no second warning
-        assert prepare_tokenizer(paths, None, None, model_folder=folder) == summary
+        assert prepare_tokenizer(paths, None, None, model_folder=folder) == {**summary, "skipped": True}
 
 
 def test_a_model_folder_without_tokenizer_json_asks_for_a_tokenizer_section(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_prepare_trains_once_then_skips(tmp_path: Path, texts: list[str]) -> Non
     assert summary["sample_bytes"] <= 100_000
     assert summary["sample_bytes"] > 90_000
     modified = paths.tokenizer.stat().st_mtime_ns
-    assert prepare_tokenizer(paths, config, None) == summary
+    assert prepare_tokenizer(paths, config, None) == {**summary, "skipped": True}
     assert paths.tokenizer.stat().st_mtime_ns == modified
     bigger = prepare_tokenizer(paths, TokenizerConfig(vocab_size=VOCAB_SIZE + 50, sample_bytes=100_000), None)
     assert bigger["tokenizer_sha256"] != summary["tokenizer_sha256"]
