@@ -1,5 +1,8 @@
 """The run report: ``report/index.html`` (self-contained, opens offline) + ``report.md`` + PNG plots.
 
+It opens on a headline (:mod:`flows.report_headline`), then the tables, then the plots that carry information
+(:mod:`flows.report_visibility` says which do not, and the page says why each is left out).
+
 Names and values read from the run dir (sources, reasons, metrics) are text, never markup: HTML-escaped in
 the page, escaped in the Markdown, and drawn without mathtext in the plots.
 """
@@ -7,18 +10,22 @@ the page, escaped in the Markdown, and drawn without mathtext in the plots.
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from core.eval_results import failed_results
 from core.rundir import RunPaths, file_stats, fingerprint
+from flows.report_headline import collect_headline, headline_html, headline_markdown
+from flows.report_visibility import uninformative_plots
 from pipeline.filters import REJECT_REASONS
 from pipeline.query import connect, data_funnel, eval_results_table, rejects_by_reason
+from trainer.sample_generation import sample_is_current, write_sample_generation
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
@@ -31,8 +38,9 @@ PLOTS: dict[str, str] = {
     "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
     "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
 }
-FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4)}
-"""Plots wider than the default 7 x 3.6 inches (the funnel has a second panel: rejects by reason)."""
+FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5)}
+"""Plots other than the default 7 x 3.6 inches: the funnel has a second panel (rejects by reason), the
+throughput a second one below (MFU)."""
 MAX_REASONS = 8
 """The rejects panel shows this many reasons at most; the rest share one "other" segment."""
 MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
@@ -46,7 +54,7 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
         def rows(sql: str) -> list[dict[str, Any]]:
             return con.sql(sql).to_arrow_table().to_pylist()
 
-        return {
+        data = {
             "train": rows("SELECT * FROM train_metrics ORDER BY step"),
             "eval": rows("SELECT * FROM eval_metrics ORDER BY step"),
             "funnel": data_funnel(run_dir),
@@ -58,6 +66,7 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                         "ORDER BY d.source"),
             "doc_lengths": [r["num_chars"] for r in rows("SELECT num_chars FROM documents")],
             "row_fill": [r["num_tokens"] for r in rows("SELECT num_tokens FROM sequences")],
+            "num_packed_pairs": rows("SELECT count(*) AS n FROM (SELECT DISTINCT split, source FROM shards)")[0]["n"],
             "checkpoints": _checkpoints(run_dir),
             "results": rows("SELECT * FROM eval_results ORDER BY step, task, metric, source"),
             "results_table": eval_results_table(run_dir),
@@ -67,6 +76,8 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                 "FROM rejects WHERE reason = 'contaminated' AND detail LIKE '% with eval task %' "
                 "GROUP BY ALL ORDER BY task"),
         }
+        data["headline"] = collect_headline(RunPaths(run_dir), con, data)
+        return data
     finally:
         con.close()
 
@@ -79,15 +90,22 @@ def write_report(paths: RunPaths) -> Path:
     nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
     """
     index = paths.report / "index.html"
+    if not sample_is_current(paths):  # a new export: sample it once (imports torch), the report reads the file
+        write_sample_generation(paths)
     inputs = report_inputs_fingerprint(paths)
     if report_is_current(paths, inputs):
         return index
     data = collect_report_data(paths.root)
-    images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS}
-    for name, png in images.items():
-        paths.write_bytes(paths.report / f"{name}.png", png)
-    paths.write_text(paths.report / "report.md", _markdown(paths.root, data))
-    paths.write_text(index, _html(paths.root, data, images))
+    hidden = uninformative_plots(data)
+    images = {name: _render(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS
+              if name not in hidden}
+    for name in PLOTS:
+        if name in images:
+            paths.write_bytes(paths.report / f"{name}.png", images[name])
+        else:  # a plot drawn by an earlier report: it would contradict this one
+            (paths.report / f"{name}.png").unlink(missing_ok=True)
+    paths.write_text(paths.report / "report.md", _markdown(paths.root, data, hidden))
+    paths.write_text(index, _html(paths.root, data, images, hidden))
     paths.mark_done(REPORT_STAGE, inputs, {"index": index.relative_to(paths.root).as_posix()})
     return index
 
@@ -96,20 +114,24 @@ REPORT_STAGE = "report"
 
 
 def report_is_current(paths: RunPaths, inputs: str | None = None) -> bool:
-    """Whether ``report/index.html`` exists and no file it reads changed since it was written.
+    """Whether ``report/index.html`` exists, no file it reads changed since it was written, and the export (if
+    any) has its sample generation.
 
     ``inputs``: :func:`report_inputs_fingerprint`, when the caller has it already.
     """
     inputs = inputs if inputs is not None else report_inputs_fingerprint(paths)
-    return (paths.report / "index.html").is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
+    return ((paths.report / "index.html").is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
+            and sample_is_current(paths))
 
 
 def report_inputs_fingerprint(paths: RunPaths) -> str:
     """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, and the code's version.
 
-    That is every file but ``report/``, the lock and the report's own marker: 7 ms on the quick start's run.
+    That is every file but ``report/``, the lock, the report's own marker and ``metrics/stage_times.jsonl``:
+    that log grows with every stage call, skipped ones included, so counting it would re-render the report
+    on every re-run; a stage call that did work also changed the files it wrote. 7 ms on the quick start's run.
     """
-    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE)})
+    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE), paths.stage_times})
     return fingerprint(REPORT_STAGE, file_stats(paths.root, paths.root, skipped))
 
 
@@ -125,6 +147,16 @@ def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
 
 def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
             figsize: tuple[float, float]) -> bytes:
+    with drawn_figure(plot, data, figsize) as figure:
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def drawn_figure(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
+                 figsize: tuple[float, float]) -> Iterator[Any]:
+    """The matplotlib figure of one plot as the report draws it (Agg, no mathtext), closed after the block."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,12 +167,23 @@ def _render(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
         figure, axes = plt.subplots(figsize=figsize, dpi=100)
         try:
             plot(axes, data)
+            for panel in figure.axes:
+                _plain_log_ticks(panel)
             figure.tight_layout()
-            buffer = io.BytesIO()
-            figure.savefig(buffer, format="png")
-            return buffer.getvalue()
+            yield figure
         finally:
             plt.close(figure)
+
+
+def _plain_log_ticks(axes: Any) -> None:
+    """Log-scale ticks as plain numbers: their default labels are mathtext (``$\\mathdefault{10^{1}}$``), which
+    is drawn as that raw text once math parsing is off."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+
+    for axis in (axes.xaxis, axes.yaxis):
+        if isinstance(axis.get_major_formatter(), LogFormatter):
+            axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+            axis.set_minor_formatter(NullFormatter())
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[Any], list[Any]]:
@@ -208,18 +251,30 @@ def _plot_lr(axes: Any, data: dict[str, Any]) -> None:
 
 
 def _plot_throughput(axes: Any, data: dict[str, Any]) -> None:
+    """Tokens/s above, MFU below, each on its own scale and panel.
+
+    MFU is tokens/s times a constant (FLOPs per token / the device's peak), so on two y-axes of one panel the
+    two lines coincide and the one drawn last hides the other.
+    """
     speed, (steps, mfu) = _series(data["train"], "tokens_per_s"), _series(data["train"], "mfu")
     if not speed[0] and not steps:
         _no_data(axes, "no training metrics yet")
         return
-    lines = axes.plot(*speed, label="tokens/s")
-    axes.set_xlabel("step")
+    grid = axes.get_subplotspec().subgridspec(2, 1, hspace=0.1)
+    axes.set_subplotspec(grid[0])
+    axes.plot(*speed, color="tab:blue")
     axes.set_ylabel("tokens/s")
+    axes.set_ylim(bottom=0)
+    below = axes.figure.add_subplot(grid[1], sharex=axes)
+    axes.tick_params(labelbottom=False)
+    below.set_xlabel("step")
+    below.set_ylabel("MFU (%)")
     if mfu:
-        twin = axes.twinx()
-        lines += twin.plot(steps, [100 * value for value in mfu], color="tab:orange", label="MFU %")
-        twin.set_ylabel("MFU (%)")
-    axes.legend(lines, [line.get_label() for line in lines])
+        below.plot(steps, [100 * value for value in mfu], color="tab:orange")
+        below.set_ylim(bottom=0)
+    else:
+        below.text(0.5, 0.5, "MFU unknown: the device's peak was not measured", ha="center", va="center",
+                   color="gray", transform=below.transAxes)
 
 
 def _plot_funnel(axes: Any, data: dict[str, Any]) -> None:
@@ -390,17 +445,29 @@ def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callabl
     axes.legend(fontsize="small")
 
 
-def _html(run_dir: Path, data: dict[str, Any], images: dict[str, bytes]) -> str:
-    figures = "".join(
-        f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{_b64(images[name])}">'
-        f"<figcaption>{html.escape(title)}</figcaption></figure>"
-        for name, title in PLOTS.items()
-    )
+STYLE = """body{font-family:sans-serif;margin:1.5em 2em}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(12em,1fr));gap:.8em;margin:1em 0}
+.card{border:1px solid #ccc;border-radius:6px;padding:.6em .8em}.card .value{font-size:1.6em;font-weight:bold}
+.label,.note{color:#555;font-size:.9em}
+.columns{display:grid;grid-template-columns:repeat(auto-fit,minmax(28em,1fr));gap:1.5em}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;padding:.6em;overflow-x:auto}
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(32em,1fr));gap:1em}
+figure{margin:0}figure.wide{grid-column:1/-1}figure img{width:100%;height:auto}"""
+"""Full page width: the headline's figures and the plots fill as many columns as the window holds."""
+WIDE_PLOTS = frozenset({"funnel"})
+"""Plots drawn wider than the others (two panels side by side): they take a whole row of the grid."""
+
+
+def _html(run_dir: Path, data: dict[str, Any], images: dict[str, bytes], hidden: dict[str, str]) -> str:
+    figures = "".join(_figure_html(name, title, images[name]) for name, title in PLOTS.items() if name in images)
+    left_out = "".join(f"<li>{html.escape(PLOTS[name])}: {html.escape(why)}</li>" for name, why in hidden.items())
+    left_out = f"<p>Not drawn, as they would show nothing more:</p><ul>{left_out}</ul>" if left_out else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tokenmill run {html.escape(run_dir.name)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}figure{{display:inline-block;margin:.5em}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head>
+<style>{STYLE}</style></head>
 <body><h1>tokenmill run <code>{html.escape(run_dir.name)}</code></h1>
+{headline_html(data["headline"], _table_html)}
 <h2>Data funnel</h2>{_table_html(data["funnel"])}
 <h3>Rejected by reason</h3>{_table_html(_reason_rows(data))}
 <h2>Evaluation</h2><p>{html.escape(subset_note(data))}</p>{_table_html(_eval_rows(data))}
@@ -408,24 +475,33 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;te
 <h3>Failed evaluations</h3>{_table_html(data["eval_failures"])}
 <h3>Train documents removed as contaminated, per evaluation task</h3>{_table_html(data["contaminated_by_task"])}
 <h2>Checkpoints</h2>{_table_html(data["checkpoints"])}
-<h2>Plots</h2>{figures}
+<h2>Plots</h2><div class="plots">{figures}</div>{left_out}
 </body></html>
 """
+
+
+def _figure_html(name: str, title: str, png: bytes) -> str:
+    wide = ' class="wide"' if name in WIDE_PLOTS else ""
+    return (f'<figure{wide}><img alt="{html.escape(title)}" src="data:image/png;base64,{_b64(png)}">'
+            f"<figcaption>{html.escape(title)}</figcaption></figure>")
 
 
 def _b64(png: bytes) -> str:
     return base64.b64encode(png).decode("ascii")
 
 
-def _markdown(run_dir: Path, data: dict[str, Any]) -> str:
-    lines = [f"# tokenmill run {_md_code(run_dir.name)}", "", "## Data funnel", "", *_table_md(data["funnel"]),
+def _markdown(run_dir: Path, data: dict[str, Any], hidden: dict[str, str]) -> str:
+    lines = [f"# tokenmill run {_md_code(run_dir.name)}", "",
+             *headline_markdown(data["headline"], _table_md, _md_text),
+             "", "## Data funnel", "", *_table_md(data["funnel"]),
              "", "### Rejected by reason", "", *_table_md(_reason_rows(data)),
              "", "## Evaluation", "", _md_text(subset_note(data)), "", *_table_md(_eval_rows(data)),
              "", "### Full evaluation (every val row, downstream tasks)", "", *_table_md(data["results_table"]),
              "", "### Failed evaluations", "", *_table_md(data["eval_failures"]),
              "", "### Train documents removed as contaminated, per evaluation task", "",
              *_table_md(data["contaminated_by_task"]),
-             "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items()]
+             "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items() if name not in hidden]
+    lines += [f"- not drawn: {_md_text(PLOTS[name])}: {_md_text(why)}" for name, why in hidden.items()]
     return "\n".join(lines) + "\n"
 
 
