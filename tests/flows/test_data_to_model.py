@@ -9,6 +9,7 @@ import pytest
 
 from core.rundir import RunPaths
 from core.shards import verify_shards
+from flows.artifact_keys import artifact_key
 from flows.pipeline import training_fingerprint
 from flows.report import report_inputs_fingerprint
 from pipeline.query import run_query
@@ -63,8 +64,9 @@ def test_training_progress_artifact_follows_the_metrics_file(finished_run: tuple
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    key = artifact_key(finished_run[0], "training-progress")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["training-progress"])))
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     assert found and found[0].type == "progress"
     assert max(float(artifact.data) for artifact in found) == 100.0
 
@@ -77,8 +79,9 @@ def test_run_summary_artifact_links_the_report(finished_run: tuple[Path, dict, d
     report = (run_dir / "report" / "index.html").resolve()
     assert first["train"]["report"] == first["prepare"]["report"] == str(run_dir / "report" / "index.html")
     assert report.is_file() and (run_dir / "report" / "throughput.png").is_file()
+    key = artifact_key(run_dir, "run-summary")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-summary"])))
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     trained = [str(a.data) for a in found if "validation loss" in str(a.data) and f"`{report}`" in str(a.data)]
     assert trained and f"]({report.as_uri()})" in trained[0]
 
