@@ -119,3 +119,34 @@ def test_no_absolute_paths_in_run_dir(finished_run: tuple[Path, dict, dict]) -> 
     uris = run_query(run_dir, "SELECT uri FROM documents UNION ALL SELECT path FROM shards").column(0).to_pylist()
     assert uris and not any(uri.startswith("/") for uri in uris)
     assert str(run_dir.parent) not in (run_dir / "run.yaml").read_text()
+
+
+def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, dict]) -> None:
+    import html
+
+    import numpy as np
+    import pyarrow.ipc as ipc
+
+    from flows.stage_times import stage_wall_times
+    from trainer.sample_generation import read_sample
+
+    run_dir, _, _ = finished_run
+    paths = RunPaths(run_dir)
+    page = (run_dir / "report" / "index.html").read_text()
+    headline = page[:page.index("<h2>Data funnel</h2>")]
+    bpb = run_query(run_dir, "SELECT value FROM eval_results WHERE task = 'val_split' AND metric = 'bits_per_byte' "
+                             "AND source IS NULL ORDER BY step DESC LIMIT 1").column(0).to_pylist()[0]
+    assert f'<div class="value">{bpb:.4f}</div><div class="note">whole val split, step 30</div>' in headline
+    stages = {row["stage"] for row in stage_wall_times(paths)}
+    assert {"ingest", "dedupe", "decontaminate", "tokenizer", "pack", "shard-index", "train", "evaluate"} <= stages
+    assert all(f"<td>{stage}</td>" in headline for stage in stages)
+    sample = read_sample(paths)  # made from this export, shown as it was recorded
+    assert sample is not None and sample["completion"] and "error" not in sample
+    assert f"<b>{html.escape(sample['prompt'])}</b>{html.escape(sample['completion'])}" in headline
+    used: set[int] = set()
+    for shard in run_dir.glob("shards/split=train/**/*.arrow"):
+        table = ipc.open_file(str(shard)).read_all()
+        ids = np.asarray(table.column("input_ids").combine_chunks().flatten()).reshape(table.num_rows, -1)
+        real = np.arange(ids.shape[1]) < table.column("num_tokens").to_numpy()[:, None]
+        used |= set(np.unique(ids[real]).tolist())
+    assert f"{len(used):,} of 512 ids in the train rows" in headline
