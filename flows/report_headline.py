@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow.compute as pc
 
-from core.rundir import RunPaths
+from core.rundir import RunPaths, path_inside_run
 from flows.stage_times import read_versions, stage_wall_times
 from trainer.sample_generation import read_sample
 
@@ -36,7 +37,7 @@ def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict
         "vocab": vocab_use(paths, con),
         "stage_times": stage_wall_times(paths),
         "versions": read_versions(paths),
-        "recipe": paths.recipe.read_text(encoding="utf-8", errors="replace") if paths.recipe.is_file() else None,
+        "recipe": paths.recipe.read_text(encoding="utf-8", errors="replace") if readable(paths, paths.recipe) else None,
         "sample": read_sample(paths),
     }
 
@@ -65,7 +66,7 @@ def exported_parameters(paths: RunPaths) -> int | None:
     from safetensors import safe_open
 
     files = sorted(paths.model.glob("*.safetensors")) if paths.model.is_dir() else []
-    if not files:
+    if not files or not all(readable(paths, path) for path in files):
         return None
     total = 0
     for path in files:
@@ -96,11 +97,17 @@ def vocab_use(paths: RunPaths, con: duckdb.DuckDBPyConnection) -> dict[str, int]
 
 
 def _vocab_size(paths: RunPaths) -> int | None:
-    if not paths.tokenizer.is_file():
+    if not readable(paths, paths.tokenizer):
         return None
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(paths.tokenizer)).get_vocab_size()
+
+
+def readable(paths: RunPaths, path: Path) -> bool:
+    """``path`` is a file that stays inside the run dir, every symlink followed: a run dir is data from whoever
+    made it, and the report shows what it reads."""
+    return path.is_file() and path_inside_run(paths.root, path)
 
 
 # ---- rendering -----------------------------------------------------------------------------------------

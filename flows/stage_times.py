@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ParamSpec, TypeVar
 
-from core.rundir import CODE_VERSION, RunPaths
+from core.rundir import CODE_VERSION, RunPaths, path_inside_run
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -69,7 +69,10 @@ def installed_versions() -> dict[str, str]:
 
 
 def read_versions(paths: RunPaths) -> dict[str, str]:
-    """The recorded versions; ``{}`` before any stage ran, or when the file is not a JSON object of strings."""
+    """The recorded versions; ``{}`` before any stage ran, or when the file is not a JSON object of strings or
+    leads outside the run dir."""
+    if not path_inside_run(paths.root, paths.versions):
+        return {}
     try:
         record = json.loads(paths.versions.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -102,6 +105,8 @@ def merged_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def _rows(paths: RunPaths) -> list[dict[str, Any]]:
+    if not path_inside_run(paths.root, paths.stage_times):
+        return []
     try:
         lines = paths.stage_times.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:

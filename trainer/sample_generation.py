@@ -12,7 +12,7 @@ from typing import Any
 
 from core.documents import iter_documents
 from core.errors import TokenmillError
-from core.rundir import RunPaths, file_stats, fingerprint
+from core.rundir import RunPaths, file_stats, fingerprint, path_inside_run
 
 SAMPLE_SETTINGS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 50, "seed": 0}
 """How the sample is drawn (the ``tokenmill generate`` defaults, shorter): the same export gives the same text."""
@@ -21,8 +21,11 @@ PROMPT_CHARS = 40
 
 
 def export_fingerprint(paths: RunPaths) -> str | None:
-    """The export's files (by :func:`core.rundir.file_stats`) and SAMPLE_SETTINGS; None without an export."""
+    """The export's files (by :func:`core.rundir.file_stats`) and SAMPLE_SETTINGS; None without an export, or
+    when the export or a file in it leads outside the run dir (a run dir's files are all that is read)."""
     if not (paths.model / "config.json").is_file():
+        return None
+    if not all(path_inside_run(paths.root, path) for path in [paths.model, *paths.model.iterdir()]):
         return None
     return fingerprint("sample-generation", SAMPLE_SETTINGS, file_stats(paths.root, paths.model))
 
@@ -30,7 +33,7 @@ def export_fingerprint(paths: RunPaths) -> str | None:
 def read_sample(paths: RunPaths) -> dict[str, Any] | None:
     """The recorded sample when it was made from the current export, else None (none, stale or unreadable)."""
     current = export_fingerprint(paths)
-    if current is None:
+    if current is None or not path_inside_run(paths.root, paths.sample_generation):
         return None
     try:
         record = json.loads(paths.sample_generation.read_text(encoding="utf-8"))
@@ -48,15 +51,16 @@ def write_sample_generation(paths: RunPaths) -> dict[str, Any]:
     """Sample from ``model/`` (imports torch) and record it; returns the record.
 
     Keys: ``export_fingerprint``, ``prompt``, ``completion`` and SAMPLE_SETTINGS, or ``error`` (one line) when
-    the export does not load: the report says so instead of failing, and a new export is tried again.
+    the export or the documents do not load: the report says so instead of failing, and a new export is tried
+    again.
     """
     from trainer.generate import generate_text, load_exported_model  # torch: only when an export is new
 
     current = export_fingerprint(paths)
     if current is None:
         raise TokenmillError(f"{paths.model}: no exported model (config.json); run `tokenmill train` first.")
-    prompt = sample_prompt(paths)
     try:
+        prompt = sample_prompt(paths)
         model, tokenizer, special, context_len = load_exported_model(paths.model)
         text = generate_text(model, tokenizer, special, context_len, prompt, **SAMPLE_SETTINGS)
         outcome: dict[str, Any] = {"prompt": prompt, "completion": text[len(prompt):], **SAMPLE_SETTINGS}

@@ -136,3 +136,22 @@ def _escaped(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+def test_files_leading_outside_the_run_dir_are_neither_shown_nor_run(run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    paths = RunPaths(run)
+    export(run, seed=3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(paths.model, elsewhere / "model")
+    paths.model.symlink_to(elsewhere / "model", target_is_directory=True)
+    (elsewhere / "versions.json").write_text(json.dumps({"tokenmill": "SECRET-VERSION"}))
+    paths.versions.symlink_to(elsewhere / "versions.json")
+    (elsewhere / "run.yaml").write_text("password: SECRET-RECIPE\n")
+    paths.recipe.symlink_to(elsewhere / "run.yaml")
+    html = write_report(paths).read_text()
+    assert "SECRET" not in html
+    assert not paths.sample_generation.exists(), "a model outside the run dir was loaded"
+    assert '<div class="label">parameters</div><div class="value">—</div>' in html
