@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from core.rundir import RunPaths
-from flows.report import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, collect_report_data, drawn_figure, write_report
+from flows.report import collect_report_data, write_report
+from flows.report_plots import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, drawn_figure
 from tests.conftest import build_query_run
 
 CHECK_IMAGES = """<script>
