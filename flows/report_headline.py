@@ -43,16 +43,21 @@ def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict
 
 
 def _final_val(data: dict[str, Any]) -> dict[str, Any]:
-    """The last in-loop validation loss; bits per byte from the full evaluation (whole val split), else in-loop."""
+    """Loss and bits per byte of the newest full evaluation (the whole val split), else of the in-loop one (a
+    fixed subset of it, bits per byte only with a byte count)."""
+    full: dict[str, dict[str, Any]] = {}
+    for row in data["results"]:  # ordered by step: the newest step's value wins
+        if row["task"] == "val_split" and row["source"] is None and row["value"] is not None:
+            full[row["metric"]] = row
     last = data["eval"][-1] if data["eval"] else {}
-    full = [row for row in data["results"] if row["task"] == "val_split" and row["metric"] == "bits_per_byte"
-            and row["source"] is None and row["value"] is not None]
-    bpb, bpb_note = None, "needs the full evaluation (eval section) or a byte count"
-    if full:
-        bpb, bpb_note = full[-1]["value"], f"whole val split, step {full[-1]['step']}"
-    elif last.get("val_bpb") is not None:
-        bpb, bpb_note = last["val_bpb"], f"in-loop subset, step {last['step']}"
-    return {"loss": last.get("val_loss"), "step": last.get("step"), "bpb": bpb, "bpb_note": bpb_note}
+    if "loss" in full:
+        step = full["loss"]["step"]
+        bpb = full.get("bits_per_byte", {}).get("value")
+        return {"loss": full["loss"]["value"], "bpb": bpb, "step": step, "note": f"whole val split, step {step}"}
+    if last.get("val_loss") is None:
+        return {"loss": None, "bpb": None, "step": None, "note": "no evaluation yet"}
+    return {"loss": last["val_loss"], "bpb": last.get("val_bpb"), "step": last["step"],
+            "note": f"in-loop subset, step {last['step']}"}
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> Any:
@@ -117,9 +122,9 @@ def headline_figures(headline: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(label, value, note)`` of the key figures, as text; ``—`` where the run has no value yet."""
     val, vocab = headline["val"], headline["vocab"]
     return [
-        ("final val loss", _number(val["loss"], ".4f"), f"step {val['step']}" if val["step"] is not None else
-         "no evaluation yet"),
-        ("bits per byte", _number(val["bpb"], ".4f"), val["bpb_note"]),
+        ("final val loss", _number(val["loss"], ".4f"), val["note"]),
+        ("bits per byte", _number(val["bpb"], ".4f"), val["note"] if val["bpb"] is not None else
+         "needs the full evaluation (eval section)"),
         ("parameters", _number(headline["num_parameters"], ","), "exported model" if headline["num_parameters"]
          else "no export yet"),
         ("tokens trained", _number(headline["tokens_trained"], ","), "padding included"),

@@ -134,9 +134,12 @@ def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, 
     paths = RunPaths(run_dir)
     page = (run_dir / "report" / "index.html").read_text()
     headline = page[:page.index("<h2>Data funnel</h2>")]
-    bpb = run_query(run_dir, "SELECT value FROM eval_results WHERE task = 'val_split' AND metric = 'bits_per_byte' "
-                             "AND source IS NULL ORDER BY step DESC LIMIT 1").column(0).to_pylist()[0]
-    assert f'<div class="value">{bpb:.4f}</div><div class="note">whole val split, step 30</div>' in headline
+    full = {row["metric"]: row["value"] for row in run_query(
+        run_dir, "SELECT metric, value FROM eval_results WHERE task = 'val_split' AND source IS NULL AND step = 30"
+    ).to_pylist()}
+    for label, metric in (("final val loss", "loss"), ("bits per byte", "bits_per_byte")):
+        assert (f'<div class="label">{label}</div><div class="value">{full[metric]:.4f}</div>'
+                '<div class="note">whole val split, step 30</div>') in headline, label
     stages = {row["stage"] for row in stage_wall_times(paths)}
     assert {"ingest", "dedupe", "decontaminate", "tokenizer", "pack", "shard-index", "train", "evaluate"} <= stages
     assert all(f"<td>{stage}</td>" in headline for stage in stages)

@@ -66,9 +66,10 @@ def test_headline_shows_the_runs_own_figures(run: Path) -> None:
         assert f'<div class="label">{label}</div><div class="value">{value}</div>' in headline, label
     # 16 tokens (ids 0..15, both rows full) over the kept documents' 3 + 5 characters
     assert f"16 of {size:,} ids in the train rows" in headline
+    assert '<div class="value">4.2500</div><div class="note">in-loop subset, step 2</div>' in headline
     assert '<div class="label">bits per byte</div><div class="value">—</div>' in headline
     markdown = (RunPaths(run).report / "report.md").read_text()
-    assert "| final val loss | 4.2500 | step 2 |" in markdown and "### Sample generation" in markdown
+    assert "| final val loss | 4.2500 | in-loop subset, step 2 |" in markdown and "### Sample generation" in markdown
 
 
 def test_the_sample_is_generated_once_per_export_and_shown(run: Path) -> None:
