@@ -67,16 +67,19 @@ def _last(rows: list[dict[str, Any]], key: str) -> Any:
 
 def exported_parameters(paths: RunPaths) -> int | None:
     """Parameters of the exported model, from its safetensors headers (no weights read; tied ones once, as
-    the export stores them); None before an export."""
-    from safetensors import safe_open
+    the export stores them); None before an export, or when a header does not read (the sample says why)."""
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(paths.model.glob("*.safetensors")) if paths.model.is_dir() else []
     if not files or not all(readable(paths, path) for path in files):
         return None
     total = 0
     for path in files:
-        with safe_open(str(path), framework="numpy") as weights:
-            total += sum(int(np.prod(weights.get_slice(name).get_shape())) for name in weights.keys())  # noqa: SIM118
+        try:
+            with safe_open(str(path), framework="numpy") as weights:
+                total += sum(int(np.prod(weights.get_slice(name).get_shape())) for name in weights.keys())  # noqa: SIM118
+        except SafetensorError:
+            return None
     return total
 
 

@@ -107,6 +107,16 @@ def test_an_export_that_does_not_load_is_said_in_the_report(run: Path) -> None:
     assert "the exported model did not load: " in html and "model.safetensors" in html
 
 
+def test_a_truncated_export_is_said_in_the_report(run: Path) -> None:
+    paths = RunPaths(run)
+    export(run, seed=3)
+    weights = paths.model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:20])
+    html = write_report(paths).read_text()
+    assert "the exported model did not load: " in html
+    assert '<div class="label">parameters</div><div class="value">—</div>' in html
+
+
 NO_TORCH_CHECK = """
 import sys
 from core.rundir import RunPaths
