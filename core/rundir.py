@@ -119,6 +119,21 @@ class RunPaths:
         return self.metrics / "device_peak.json"
 
     @property
+    def stage_times(self) -> Path:
+        """``metrics/stage_times.jsonl``: one row per finished stage call (its wall-clock span), for the report."""
+        return self.metrics / "stage_times.jsonl"
+
+    @property
+    def versions(self) -> Path:
+        """``metrics/versions.json``: tokenmill's, Python's and the key packages' versions the last stage ran with."""
+        return self.metrics / "versions.json"
+
+    @property
+    def sample_generation(self) -> Path:
+        """``metrics/sample_generation.json``: a sample from the exported model, made once per export (the report's)."""
+        return self.metrics / "sample_generation.json"
+
+    @property
     def model(self) -> Path:
         return self.root / "model"
 

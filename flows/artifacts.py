@@ -1,4 +1,8 @@
-"""What a run shows in the Prefect UI: the data funnel, shard stats, the eval table and a summary."""
+"""What a run shows in the Prefect UI: the data funnel, rejects, shard stats, the eval table and a summary.
+
+Every key is the run's own (:func:`flows.artifact_keys.artifact_key`: ``tiny-data-funnel``), so two runs
+published to one server keep apart.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +13,28 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from core.eval_results import failed_results
 from core.rundir import RunPaths
+from flows.artifact_keys import artifact_key
+from pipeline.filters import REJECT_REASONS
 from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason
+from pipeline.shard_stats import shard_stats
+
+NO_REJECTS = "(none)"
+"""The ``reason`` of a source's row in ``rejects-by-reason`` when none of its records was rejected."""
 
 
 def publish_funnel(run_dir: Path, summary: dict[str, Any], report_path: str) -> None:
-    """Data funnel and rejects tables, shard stats and a data-only ``run-summary`` linking the report."""
-    create_table_artifact(table=data_funnel(run_dir), key="data-funnel",
+    """Data funnel, rejects and shard-stats tables, and a data-only ``run-summary`` linking the report."""
+    funnel = data_funnel(run_dir)
+    create_table_artifact(table=funnel, key=artifact_key(run_dir, "data-funnel"),
                           description=f"Records read, rejected, deduplicated and kept per source in {run_dir}")
-    reasons = rejects_by_reason(run_dir)
-    if reasons:
-        create_table_artifact(table=reasons, key="rejects-by-reason", description="Rejected records by reason")
+    create_table_artifact(table=rejects_table(funnel, rejects_by_reason(run_dir)),
+                          key=artifact_key(run_dir, "rejects-by-reason"),
+                          description="Rejected records by reason (a source without rejects has one row of 0)")
+    create_table_artifact(table=shard_stats(run_dir), key=artifact_key(run_dir, "shard-stats"),
+                          description=f"{summary['num_shards']} Arrow token shards, {summary['num_tokens']:,} tokens, "
+                                      "per split and source (`tokenmill shards stats`)")
     create_markdown_artifact(
-        key="shard-stats",
-        markdown=f"**{summary['num_shards']} shards**, {summary['num_tokens']:,} tokens in `{run_dir}/shards`.",
-        description="Arrow token shards of the run",
-    )
-    create_markdown_artifact(
-        key="run-summary",
+        key=artifact_key(run_dir, "run-summary"),
         markdown=(f"# tokenmill run `{run_dir.name}`\n\nData prepared: {summary['num_shards']} shards, "
                   f"{summary['num_tokens']:,} tokens.\n\n{report_link(report_path)}"),
         description="Run summary",
@@ -36,7 +45,8 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
     """Eval table + summary artifact; returns first/last validation loss and the exported model path."""
     evals = eval_history(run_dir)
     if evals:
-        create_table_artifact(table=evals, key="eval-metrics", description="Validation loss and perplexity")
+        create_table_artifact(table=evals, key=artifact_key(run_dir, "eval-metrics"),
+                              description="Validation loss and perplexity")
     summary = {
         "first_val_loss": evals[0]["val_loss"] if evals else None,
         "final_val_loss": evals[-1]["val_loss"] if evals else None,
@@ -45,7 +55,7 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
         "report": report_path,
     }
     create_markdown_artifact(
-        key="run-summary",
+        key=artifact_key(run_dir, "run-summary"),
         markdown=(f"# tokenmill run `{run_dir.name}`\n\nvalidation loss {summary['first_val_loss']} (step 0) → "
                   f"{summary['final_val_loss']} (step {summary['final_step']}); model exported to "
                   f"`{summary['model_dir']}`.\n\n{report_link(report_path)}"),
@@ -59,11 +69,12 @@ def publish_evaluation(run_dir: Path, report_path: str) -> dict[str, Any]:
     results = eval_results_table(run_dir)
     failed = failed_results(RunPaths(run_dir))
     if results:
-        create_table_artifact(table=results, key="eval-results",
+        create_table_artifact(table=results, key=artifact_key(run_dir, "eval-results"),
                               description="Full evaluation: the whole val split (per source, bits per byte) and "
                                           "the downstream tasks, per checkpoint")
     if failed:
-        create_table_artifact(table=failed, key="eval-failures", description="Evaluations that failed, and why")
+        create_table_artifact(table=failed, key=artifact_key(run_dir, "eval-failures"),
+                              description="Evaluations that failed, and why")
     return {"results": results, "failed": failed, "report": report_path}
 
 
@@ -71,11 +82,23 @@ def publish_training_failure(run_dir: Path, report_path: str, error: BaseExcepti
     """A ``run-summary`` for a training run that failed: the error and the report written after it."""
     message = str(error) if len(str(error)) <= 500 else str(error)[:500] + " …"
     create_markdown_artifact(
-        key="run-summary",
+        key=artifact_key(run_dir, "run-summary"),
         markdown=(f"# tokenmill run `{run_dir.name}`\n\n**Training failed**: {type(error).__name__}: {message}"
                   f"\n\n{report_link(report_path)}"),
         description="Run summary (training failed)",
     )
+
+
+def rejects_table(funnel: list[dict[str, Any]], rejects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``source, reason, records, meaning`` per rejected reason, and ``(none), 0`` for each source without a
+    rejected record: the table exists, and says so, when nothing was rejected."""
+    rows = [{**row, "meaning": REJECT_REASONS.get(row["reason"], "")} for row in rejects]
+    rejected = {row["source"] for row in rejects}
+    rows += [{"source": row["source"], "reason": NO_REJECTS, "records": 0, "meaning": "no record was rejected"}
+             for row in funnel if row["source"] not in rejected]
+    if not rows:
+        rows = [{"source": NO_REJECTS, "reason": NO_REJECTS, "records": 0, "meaning": "no record was read yet"}]
+    return sorted(rows, key=lambda row: (row["source"], row["reason"]))
 
 
 def report_link(report_path: str) -> str:

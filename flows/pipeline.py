@@ -53,19 +53,23 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
         parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
         # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core.
         with stage_processes(min(os.cpu_count() or 1, len(parts))):
-            ingested = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
-                                            near=unmapped(loaded.dedupe.near)).result()
-        deduped = dedupe_task(paths, loaded.dedupe)
+            ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
+                                               near=unmapped(loaded.dedupe.near))
+            ingested = ingest_runs.result()
+        # Stages pass files, not values: wait_for records each dependency as an edge of Prefect's task graph.
+        deduped = dedupe_task(paths, loaded.dedupe, wait_for=ingest_runs or [parts])
         eval_tasks = eval_tasks_task(paths, loaded.eval, str(base))  # checked now, not after training
-        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]))
+        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]),
+                                            wait_for=[deduped, eval_tasks])
         base_model = _optional_str(model_source(loaded, base))
         model = base_model_task(paths, loaded.model, base_model) if base_model is not None else None
         tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
-                                   loaded.model.is_hugging_face)
+                                   loaded.model.is_hugging_face, wait_for=[decontaminated, model])
         splits, sources = _split_source_pairs(manifests)
-        pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack)).result()
-        shards = shard_index_task(paths)
-        report = report_task(paths)
+        packed = pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack), wait_for=[tokenizer])
+        packed.result()
+        shards = shard_index_task(paths, wait_for=packed)
+        report = report_task(paths, wait_for=[shards])
     summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
                "decontaminate": decontaminated, "eval_tasks": eval_tasks,
                "base_model": model, "tokenizer": tokenizer, "num_shards": len(shards),

@@ -17,6 +17,7 @@ from flows.progress import open_shared_bar, reports_progress, shows_bar, stage_m
 from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.stage_processes import run_stage_call
+from flows.stage_times import times_stage
 from flows.subprocess_log import run_streaming
 from flows.training_progress import training_progress
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
@@ -32,6 +33,7 @@ from trainer.launch import eval_launch_command, launch_command, parent_watch_env
 
 
 @task(name="plan-ingest")
+@times_stage("ingest")
 @reports_progress("plan-ingest")
 def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
     parts = largest_first(plan_ingest([Path(m) for m in manifests], paths, part_size_bytes))
@@ -41,6 +43,7 @@ def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int
 
 @task(name="ingest-part", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="ingest-part-{part[part_id]}")
+@times_stage("ingest")
 @reports_progress("ingest-part")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, paths: RunPaths,
                      near: NearDedupeConfig | None = None) -> dict[str, Any]:
@@ -52,6 +55,7 @@ def ingest_part_task(part: dict[str, Any], val_fraction: float, paths: RunPaths,
 
 
 @task(name="dedupe")
+@times_stage("dedupe")
 @reports_progress("dedupe")
 @shows_bar("dedupe")
 def dedupe_task(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
@@ -59,6 +63,7 @@ def dedupe_task(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
 
 
 @task(name="decontaminate")
+@times_stage("decontaminate")
 @reports_progress("decontaminate")
 @shows_bar("decontaminate")
 def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir: str,
@@ -68,12 +73,14 @@ def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir:
 
 
 @task(name="eval-tasks")
+@times_stage("eval-tasks")
 @reports_progress("eval-tasks", rates=False)
 def eval_tasks_task(paths: RunPaths, config: EvalConfig, recipe_dir: str) -> dict[str, Any]:
     return prepare_eval_tasks(paths, config, Path(recipe_dir))
 
 
 @task(name="base-model")
+@times_stage("base-model")
 @reports_progress("base-model", rates=False)
 def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[str, Any]:
     from trainer.base_model import import_base_model  # imports torch: the flows' process needs it only here
@@ -82,6 +89,7 @@ def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[s
 
 
 @task(name="tokenizer")
+@times_stage("tokenizer")
 @reports_progress("tokenizer")
 def tokenizer_task(paths: RunPaths, config: TokenizerConfig | None, given_path: str | None,
                    hugging_face_model: bool = False) -> dict[str, Any]:
@@ -93,6 +101,7 @@ def tokenizer_task(paths: RunPaths, config: TokenizerConfig | None, given_path: 
 
 @task(name="pack", retries=2, retry_delay_seconds=1, retry_condition_fn=retry_unless_user_error,
       task_run_name="pack-{split}-{source}")
+@times_stage("pack")
 @reports_progress("pack")
 def pack_task(paths: RunPaths, split: str, source: str, config: PackConfig) -> dict[str, Any]:
     packed = packed_shards(paths, split, source, config)
@@ -108,12 +117,14 @@ def shards_summary(shards: list[ShardInfo]) -> dict[str, Any]:
 
 
 @task(name="shard-index")
+@times_stage("shard-index")
 @reports_progress("shard-index", rates=False)
 def shard_index_task(paths: RunPaths) -> list[ShardInfo]:
     return write_index(paths)
 
 
 @task(name="train", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error)
+@times_stage("train")
 def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s: float | None) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint.
 
@@ -125,6 +136,7 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
 
 
 @task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
+@times_stage("evaluate")
 def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool) -> None:
     """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export."""
     argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
@@ -132,6 +144,7 @@ def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: 
 
 
 @task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")
+@times_stage("evaluate")
 def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: str, task_fp: str,
                     include: list[str], config: EvalConfig) -> dict[str, Any]:
     from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating

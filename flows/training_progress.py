@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from flows.artifact_keys import artifact_key
 from flows.progress import Meter, stage_logger
 from trainer.metrics import EVAL_FILE, TRAIN_FILE
 
@@ -227,17 +228,17 @@ def _number(value: Any, spec: str) -> str:
 
 
 class TrainingArtifact(TrainingWatcher):
-    """The Prefect progress artifact ``training-progress``: steps done / ``target_step``, updated every 2%."""
+    """The Prefect progress artifact ``<run>-training-progress``: steps done / ``target_step``, updated every 2%."""
 
-    def __init__(self, target_step: int) -> None:
-        self._target_step = target_step
+    def __init__(self, target_step: int, key: str) -> None:
+        self._target_step, self._key = target_step, key
         self._artifact_id: Any = None
         self._shown = -1.0
 
     def trained(self, row: Row) -> None:
         percent = 100.0 * row["step"] / max(1, self._target_step)
         if self._artifact_id is None:
-            self._artifact_id = create_progress_artifact(progress=percent, key="training-progress",
+            self._artifact_id = create_progress_artifact(progress=percent, key=self._key,
                                                          description="Optimizer steps done / target")
         elif percent - self._shown >= 2.0 or percent >= 100.0:
             update_progress_artifact(artifact_id=self._artifact_id, progress=percent)
@@ -248,5 +249,7 @@ class TrainingArtifact(TrainingWatcher):
 
 
 def training_progress(metrics_dir: Path, meter: Meter, target_step: int) -> contextlib.AbstractContextManager[object]:
-    """The training bar on ``meter`` and the ``training-progress`` artifact, following ``metrics_dir``."""
-    return follow_training(metrics_dir, [TrainingBar(meter, target_step), TrainingArtifact(target_step)])
+    """The training bar on ``meter`` and the run's ``training-progress`` artifact, following ``metrics_dir``
+    (``RUN/metrics``: the artifact's key is the run dir's, its parent)."""
+    key = artifact_key(metrics_dir.parent, "training-progress")
+    return follow_training(metrics_dir, [TrainingBar(meter, target_step), TrainingArtifact(target_step, key)])

@@ -9,6 +9,7 @@ import pytest
 
 from core.rundir import RunPaths
 from core.shards import verify_shards
+from flows.artifact_keys import artifact_key
 from flows.pipeline import training_fingerprint
 from flows.report import report_inputs_fingerprint
 from pipeline.query import run_query
@@ -63,8 +64,9 @@ def test_training_progress_artifact_follows_the_metrics_file(finished_run: tuple
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    key = artifact_key(finished_run[0], "training-progress")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["training-progress"])))
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     assert found and found[0].type == "progress"
     assert max(float(artifact.data) for artifact in found) == 100.0
 
@@ -77,8 +79,9 @@ def test_run_summary_artifact_links_the_report(finished_run: tuple[Path, dict, d
     report = (run_dir / "report" / "index.html").resolve()
     assert first["train"]["report"] == first["prepare"]["report"] == str(run_dir / "report" / "index.html")
     assert report.is_file() and (run_dir / "report" / "throughput.png").is_file()
+    key = artifact_key(run_dir, "run-summary")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-summary"])))
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     trained = [str(a.data) for a in found if "validation loss" in str(a.data) and f"`{report}`" in str(a.data)]
     assert trained and f"]({report.as_uri()})" in trained[0]
 
@@ -118,3 +121,37 @@ def test_no_absolute_paths_in_run_dir(finished_run: tuple[Path, dict, dict]) -> 
     uris = run_query(run_dir, "SELECT uri FROM documents UNION ALL SELECT path FROM shards").column(0).to_pylist()
     assert uris and not any(uri.startswith("/") for uri in uris)
     assert str(run_dir.parent) not in (run_dir / "run.yaml").read_text()
+
+
+def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, dict]) -> None:
+    import html
+
+    import numpy as np
+    import pyarrow.ipc as ipc
+
+    from flows.stage_times import stage_wall_times
+    from trainer.sample_generation import read_sample
+
+    run_dir, _, _ = finished_run
+    paths = RunPaths(run_dir)
+    page = (run_dir / "report" / "index.html").read_text()
+    headline = page[:page.index("<h2>Data funnel</h2>")]
+    full = {row["metric"]: row["value"] for row in run_query(
+        run_dir, "SELECT metric, value FROM eval_results WHERE task = 'val_split' AND source IS NULL AND step = 30"
+    ).to_pylist()}
+    for label, metric in (("final val loss", "loss"), ("bits per byte", "bits_per_byte")):
+        assert (f'<div class="label">{label}</div><div class="value">{full[metric]:.4f}</div>'
+                '<div class="note">whole val split, step 30</div>') in headline, label
+    stages = {row["stage"] for row in stage_wall_times(paths)}
+    assert {"ingest", "dedupe", "decontaminate", "tokenizer", "pack", "shard-index", "train", "evaluate"} <= stages
+    assert all(f"<td>{stage}</td>" in headline for stage in stages)
+    sample = read_sample(paths)  # made from this export, shown as it was recorded
+    assert sample is not None and sample["completion"] and "error" not in sample
+    assert f"<b>{html.escape(sample['prompt'])}</b>{html.escape(sample['completion'])}" in headline
+    used: set[int] = set()
+    for shard in run_dir.glob("shards/split=train/**/*.arrow"):
+        table = ipc.open_file(str(shard)).read_all()
+        ids = np.asarray(table.column("input_ids").combine_chunks().flatten()).reshape(table.num_rows, -1)
+        real = np.arange(ids.shape[1]) < table.column("num_tokens").to_numpy()[:, None]
+        used |= set(np.unique(ids[real]).tolist())
+    assert f"{len(used):,} of 512 ids in the train rows" in headline

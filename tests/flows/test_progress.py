@@ -271,7 +271,8 @@ def test_bar_and_artifact_follow_the_jsonl_not_the_printed_lines(tmp_path: Path,
     meter = RecordingMeter()
     lines: list[str] = []
     logger = logging.getLogger("test.fake_trainer")
-    with follow_training(tmp_path / "metrics", [TrainingBar(meter, 200), TrainingArtifact(200)], poll_s=0.02):
+    watchers = [TrainingBar(meter, 200), TrainingArtifact(200, "run-training-progress")]
+    with follow_training(tmp_path / "metrics", watchers, poll_s=0.02):
         run_streaming([sys.executable, "-c", FAKE_TRAINER, str(tmp_path)], logger, deadline_s=60,
                       on_line=lines.append)
     assert any(line.startswith("step 150/200") for line in lines), "the decoy line was printed (and logged)"

@@ -1,4 +1,5 @@
-"""The run report: every plot rendered, self-contained HTML that a real headless Chromium loads offline."""
+"""The run report: the plots that carry information, self-contained HTML that a real headless Chromium loads
+offline and lays out over the whole window."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from core.rundir import RunPaths
-from flows.report import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, collect_report_data, write_report
+from flows.report import collect_report_data, write_report
+from flows.report_plots import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, drawn_figure
 from tests.conftest import build_query_run
 
 CHECK_IMAGES = """<script>
@@ -21,15 +23,22 @@ window.addEventListener("load", () => {
   const images = [...document.images];
   const ok = images.filter(i => i.complete && i.naturalWidth > 0).length;
   document.body.setAttribute("data-images", ok + "/" + images.length);
+  const boxes = images.map(i => i.getBoundingClientRect());
+  const span = Math.max(...boxes.map(b => b.right)) - Math.min(...boxes.map(b => b.left));
+  document.body.setAttribute("data-span", Math.round(span) + "/" + window.innerWidth);
 });
 </script></body>"""
+WINDOW_WIDTH_PX = 1600
 
 
 TRAIN_ROWS = [  # tokens_seen grows unevenly (as after a batch-size change): the tokens axis must follow it
-    {"step": 1, "loss": 5.0, "lr": 0.1, "tokens_seen": 64, "tokens_per_s": 9.0, "mfu": 0.011},
-    {"step": 2, "loss": 4.0, "lr": 0.1, "tokens_seen": 128, "tokens_per_s": 9.5, "mfu": 0.012},
-    {"step": 3, "loss": 3.5, "lr": 0.1, "tokens_seen": 320, "tokens_per_s": 9.9, "mfu": 0.013},
+    {"step": 1, "loss": 5.0, "lr": 0.1, "tokens_seen": 64, "tokens_per_s": 900.0, "mfu": 0.011},
+    {"step": 2, "loss": 4.0, "lr": 0.1, "tokens_seen": 128, "tokens_per_s": 950.0, "mfu": 0.012},
+    {"step": 3, "loss": 3.5, "lr": 0.1, "tokens_seen": 320, "tokens_per_s": 990.0, "mfu": 0.013},
 ]
+SHOWN = {"loss", "throughput", "funnel", "source_mix", "doc_lengths"}
+"""The plots that carry information for the ``run`` fixture: two sources, two document lengths; its learning
+rate is constant, both packed rows are full, and it has no full evaluation."""
 
 
 @pytest.fixture
@@ -63,26 +72,59 @@ def legend_labels(axes: Any) -> list[str]:
     return [text.get_text() for text in axes.get_legend().get_texts()]
 
 
-def test_report_has_every_plot_and_table(report: Path) -> None:
+def test_report_draws_the_plots_with_information_and_says_why_the_others_are_not_drawn(report: Path) -> None:
     html = report.read_text()
-    assert html.count("data:image/png;base64,") == len(PLOTS)
+    assert html.count("data:image/png;base64,") == len(SHOWN)
     for title in PLOTS.values():
         assert title in html
     assert "Data funnel" in html and "Evaluation" in html and "Checkpoints" in html
     assert "http://" not in html and "https://" not in html, "the page must open offline"
-    assert {p.name for p in report.parent.glob("*.png")} == {f"{name}.png" for name in PLOTS}
+    assert {p.name for p in report.parent.glob("*.png")} == {f"{name}.png" for name in SHOWN}
+    assert "Learning rate: the learning rate is constant: 0.1" in html
+    assert "Row fill (real tokens per packed row): every packed row holds 8 real tokens" in html
+    assert "- not drawn: Learning rate: the learning rate is constant: 0.1" in (report.parent / "report.md").read_text()
     assert "| 2 | 4.2 | 66.7 |" in (report.parent / "report.md").read_text()
     assert "Rejected by reason" in html and "<td>invalid_json</td>" in html
     assert "| b | invalid_json | 1 | 50 | the line is not valid JSON |" in (report.parent / "report.md").read_text()
 
 
-def test_throughput_plot_has_tokens_per_s_and_mfu_with_a_legend(run: Path) -> None:
+def test_a_plot_the_data_no_longer_supports_is_removed_with_the_next_report(run: Path) -> None:
+    rows = [{**row, "lr": 0.1 * row["step"]} for row in TRAIN_ROWS]
+    (run / "metrics" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = write_report(RunPaths(run))
+    assert (report.parent / "lr.png").is_file()
+    (run / "metrics" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in TRAIN_ROWS))
+    write_report(RunPaths(run))
+    assert not (report.parent / "lr.png").exists()
+    assert "lr.png" not in (report.parent / "report.md").read_text()
+
+
+def test_throughput_and_mfu_each_have_a_panel_of_their_own(run: Path) -> None:
+    # MFU is tokens/s times a constant: on two y-axes over one panel the MFU line covered the tokens/s line.
     figure = draw("throughput", collect_report_data(run))
     try:
-        assert legend_labels(figure.axes[0]) == ["tokens/s", "MFU %"]
-        assert [round(y, 6) for y in figure.axes[1].get_lines()[0].get_ydata()] == [1.1, 1.2, 1.3]
+        speed, mfu = figure.axes
+        assert [line.get_ydata().tolist() for line in speed.get_lines()] == [[900.0, 950.0, 990.0]]
+        assert [[round(y, 6) for y in line.get_ydata()] for line in mfu.get_lines()] == [[1.1, 1.2, 1.3]]
+        assert speed.get_ylabel() == "tokens/s" and mfu.get_ylabel() == "MFU (%)"
+        top, bottom = speed.get_position(), mfu.get_position()
+        assert bottom.y1 <= top.y0, "the panels overlap"
     finally:
         figure.clear()
+
+
+def test_log_scale_ticks_are_plain_numbers_not_raw_mathtext(run: Path) -> None:
+    # With math parsing off (source names are drawn as they are), matplotlib's log tick labels
+    # ("$\\mathdefault{10^{1}}$") showed as that raw text on the funnel and the document lengths.
+    data = collect_report_data(run)
+    data["funnel"] = [{**row, "records_read": 1000, "kept": 990} for row in data["funnel"]]
+    for name in ("funnel", "doc_lengths"):
+        with drawn_figure(PLOT_FUNCTIONS[name], data, (7, 3.6)) as figure:
+            figure.canvas.draw()
+            labels = [tick.get_text() for axes in figure.axes for axis in (axes.xaxis, axes.yaxis)
+                      for tick in axis.get_ticklabels() if tick.get_text()]
+        assert labels and not any("$" in label or "mathdefault" in label for label in labels), (name, labels)
+        assert any(label in ("1", "10", "100", "1,000") for label in labels), (name, labels)
 
 
 def test_loss_plot_tokens_axis_follows_the_logged_tokens_seen(run: Path) -> None:
@@ -117,8 +159,10 @@ def test_funnel_splits_rejects_by_reason_per_source_and_groups_rare_reasons() ->
         figure.clear()
 
 
-@pytest.mark.parametrize("contents", ["empty", "data only"])
-def test_report_without_training_renders_every_plot_without_warnings(tmp_path: Path, contents: str) -> None:
+@pytest.mark.parametrize(("contents", "shown"), [("empty", set()),
+                                                  ("data only", {"funnel", "source_mix", "doc_lengths"})])
+def test_report_without_training_draws_only_the_data_plots_without_warnings(tmp_path: Path, contents: str,
+                                                                             shown: set[str]) -> None:
     run = tmp_path / "run"
     if contents == "empty":
         run.mkdir()
@@ -127,11 +171,15 @@ def test_report_without_training_renders_every_plot_without_warnings(tmp_path: P
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         report = write_report(RunPaths(run))
-    assert report.read_text().count("data:image/png;base64,") == len(PLOTS)
-    assert {p.name for p in report.parent.glob("*.png")} == {f"{name}.png" for name in PLOTS}
+    html = report.read_text()
+    assert html.count("data:image/png;base64,") == len(shown)
+    assert {p.name for p in report.parent.glob("*.png")} == {f"{name}.png" for name in shown}
+    assert f"{PLOTS['loss']}: no training metrics yet" in html
+    assert "final val loss" in html and "none yet (made from the exported model after training)" in html
 
 
-def test_report_renders_in_headless_chromium_with_all_images_loaded(report: Path, tmp_path: Path) -> None:
+def test_report_renders_in_headless_chromium_over_the_window_width_with_all_images_loaded(report: Path,
+                                                                                          tmp_path: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Chromium is required (Debian package `chromium`; .ci/run installs it)"
     page = tmp_path / "check.html"
@@ -139,9 +187,12 @@ def test_report_renders_in_headless_chromium_with_all_images_loaded(report: Path
     result = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+         f"--window-size={WINDOW_WIDTH_PX},1200", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120)
     match = re.search(r'data-images="(\d+)/(\d+)"', result.stdout)
     assert match, result.stderr[-2000:]
     loaded, total = int(match.group(1)), int(match.group(2))
-    assert total == len(PLOTS) and loaded == total
+    assert total == len(SHOWN) and loaded == total
+    # The plots use the page's width (two columns here), not a 1100 px column in its middle.
+    span, width = map(int, re.search(r'data-span="(\d+)/(\d+)"', result.stdout).groups())
+    assert width == WINDOW_WIDTH_PX and span > 0.85 * width

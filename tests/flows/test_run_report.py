@@ -11,18 +11,20 @@ import pytest
 import yaml
 
 from core.errors import ChildProcessFailed
+from flows.artifact_keys import artifact_key
 from tests.flows.conftest import Recorder, write_small_recipe
 
 pytestmark = pytest.mark.slow
 
 
-def run_summaries() -> list[str]:
-    """Every version of the ``run-summary`` markdown artifact on the session's Prefect server."""
+def run_summaries(run_dir: Path) -> list[str]:
+    """Every version of the run's ``run-summary`` markdown artifact on the session's Prefect server."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    key = artifact_key(run_dir, "run-summary")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-summary"])))
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     return [str(artifact.data) for artifact in found]
 
 
@@ -44,14 +46,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> 
     recipe.write_text(yaml.safe_dump(data))
     summary = prepare_data(str(recipe))
     report = root / "run" / "report" / "index.html"
-    return {"recipe": str(recipe), "report": report, "summary": summary,
+    return {"recipe": str(recipe), "run_dir": root / "run", "report": report, "summary": summary,
             "html": report.read_text() if report.is_file() else None}
 
 
 def test_prepare_writes_a_data_only_report_linked_from_the_run_summary(prepared: dict[str, Any]) -> None:
     assert prepared["summary"]["report"] == str(prepared["report"])
     assert prepared["html"] is not None and "Rejected by reason" in prepared["html"]
-    assert any(links(markdown, prepared["report"]) and "Data prepared" in markdown for markdown in run_summaries())
+    assert any(links(markdown, prepared["report"]) and "Data prepared" in markdown
+               for markdown in run_summaries(prepared["run_dir"]))
 
 
 def test_failed_training_still_writes_the_report_and_fails_with_its_own_error(prepared: dict[str, Any]) -> None:
@@ -61,7 +64,8 @@ def test_failed_training_still_writes_the_report_and_fails_with_its_own_error(pr
     with pytest.raises(ChildProcessFailed, match="deadline"):
         train_model(prepared["recipe"])
     assert prepared["report"].is_file()
-    assert any(links(markdown, prepared["report"]) and "Training failed" in markdown for markdown in run_summaries())
+    assert any(links(markdown, prepared["report"]) and "Training failed" in markdown
+               for markdown in run_summaries(prepared["run_dir"]))
 
 
 def test_a_failing_report_does_not_hide_the_training_error(prepared: dict[str, Any],

@@ -1,0 +1,296 @@
+"""The report's plots: one matplotlib function per plot, drawn headless (Agg) into PNG bytes.
+
+Names and values read from the run dir label the axes as text: math parsing is off, so a ``$`` in a source
+name is drawn as it is, and log-scale ticks are plain numbers (their default labels are mathtext).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PLOTS: dict[str, str] = {
+    "loss": "Training and validation loss",
+    "lr": "Learning rate",
+    "throughput": "Throughput and MFU",
+    "funnel": "Data funnel per source, rejects by reason",
+    "source_mix": "Source mix (documents and tokens)",
+    "doc_lengths": "Document length (characters)",
+    "row_fill": "Row fill (real tokens per packed row)",
+    "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
+    "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
+}
+FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5)}
+"""Plots other than the default 7 x 3.6 inches: the funnel has a second panel (rejects by reason), the
+throughput a second one below (MFU)."""
+MAX_REASONS = 8
+"""The rejects panel shows this many reasons at most; the rest share one "other" segment."""
+
+
+def render_png(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
+            figsize: tuple[float, float]) -> bytes:
+    with drawn_figure(plot, data, figsize) as figure:
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def drawn_figure(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
+                 figsize: tuple[float, float]) -> Iterator[Any]:
+    """The matplotlib figure of one plot as the report draws it (Agg, no mathtext), closed after the block."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # Source names label the axes: "$...$" in one must be drawn as it is, not parsed (a bad formula raised).
+    with matplotlib.rc_context({"text.parse_math": False}):
+        figure, axes = plt.subplots(figsize=figsize, dpi=100)
+        try:
+            plot(axes, data)
+            for panel in figure.axes:
+                _plain_log_ticks(panel)
+            figure.tight_layout()
+            yield figure
+        finally:
+            plt.close(figure)
+
+
+def _plain_log_ticks(axes: Any) -> None:
+    """Log-scale ticks as plain numbers: their default labels are mathtext (``$\\mathdefault{10^{1}}$``), which
+    is drawn as that raw text once math parsing is off."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+
+    for axis in (axes.xaxis, axes.yaxis):
+        if isinstance(axis.get_major_formatter(), LogFormatter):
+            axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+            axis.set_minor_formatter(NullFormatter())
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[Any], list[Any]]:
+    """``(steps, values)`` of the rows with a finite ``key`` (MFU is NaN where the device's peak is unknown)."""
+    points = [(row["step"], row[key]) for row in rows
+              if row.get(key) is not None and math.isfinite(row[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _no_data(axes: Any, message: str) -> None:
+    axes.text(0.5, 0.5, message, ha="center", va="center", color="gray", transform=axes.transAxes)
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
+def _plot_loss(axes: Any, data: dict[str, Any]) -> None:
+    train, evals = _series(data["train"], "loss"), _series(data["eval"], "val_loss")
+    if not train[0] and not evals[0]:
+        _no_data(axes, "no training metrics yet")
+        return
+    axes.plot(*train, label="train loss")
+    axes.plot(*evals, marker="o", label="validation loss")
+    axes.set_xlabel("step")
+    axes.set_ylabel("cross-entropy (nats/token)")
+    tokens = _tokens_seen(data["train"])
+    if tokens is not None:
+        steps, seen = tokens
+        top = axes.secondary_xaxis("top", functions=(lambda s: _interp(s, steps, seen),
+                                                     lambda t: _interp(t, seen, steps)))
+        top.set_xlabel("tokens seen")
+    axes.legend()
+
+
+def _tokens_seen(train: list[dict[str, Any]]) -> tuple[list[float], list[float]] | None:
+    """Step -> cumulative ``tokens_seen`` as logged (from (0, 0)), kept strictly increasing in both."""
+    steps, seen = [0.0], [0.0]
+    for row in train:
+        step, tokens = row.get("step"), row.get("tokens_seen")
+        if step is not None and tokens is not None and step > steps[-1] and tokens > seen[-1]:
+            steps.append(float(step))
+            seen.append(float(tokens))
+    return (steps, seen) if len(steps) > 1 else None
+
+
+def _interp(x: Any, xp: list[float], fp: list[float]) -> Any:
+    """Piecewise-linear through ``(xp, fp)``, extended past both ends along the end segments (axis margins)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    low = (fp[1] - fp[0]) / (xp[1] - xp[0])
+    high = (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
+    inside = np.interp(x, xp, fp)
+    return np.where(x < xp[0], fp[0] + (x - xp[0]) * low,
+                    np.where(x > xp[-1], fp[-1] + (x - xp[-1]) * high, inside))
+
+
+def _plot_lr(axes: Any, data: dict[str, Any]) -> None:
+    steps, lr = _series(data["train"], "lr")
+    if not steps:
+        _no_data(axes, "no training metrics yet")
+        return
+    axes.plot(steps, lr)
+    axes.set_xlabel("step")
+    axes.set_ylabel("learning rate")
+
+
+def _plot_throughput(axes: Any, data: dict[str, Any]) -> None:
+    """Tokens/s above, MFU below, each on its own scale and panel.
+
+    MFU is tokens/s times a constant (FLOPs per token / the device's peak), so on two y-axes of one panel the
+    two lines coincide and the one drawn last hides the other.
+    """
+    speed, (steps, mfu) = _series(data["train"], "tokens_per_s"), _series(data["train"], "mfu")
+    if not speed[0] and not steps:
+        _no_data(axes, "no training metrics yet")
+        return
+    grid = axes.get_subplotspec().subgridspec(2, 1, hspace=0.1)
+    axes.set_subplotspec(grid[0])
+    axes.plot(*speed, color="tab:blue")
+    axes.set_ylabel("tokens/s")
+    axes.set_ylim(bottom=0)
+    below = axes.figure.add_subplot(grid[1], sharex=axes)
+    axes.tick_params(labelbottom=False)
+    below.set_xlabel("step")
+    below.set_ylabel("MFU (%)")
+    if mfu:
+        below.plot(steps, [100 * value for value in mfu], color="tab:orange")
+        below.set_ylim(bottom=0)
+    else:
+        below.text(0.5, 0.5, "MFU unknown: the device's peak was not measured", ha="center", va="center",
+                   color="gray", transform=below.transAxes)
+
+
+def _plot_funnel(axes: Any, data: dict[str, Any]) -> None:
+    """Left: every stage per source (symlog). Right: each source's rejects stacked by reason."""
+    grid = axes.get_subplotspec().subgridspec(1, 2, width_ratios=(3, 2), wspace=0.3)
+    axes.set_subplotspec(grid[0])
+    _plot_stages(axes, data["funnel"])
+    _plot_rejects(axes.figure.add_subplot(grid[1]), data["rejects"])
+
+
+def _plot_stages(axes: Any, funnel: list[dict[str, Any]]) -> None:
+    axes.set_title("funnel", fontsize="medium")
+    if not funnel:
+        _no_data(axes, "no records read yet")
+        return
+    stages = ["records_read", "rejected", "exact_duplicates", "near_duplicates", "contaminated", "kept"]
+    width = 0.8 / len(funnel)
+    for offset, row in enumerate(funnel):
+        axes.bar([i + offset * width for i in range(len(stages))], [row[s] for s in stages], width, label=row["source"])
+    axes.set_xticks(range(len(stages)), ["read", "rejected", "exact dups", "near dups", "contaminated", "kept"],
+                    rotation=20)
+    axes.set_yscale("symlog")  # rejects and duplicates are often 1% of what was read: keep them visible
+    axes.set_ylabel("records")
+    axes.legend(title="source", fontsize="small")
+
+
+def _plot_rejects(axes: Any, rejects: list[dict[str, Any]]) -> None:
+    axes.set_title("rejected, by reason", fontsize="medium")
+    if not rejects:
+        _no_data(axes, "no rejected records")
+        return
+    sources = sorted({row["source"] for row in rejects})
+    counts = _top_reasons(rejects)
+    left = [0] * len(sources)
+    colors = _reason_colors(len(counts))
+    for (reason, per_source), color in zip(counts.items(), colors, strict=True):
+        values = [per_source.get(source, 0) for source in sources]
+        axes.barh(range(len(sources)), values, left=left, label=reason, color=color)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    axes.set_yticks(range(len(sources)), sources)
+    axes.invert_yaxis()  # first source on top, as in the tables
+    axes.set_xlabel("rejected records")
+    axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _top_reasons(rejects: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """``{reason: {source: records}}``, most frequent reason first; past MAX_REASONS the rest are "other"."""
+    totals: dict[str, int] = {}
+    for row in rejects:
+        totals[row["reason"]] = totals.get(row["reason"], 0) + row["records"]
+    ranked = sorted(totals, key=lambda reason: (-totals[reason], reason))
+    shown = ranked if len(ranked) <= MAX_REASONS else ranked[:MAX_REASONS - 1]
+    other = f"other ({len(ranked) - len(shown)} reasons)"
+    counts: dict[str, dict[str, int]] = {reason: {} for reason in shown}
+    for row in rejects:
+        per_source = counts.setdefault(row["reason"] if row["reason"] in shown else other, {})
+        per_source[row["source"]] = per_source.get(row["source"], 0) + row["records"]
+    return counts
+
+
+def _reason_colors(count: int) -> list[Any]:
+    """Set2, unlike the sources' tab10 colors on the left; its 8th color (gray) falls on "other"."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["Set2"].colors
+    return [palette[i % len(palette)] for i in range(count)]
+
+
+def _plot_source_mix(axes: Any, data: dict[str, Any]) -> None:
+    if not data["mix"]:
+        _no_data(axes, "no documents yet")
+        return
+    sources = [row["source"] for row in data["mix"]]
+    docs = [row["docs"] for row in data["mix"]]
+    tokens = [row["tokens"] for row in data["mix"]]
+    total_docs, total_tokens = max(1, sum(docs)), max(1, sum(tokens))
+    positions = range(len(sources))
+    axes.bar([p - 0.2 for p in positions], [100 * d / total_docs for d in docs], 0.4, label="documents")
+    axes.bar([p + 0.2 for p in positions], [100 * t / total_tokens for t in tokens], 0.4, label="tokens")
+    axes.set_xticks(list(positions), sources)
+    axes.set_ylabel("share (%)")
+    axes.legend()
+
+
+def _plot_doc_lengths(axes: Any, data: dict[str, Any]) -> None:
+    if not data["doc_lengths"]:
+        _no_data(axes, "no documents yet")
+        return
+    axes.hist(data["doc_lengths"], bins=50, log=True)
+    axes.set_xlabel("characters per document")
+    axes.set_ylabel("documents")
+
+
+def _plot_row_fill(axes: Any, data: dict[str, Any]) -> None:
+    if not data["row_fill"]:
+        _no_data(axes, "no packed rows yet")
+        return
+    axes.hist(data["row_fill"], bins=40)
+    axes.set_xlabel("real tokens in the row")
+    axes.set_ylabel("rows")
+
+
+def _plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
+    rows = [row for row in data["results"] if row["task"] != "val_split"]  # the val split has its own plot
+    _plot_result_series(axes, rows, lambda row: f"{row['task']} {row['metric']}", "score")
+
+
+def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
+    rows = [row for row in data["results"] if row["task"] == "val_split" and row["metric"] in ("loss", "bits_per_byte")]
+    _plot_result_series(axes, rows, lambda row: f"{row['source'] or 'all'} {row['metric']}", "nats/token, bits/byte")
+
+
+def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]], str],
+                        ylabel: str) -> None:
+    """One line per label over the steps of the full evaluation's rows (``eval_results``)."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for row in rows:
+        if row["value"] is not None:
+            steps, values = series.setdefault(label_of(row), ([], []))
+            steps.append(row["step"])
+            values.append(row["value"])
+    if not series:
+        _no_data(axes, "none yet (eval.tasks; tokenmill eval RUN_DIR)")
+        return
+    for label, (steps, values) in sorted(series.items()):
+        axes.plot(steps, values, marker="o", label=label)
+    axes.set_xlabel("step")
+    axes.set_ylabel(ylabel)
+    axes.legend(fontsize="small")
+
+
+PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
+                  "source_mix": _plot_source_mix, "doc_lengths": _plot_doc_lengths, "row_fill": _plot_row_fill,
+                  "eval_tasks": _plot_eval_tasks, "eval_sources": _plot_eval_sources}
