@@ -19,6 +19,9 @@ RUN_YAML_FIX = ("tokenmill wrote this file: delete it and re-run `tokenmill prep
                 "write it again, or use another --run-dir")
 """What to do about a damaged ``run.yaml`` (:func:`load_yaml_mapping`'s ``fix``)."""
 
+YAML_KINDS = {bool: "true/false value", int: "number", float: "number", str: "string", list: "list"}
+"""What a YAML document that is not a mapping holds, in the words of an error message."""
+
 
 class FrozenConfig(BaseModel):
     """Base for every config: immutable, and an unknown (misspelt) key is an error.
@@ -52,7 +55,7 @@ def load_yaml_mapping(path: str | Path, what: str, fix: str | None = None) -> di
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; {fix or f'save the {what} as UTF-8'}.") from None
     if not isinstance(data, dict):
-        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        got = "an empty file" if data is None else f"a {YAML_KINDS.get(type(data), type(data).__name__)}"
         raise ConfigError(f"{path}: a {what} must be a YAML mapping of keys (key: value lines), got {got}; "
                           f"{fix or 'write its keys as key: value lines'}.")
     return data
