@@ -9,9 +9,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import ConfigError
+from core.seeds import MAX_SEED
 
-MAX_SEED = 2**63 - 1
-"""The largest seed: torch's generators take 64 bits, numpy's seeds must not be negative, and a seed fits int64."""
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 """A random seed a user sets: ``0 <= seed <= MAX_SEED`` (-1 or 2**64 would fail deep inside torch or numpy)."""
 
