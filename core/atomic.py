@@ -14,10 +14,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core.errors import OutOfSpaceError
+from core.errors import OutOfSpaceError, UnwritableError
 
 TEMP_PREFIX = ".tmp-"
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+UNWRITABLE_ERRNOS = {
+    errno.EROFS: ("a read-only file system", "use another run dir (--run-dir) on a writable file system"),
+    errno.EACCES: ("permission denied", "make it writable, or use another run dir (--run-dir)"),
+    errno.EPERM: ("operation not permitted", "make it writable, or use another run dir (--run-dir)"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder",
+                    "move that file out of the way, or use another run dir (--run-dir)"),
+    errno.EEXIST: ("a file is in the way where a folder must be",
+                   "move that file out of the way, or use another run dir (--run-dir)"),
+    errno.ENOENT: ("nothing can be created there", "use another run dir (--run-dir) on a writable file system"),
+    errno.ENAMETOOLONG: ("the path is too long", "use a shorter run dir (--run-dir)"),
+    errno.ELOOP: ("the path loops through symbolic links", "fix the link, or use another run dir (--run-dir)"),
+}
+"""Why a folder cannot be made or written, and what to do, by errno: the user's to fix (another path, permissions)."""
 
 
 @contextlib.contextmanager
@@ -26,11 +39,15 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
 
     Readers never see a half-written file: on an exception the temporary file is removed and
     ``path`` keeps its previous content (or stays absent). A write that fails for lack of room raises
-    OutOfSpaceError naming ``path`` (and ``size_hint_bytes``, the writer's estimate of the room it needs).
+    OutOfSpaceError naming ``path`` (and ``size_hint_bytes``, the writer's estimate of the room it needs); a folder
+    that cannot be made or written (read-only, no permission, a file in the way) raises UnwritableError.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX + target.name + ".", dir=target.parent)
+    except OSError as err:
+        raise (unwritable(err, target.parent) or out_of_space(err, target, size_hint_bytes) or err) from err
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -45,6 +62,18 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
         if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
             raise OutOfSpaceError(no_space_message(target, err.errno, size_hint_bytes)) from err
         raise
+
+
+def unwritable(err: OSError, folder: Path) -> UnwritableError | None:
+    """The UnwritableError for a failure to make or write into ``folder`` that the user must fix, else None.
+
+    One line: the folder, why (read-only, permission, a file in the way, …) and what to do.
+    """
+    if err.errno not in UNWRITABLE_ERRNOS:
+        return None
+    reason, fix = UNWRITABLE_ERRNOS[err.errno]
+    where = f": {err.filename}" if err.filename is not None and Path(err.filename) != Path(folder) else ""
+    return UnwritableError(f"{folder}: cannot write there ({reason}{where}); {fix}.")
 
 
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")

@@ -3,22 +3,42 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import ConfigError
+from core.seeds import MAX_SEED
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+"""A random seed a user sets: ``0 <= seed <= MAX_SEED`` (-1 or 2**64 would fail deep inside torch or numpy)."""
+
+RUN_YAML_FIX = ("tokenmill wrote this file: delete it and re-run `tokenmill prepare` with the run's recipe to "
+                "write it again, or use another --run-dir")
+"""What to do about a damaged ``run.yaml`` (:func:`load_yaml_mapping`'s ``fix``)."""
+
+YAML_KINDS = {bool: "true/false value", int: "number", float: "number", str: "string", list: "list"}
+"""What a YAML document that is not a mapping holds, in the words of an error message."""
 
 
 class FrozenConfig(BaseModel):
-    """Base for every config: immutable, and an unknown (misspelt) key is an error."""
+    """Base for every config: immutable, and an unknown (misspelt) key is an error.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    So is a float that is not finite (``.inf``, ``.nan`` in YAML): no setting means infinity (a mixture
+    weight of ``.inf`` would starve every other source, a learning rate of ``.inf`` diverge at once); a limit
+    that can be off says so with ``null``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-def load_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; errors name the file and say what to fix."""
+def load_yaml_mapping(path: str | Path, what: str, fix: str | None = None) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors name the file (and line) and say what to fix.
+
+    ``fix`` replaces the usual advice (fix the syntax, save as UTF-8, …) for a file the user did not write
+    (``run.yaml``: :data:`RUN_YAML_FIX`).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: {what} file not found; check the path.")
@@ -28,11 +48,15 @@ def load_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax.") from None
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); {fix or 'fix the syntax'}.") from None
+    except RecursionError:  # the parser recurses once per level of [ or {: thousands of them exhaust the stack
+        raise ConfigError(f"{path}: invalid YAML (nested too deeply to read); {fix or 'fix the syntax'}.") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; save the {what} as UTF-8.") from None
+        raise ConfigError(f"{path}: not UTF-8 text; {fix or f'save the {what} as UTF-8'}.") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a {what} must be a YAML mapping of keys, got {type(data).__name__}.")
+        got = "an empty file" if data is None else f"a {YAML_KINDS.get(type(data), type(data).__name__)}"
+        raise ConfigError(f"{path}: a {what} must be a YAML mapping of keys (key: value lines), got {got}; "
+                          f"{fix or 'write its keys as key: value lines'}.")
     return data
 
 
@@ -44,5 +68,9 @@ def describe_validation_error(err: ValidationError, source: str | Path) -> str:
         message = problem["msg"]
         if problem["type"] == "extra_forbidden":
             message = "unknown key (misspelt?); remove it or check the documented keys"
+        elif problem["type"] == "value_error":  # a validator's own message; pydantic prefixes "Value error, "
+            message = str(problem.get("ctx", {}).get("error", message))
+        elif problem["type"] == "finite_number":
+            message = f"must be a finite number, got {problem['input']!r}; give a number (no .inf or .nan)"
         lines.append(f"{source}: {key}: {message}")
     return "; ".join(lines)

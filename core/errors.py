@@ -30,6 +30,11 @@ class OutOfSpaceError(TokenmillError, OSError):
     """
 
 
+class UnwritableError(TokenmillError, OSError):
+    """A file or folder cannot be written there (read-only file system, no permission, a file where a folder must
+    be); nothing was written. Also an OSError, like OutOfSpaceError."""
+
+
 class CheckpointError(TokenmillError):
     """A checkpoint is missing, corrupt or does not belong to this run."""
 

@@ -18,6 +18,7 @@ from core.atomic import (
     read_json,
     remove_stale_temps,
     sha256_file,
+    unwritable,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
@@ -200,17 +201,18 @@ class RunPaths:
     def append_text(self, path: Path, text: str) -> None:
         """Append ``text`` and flush (a log row: a killed writer leaves at most a torn last line, not a lost file).
 
-        A write that fails for lack of room raises OutOfSpaceError naming ``path``.
+        A write that fails for lack of room raises OutOfSpaceError naming ``path``; a folder that cannot be written,
+        UnwritableError.
         """
         target = self._inside(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "a", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
         except OSError as err:
-            if (no_space := out_of_space(err, target, len(text.encode("utf-8")))) is not None:
-                raise no_space from err
+            if (user_error := out_of_space(err, target, len(text.encode("utf-8"))) or unwritable(err, target.parent)):
+                raise user_error from err
             raise
 
     def remove_stale_temps(self, folder: Path) -> int:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from core.atomic import remove_stale_temps
+from core.atomic import remove_stale_temps, unwritable
 from core.errors import RunLockedError
 
 
@@ -75,8 +75,11 @@ class RunLock:
         if self.path in RunLock._held:
             RunLock._held[self.path] += 1
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # the first write into a run dir: an unusable --run-dir is one line, here
+            raise (unwritable(err, self.path.parent) or err) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -75,6 +75,8 @@ NON_FILTER_REJECT_REASONS: dict[str, str] = {
     "outside_source": "a symbolic link (to a file or a folder) in the source folder that resolves outside it; "
                       "not read",
     "not_a_regular_file": "a FIFO, socket or device in the source folder; not opened (only regular files are read)",
+    "missing_file": "a file planned for an ingest part that was deleted or renamed before the part read it; "
+                    "nothing to read (its name is kept)",
 }
 """The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
 document that is contaminated), with their meaning; later stages may add reasons, never rename them. Each

@@ -17,6 +17,7 @@ import typer
 
 from core.errors import TokenmillError
 from core.rundir import RunPaths
+from core.seeds import MAX_SEED
 from flows.output import OutputFormat, emit_rows
 from flows.server import guard_temporary_server, start_temporary_server
 from flows.settings import QUIET_ENV, configure_environment
@@ -201,14 +202,16 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
 def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses its exported model/).")],
              prompt: Annotated[str, typer.Argument(help="Text to continue.")],
              max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to sample at most.")] = 100,
-             temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; higher = more varied.")] = 0.8,
-             seed: Annotated[int, typer.Option(help="Sampling seed (same seed, same text).")] = 0) -> None:
+             temperature: Annotated[float, typer.Option(help="0 = greedy; higher = more varied.")] = 0.8,
+             seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Sampling seed (same seed, same text).")] = 0
+             ) -> None:
     """Sample a continuation of PROMPT from the run's exported model.
 
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
-    from trainer.generate import generate_text, load_exported_model
+    from trainer.generate import check_sampling, generate_text, load_exported_model
 
+    check_sampling(prompt, temperature, seed)  # before the model loads: a bad option is one line, at once
     model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).model)
     typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))
@@ -260,7 +263,8 @@ def shards_stats(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]
 @shards_app.command("sample")
 def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
                   n: Annotated[int, typer.Option("--n", min=1, help="Rows to sample.")] = 5,
-                  seed: Annotated[int, typer.Option(help="Sampling seed (same seed, same rows).")] = 0,
+                  seed: Annotated[int, typer.Option(min=0, max=MAX_SEED,
+                                                    help="Sampling seed (same seed, same rows).")] = 0,
                   split: Annotated[str | None, typer.Option(help="Only this split (train/val).")] = None,
                   source: Annotated[str | None, typer.Option(help="Only this source.")] = None,
                   decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Show text or token ids.")] = True,

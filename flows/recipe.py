@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError
 from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
@@ -134,8 +134,8 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.recipe.is_file():
         raise ConfigError(f"{paths.root}: no run.yaml; give a run dir that tokenmill wrote (runs/<name>).")
-    return ResolvedRun(_recorded_recipe(paths.recipe, load_yaml_mapping(paths.recipe, "run recipe")), paths.root,
-                       paths)
+    recorded = load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX)
+    return ResolvedRun(_recorded_recipe(paths.recipe, recorded), paths.root, paths)
 
 
 def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = None) -> ResolvedRun:
@@ -223,7 +223,7 @@ def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest
     as before (recipe sections only, ``data.manifests`` included), with a warning; its manifests are recorded
     now, so later changes are seen.
     """
-    recorded = load_yaml_mapping(path, "run recipe")
+    recorded = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
     data_keys = changed_data_keys(_recorded_recipe(path, recorded), recipe)
     previous = _recorded_manifests(path, recorded)
     if previous is None:

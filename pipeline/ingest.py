@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import warnings
 from collections import Counter
@@ -30,6 +29,7 @@ from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
+from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
@@ -155,7 +155,7 @@ def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path |
         for name in sorted(d for d in subfolders if not any(x.fullmatch(prefix + d) for x in excludes)):
             entry = Path(folder) / name
             if entry.is_symlink():  # a folder link: listed when it leads outside (for its reject), never walked
-                if not _is_inside(entry, path) and _glob_reaches(source.glob, prefix + name):
+                if not _is_inside(entry, path) and glob_reaches(source.glob, prefix + name):
                     files.append(_lstat_file(entry, prefix + name))
             elif _is_run_dir(entry, run_root):
                 warnings.warn(f"source '{source.name}': {escape_file_name(prefix + name)}"
@@ -220,55 +220,6 @@ def _listed_file(path: Path, rel: str, root: Path, source_name: str) -> list[Sou
 def _lstat_file(path: Path, rel: str) -> SourceFile:
     stat_result = path.lstat()
     return SourceFile(rel, stat_result.st_size, stat_result.st_mtime_ns)
-
-
-def _glob_reaches(pattern: str, folder: str) -> bool:
-    """Whether ``pattern`` (a source glob) can match a path inside ``folder`` (posix, relative)."""
-    parts = pattern.strip("/").split("/")
-    names = folder.split("/")
-    for index, part in enumerate(parts):
-        if part == "**":
-            return True
-        if index == len(names):
-            return True  # the folder's own components matched; this one can match what is inside it
-        if not re.fullmatch(_component_regex(part), names[index], re.DOTALL):
-            return False
-    return False
-
-
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """Compile a glob over posix relative paths: ``**`` spans folders, ``*``, ``?`` and ``[...]`` stay in one."""
-    parts = pattern.strip("/").split("/")
-    regex = ""
-    for index, part in enumerate(parts):
-        if part == "**" and index == len(parts) - 1:
-            regex += "(?:/.*)?" if index else ".*"  # "dir/**" is the folder and everything under it
-        elif part == "**":
-            regex += "(?:.*/)?" if not index else "/(?:.*/)?"
-        else:
-            separator = "/" if index and not regex.endswith("/)?") else ""
-            regex += separator + _component_regex(part)
-    return re.compile(regex, re.DOTALL)
-
-
-def _component_regex(part: str) -> str:
-    """One path component of a glob as a regex (patterns are short: a loop over characters is fine)."""
-    out, index = [], 0
-    while index < len(part):
-        char = part[index]
-        close = part.find("]", index + 2) if char == "[" else -1
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif close != -1:
-            body = part[index + 1 : close]
-            out.append("[" + ("^/" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
-            index = close
-        else:
-            out.append(re.escape(char))
-        index += 1
-    return "".join(out)
 
 
 def _stat_file(path: Path, rel: str) -> SourceFile:

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ManifestError
 from core.schemas import NAME_PATTERN
+from pipeline.globs import checked_glob
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
 HF_FORMATS = ("hf_disk", "hf_local")
@@ -74,6 +75,16 @@ class SourceConfig(FrozenConfig):
     """Mixture weight of this source in training batches."""
     on_error: Literal["fail", "skip"] = "fail"
     """A file that cannot be read at all: stop with an error (fail) or record one reject and go on (skip)."""
+
+    @field_validator("glob")
+    @classmethod
+    def _glob_compiles(cls, pattern: str) -> str:
+        return checked_glob(pattern)
+
+    @field_validator("exclude")
+    @classmethod
+    def _excludes_compile(cls, patterns: list[str]) -> list[str]:
+        return [checked_glob(pattern) for pattern in patterns]
 
 
 class CorpusManifest(FrozenConfig):

@@ -47,9 +47,10 @@ def read_file(path: Path, rel: str, source: SourceConfig,
     """Yield every record of one source file in file order; ``rel`` (posix, relative) builds the uris.
 
     ``path`` is ``<source folder>/<rel>``. A path that must not be read (a link leading outside the source
-    folder, anything but a regular file) is one reject, checked here when the file is read, so it holds even
-    if the file changed after planning. A record longer than ``record_byte_limit(max_chars)`` bytes is a
-    ``too_long`` reject with a truncated ``raw``. Every string yielded is valid UTF-8 (:func:`storable`).
+    folder, anything but a regular file), or that is gone since it was planned, is one reject, checked here when
+    the file is read, so it holds even if the file changed after planning. A record longer than
+    ``record_byte_limit(max_chars)`` bytes is a ``too_long`` reject with a truncated ``raw``. Every string yielded
+    is valid UTF-8 (:func:`storable`).
 
     Raises ``SourceReadError`` (one line: the file, what is wrong, what to do) when the file cannot be
     read and the source has ``on_error: fail``; with ``skip`` yields one ``unreadable_file`` reject.
@@ -75,8 +76,13 @@ def refusal(path: Path, rel: str, source: SourceConfig) -> Reject | None:
     ``path`` with ``rel`` taken off; ``not_a_regular_file``: a FIFO, socket, device (or a folder, but for an
     hf_disk dataset). Neither is opened (opening a FIFO blocks; a device never ends), whatever ``on_error``
     says: nothing in them is a record. A ``rel`` that is absolute or climbs with ``..`` (a hostile
-    ``docs/plan.json`` could hold one) is outside by definition. A path that no longer resolves raises
-    ``UnreadableFileError``.
+    ``docs/plan.json`` could hold one) is outside by definition.
+
+    ``missing_file``: the file was planned but is gone (deleted or renamed before its part was read), also
+    whatever ``on_error`` says. Failing would leave the run stuck, because a planned file stays in its part, and
+    a file the user removed (perhaps as an earlier error advised) holds no records to lose; the reject keeps
+    its name in the funnel. A path that does not resolve for another reason (a symlink loop, no permission)
+    raises ``UnreadableFileError``.
     """
     parts = PurePosixPath(rel).parts
     if PurePosixPath(rel).is_absolute() or ".." in parts:
@@ -88,6 +94,9 @@ def refusal(path: Path, rel: str, source: SourceConfig) -> Reject | None:
         resolved = path.resolve(strict=True)
         mode = resolved.stat().st_mode
         inside = resolved.is_relative_to(folder.resolve(strict=True))
+    except FileNotFoundError:
+        return Reject(rel, "missing_file", "planned for this part, but no longer in the source folder (deleted or "
+                      "renamed, or a link whose target is gone); nothing was read", None)
     except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, up to Python 3.12
         raise UnreadableFileError(f"cannot be read ({describe_error(err, path, rel)})", rel, None) from None
     if not inside:

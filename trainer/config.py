@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from core.config import FrozenConfig
+from core.config import FrozenConfig, Seed
 from core.rundir import TASK_FILE_NAME
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -124,8 +124,8 @@ class TrainConfig(FrozenConfig):
     the whole split after training)."""
     num_processes: int = Field(default=1, ge=1)
     """Processes ``accelerate launch`` starts (GPUs, or CPU processes over gloo)."""
-    seed: int = 0
-    """Seeds model init and data order."""
+    seed: Seed = 0
+    """Seeds model init and data order (0 to 2**63 - 1)."""
     log_every: int = Field(default=10, ge=1)
     """Write a train_metrics row every this many steps."""
     deadline_minutes: float | None = Field(default=None, gt=0)

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from core.atomic import TEMP_PREFIX, out_of_space, read_json
 from core.rundir import RunPaths
+from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
 from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
@@ -57,6 +58,22 @@ def tokenizer_config() -> dict[str, Any]:
             "pad_token": PAD_TOKEN}
 
 
+def model_tokenizer_config(folder: Path) -> dict[str, Any]:
+    """A model's own ``tokenizer_config.json`` (copied into ``folder``, the export) with the EOS and pad tokens
+    tokenmill trained with filled in where it names none: a tokenizer without a pad token was padded with EOS.
+
+    The ids are read as the tokenizer stage read them (:func:`tokenization.special_tokens.model_special_tokens`),
+    so ``AutoTokenizer.from_pretrained(model_dir)`` knows both; the model's other settings are kept.
+    """
+    tokenizer = load_tokenizer(folder / "tokenizer.json")
+    special = model_special_tokens(folder, tokenizer)
+    own = read_json(folder / "tokenizer_config.json")
+    for key, token_id in (("eos_token", special.eos_id), ("pad_token", special.pad_id)):
+        if own.get(key) is None:
+            own[key] = tokenizer.id_to_token(token_id)
+    return own
+
+
 def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], paths: RunPaths,
                  tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None,
                  tokenizer_extras: Sequence[Path] = (), target: Path | None = None) -> Path:
@@ -65,10 +82,11 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
 
     ``config``: the ``config.json`` content (:meth:`trainer.model_spec.ModelSpec.export_config`). Weights are
     saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists, with ``tokenizer_extras``
-    (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, else a tokenizer_config.json
-    for a tokenmill-trained tokenizer. The state dict must hold whole tensors, and no two names may share one
-    (leave tied weights out): gather a tensor-parallel model's slices first
-    (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor raises TypeError. Returns the folder.
+    (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, its EOS and pad filled in
+    (:func:`model_tokenizer_config`), else a tokenizer_config.json for a tokenmill-trained tokenizer. The state
+    dict must hold whole tensors, and no two names may share one (leave tied weights out): gather a
+    tensor-parallel model's slices first (:func:`trainer.parallel.full_state_dict`, on every rank); a DTensor
+    raises TypeError. Returns the folder.
     """
     split = [name for name, tensor in state_dict.items() if isinstance(tensor, DTensor)]
     if split:
@@ -81,14 +99,14 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
         with paths.atomic_write(staging / "model.safetensors") as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
+        paths.write_json(staging / "config.json", config)
         if tokenizer_json is not None and Path(tokenizer_json).is_file():
             copies = [("tokenizer.json", tokenizer_json)] + [(Path(extra).name, extra) for extra in tokenizer_extras]
             for name, source in copies:
                 with paths.atomic_write(staging / name) as tmp:
                     shutil.copyfile(source, tmp)
-            if not (staging / "tokenizer_config.json").is_file():
-                paths.write_json(staging / "tokenizer_config.json", tokenizer_config())
-        paths.write_json(staging / "config.json", config)
+            own = staging / "tokenizer_config.json"
+            paths.write_json(own, model_tokenizer_config(staging) if own.is_file() else tokenizer_config())
         paths.write_json(staging / EXPORT_STATE_NAME, training_state or {})
         replace_dir(staging, model_dir)
     except BaseException as err:

@@ -7,6 +7,7 @@ export in its own architecture generate alike.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from core.errors import CheckpointError, ConfigError
+from core.seeds import MAX_SEED
 from tokenization.special_tokens import SpecialTokens, load_tokenizer, model_special_tokens
 from trainer.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights, text_config
 from trainer.model_spec import output_logits
@@ -36,14 +38,35 @@ def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, Sp
     return model.eval(), tokenizer, model_special_tokens(model_dir, tokenizer), int(context)
 
 
+def check_sampling(prompt: str, temperature: float, seed: int) -> None:
+    """Raise ConfigError naming the option (as ``tokenmill generate`` spells it) when a setting cannot sample.
+
+    The CLI calls it before loading the model. A prompt must be text: a command-line argument that is not
+    UTF-8 arrives with its bytes as lone surrogates, which no tokenizer encodes.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = ord(prompt[err.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"character U+{char:04X}"
+        raise ConfigError(f"PROMPT is not valid UTF-8 text ({what} at position {err.start}); pass the prompt as "
+                          "UTF-8 (check the encoding of the terminal or script that sends it).") from None
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"--temperature {temperature}: give a finite number >= 0 (0 = greedy, 1 = the model's "
+                          "own distribution, higher = more varied).")
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed {seed}: give a whole number from 0 to {MAX_SEED}.")
+
+
 @torch.no_grad()
 def generate_text(model: nn.Module, tokenizer: Tokenizer, special: SpecialTokens, context_len: int, prompt: str, *,
                   max_new_tokens: int = 100, temperature: float = 0.8, top_k: int = 50, seed: int = 0) -> str:
     """Continue ``prompt`` by sampling (temperature 0 = greedy); stops at end-of-document.
 
     The model saw every document right after an end-of-document token (and its BOS, when the tokenizer adds
-    one), so generation starts from them.
+    one), so generation starts from them. Raises ConfigError for a setting :func:`check_sampling` refuses.
     """
+    check_sampling(prompt, temperature, seed)
     start = [special.eos_id] + ([special.bos_id] if special.bos_id is not None else [])
     ids = [*start, *tokenizer.encode(prompt, add_special_tokens=False).ids]
     generator = torch.Generator().manual_seed(seed)
@@ -62,5 +85,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch
     if temperature <= 0:
         return int(logits.argmax())
     values, indices = torch.topk(logits, min(top_k, logits.numel()))
-    probabilities = torch.softmax(values / temperature, dim=-1)
+    # In float64 (a float32 tensor rounds 1e-300 to 0, and x / 0 is NaN) and shifted so the largest is 0: a tiny
+    # temperature then sends the others to -inf (greedy in the limit) instead of overflowing softmax to NaN.
+    probabilities = torch.softmax((values.double() - values[0].double()) / temperature, dim=-1)
     return int(indices[torch.multinomial(probabilities, 1, generator=generator)])

@@ -19,7 +19,7 @@ from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError
 
 from core.atomic import sha256_file
-from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
 from tokenization.special_tokens import read_special_tokens
@@ -62,7 +62,7 @@ class TrainerSections(FrozenConfig):
 def read_trainer_config(run_dir: Path) -> TrainerSections:
     """Validate ``model``, ``train`` and ``mixture`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
     path = RunPaths(run_dir).recipe
-    recipe = load_yaml_mapping(path, "run recipe")
+    recipe = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
     sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
     try:
         config = TrainerSections.model_validate(sections)

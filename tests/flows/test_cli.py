@@ -46,6 +46,15 @@ def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
     (["eval", "no/such/run"], "no/such/run: no run.yaml; give a run dir that tokenmill wrote"),
     (["eval", ".", "--checkpoint", "newest"], "--checkpoint 'newest': give a step number, last or all."),
     (["eval", ".", "--task", "../../etc/x"], "--task '../../etc/x': a task name has letters, digits"),
+    (["generate", "no/such/run", "hi", "--temperature", "nan"], "--temperature nan: give a finite number >= 0"),
+    (["generate", "no/such/run", "hi", "--temperature", "-1"], "--temperature -1.0: give a finite number >= 0"),
+    (["generate", "no/such/run", "hi", "--temperature", "inf"], "--temperature inf: give a finite number >= 0"),
+    (["generate", "no/such/run", "hi", "--seed", "-1"], "Invalid value for '--seed'"),
+    (["generate", "no/such/run", "hi", "--seed", str(2**64)], "Invalid value for '--seed'"),
+    (["shards", "sample", "no/such/run", "--seed", "-1"], "Invalid value for '--seed'"),
+    (["shards", "sample", "no/such/run", "--seed", str(2**63)], "Invalid value for '--seed'"),
+    # A command-line argument that is not UTF-8 reaches Python as surrogate escapes (here byte 0xff).
+    (["generate", "no/such/run", "ab\udcffcd"], "PROMPT is not valid UTF-8 text (byte 0xff at position 2)"),
 ])
 def test_usage_errors_are_one_line_with_exit_2(args: list[str], expected: str) -> None:
     result = tokenmill(*args)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from core.errors import CheckpointError
+from core.errors import CheckpointError, ConfigError
 from core.rundir import RunPaths
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
@@ -68,3 +70,41 @@ def test_incomplete_export_is_a_clear_error(model_dir: Path) -> None:
     (model_dir / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         load_exported_model(model_dir)
+
+
+def test_a_tiny_temperature_samples_as_greedy(model_dir: Path) -> None:
+    model, tokenizer, special, context_len = load_exported_model(model_dir)
+
+    def sample(temperature: float) -> str:
+        return generate_text(model, tokenizer, special, context_len, "def main(", max_new_tokens=20,
+                             temperature=temperature, seed=4)
+
+    assert sample(1e-300) == sample(5e-324) == sample(0)  # a float32 division by 1e-300 gave NaN probabilities
+
+
+def test_a_tiny_temperature_through_the_cli_prints_the_greedy_text(model_dir: Path) -> None:
+    tokenmill = str(Path(sys.executable).parent / "tokenmill")
+
+    def generate(temperature: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([tokenmill, "generate", str(model_dir.parent), "def main(", "--max-new-tokens", "20",
+                               "--temperature", temperature], capture_output=True, text=True, timeout=120)
+
+    tiny, greedy = generate("1e-300"), generate("0")
+    assert tiny.returncode == 0 and "Traceback" not in tiny.stderr, tiny.stderr
+    assert tiny.stdout == greedy.stdout and tiny.stdout.startswith("def main(")
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"temperature": float("nan")}, "--temperature nan"), ({"temperature": float("inf")}, "--temperature inf"),
+    ({"temperature": -0.5}, "--temperature -0.5"), ({"seed": -1}, "--seed -1"), ({"seed": 2**64}, "--seed 1844"),
+    ({"prompt": "caf\udcc3("}, "PROMPT is not valid UTF-8 text (byte 0xc3 at position 3)"),
+    ({"prompt": "x\ud800"}, "PROMPT is not valid UTF-8 text (character U+D800 at position 1)"),
+])
+def test_settings_that_cannot_sample_are_a_config_error_naming_the_option(model_dir: Path, options: dict,
+                                                                         named: str) -> None:
+    model, tokenizer, special, context_len = load_exported_model(model_dir)
+    settings = {"prompt": "def main(", "temperature": 0.8, "seed": 0, **options}
+    prompt = settings.pop("prompt")
+    with pytest.raises(ConfigError) as raised:
+        generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=3, **settings)
+    assert str(raised.value).startswith(named) and "\n" not in str(raised.value)
