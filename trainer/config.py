@@ -132,6 +132,9 @@ class TrainConfig(FrozenConfig):
     """Stop a training launch that runs longer than this (the flow's retry then resumes it); None = no limit."""
     max_nonfinite_steps: int = Field(default=5, ge=1)
     """Stop with an error after this many optimizer steps in a row with a NaN/inf loss or gradient norm."""
+    document_masking: bool = False
+    """Attend only within each document of a packed row (shards' doc_starts), positions restarting per document;
+    built-in model and Hugging Face models whose attention reads packed position_ids (docs/training.md)."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."""
     compile: bool = False

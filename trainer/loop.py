@@ -157,7 +157,7 @@ class TrainingLoop:
         for batch in batches:
             with self.accelerator.accumulate(self.model):
                 with self.precision.autocast():
-                    logits = output_logits(self.model(batch.input_ids.to(device)))
+                    logits = output_logits(self.model(**batch.model_kwargs(device)))
                     loss = next_token_loss(logits, batch.labels.to(device))
                 self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
