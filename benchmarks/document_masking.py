@@ -157,6 +157,7 @@ def recipe_val_losses(recipe: Path, prepared: Path | None, scratch: Path) -> dic
 
     The recipe is prepared once (unless ``prepared`` is given); each variant trains on a copy of it, with
     ``train.document_masking`` set in its run.yaml, by ``python -m trainer.train`` as ``tokenmill train`` runs it.
+    The two trainings run at the same time (the losses do not depend on timing; it halves the wait).
     """
     from transformers import AutoModelForCausalLM
 
@@ -165,14 +166,24 @@ def recipe_val_losses(recipe: Path, prepared: Path | None, scratch: Path) -> dic
         tokenmill = Path(sys.executable).with_name("tokenmill")  # the CLI installed beside this interpreter
         subprocess.run([str(tokenmill), "prepare", str(recipe), "--run-dir", str(prepared)], cwd=REPO_ROOT,
                        check=True)
-    losses = {}
+    trainings = {}
     for trained, masking in VARIANTS.items():
         run_dir = scratch / trained
         shutil.copytree(prepared, run_dir, ignore=shutil.ignore_patterns(*RUN_OUTPUTS))
         recipe_data = yaml.safe_load((run_dir / "run.yaml").read_text(encoding="utf-8"))
         recipe_data["train"] = {**(recipe_data.get("train") or {}), "document_masking": masking}
         (run_dir / "run.yaml").write_text(yaml.safe_dump(recipe_data, sort_keys=False), encoding="utf-8")
-        subprocess.run([sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir)], cwd=REPO_ROOT, check=True)
+        with open(run_dir / "train.log", "wb") as log:
+            trainings[trained] = subprocess.Popen([sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir)],
+                                                  cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    losses = {}
+    for trained, training in trainings.items():
+        run_dir = scratch / trained
+        if training.wait() != 0:
+            raise SystemExit(f"training {trained} failed:\n{(run_dir / 'train.log').read_text()[-2000:]}")
+        log_lines = (run_dir / "train.log").read_text().splitlines()
+        evaluations = [line for line in log_lines if line.startswith("eval step")]
+        print(f"{trained}: {evaluations[-1]} (in-loop subset)", flush=True)
         model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
         special = read_special_tokens(RunPaths(run_dir))
         val_rows = SplitRows(run_dir, "val", special.pad_id, pad_is_eos=special.pad_is_eos)
@@ -187,6 +198,14 @@ def mean_documents_per_row(rows: ArrayRows) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
+    if args.no_val_loss:
+        losses, what = {}, "not measured (--no-val-loss)"
+    elif args.quick:
+        losses, what = quick_val_losses(packed_stdlib_rows(0.1, 512, 64), 512), "after 4 in-memory steps (--quick)"
+    else:  # trained first: the throughput rounds then run without the two trainings beside them
+        with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
+            losses = recipe_val_losses(args.recipe, args.run_dir, Path(scratch))
+        what = f"after {args.recipe.name}, whole val split"
     rows = packed_stdlib_rows(args.corpus_mb, args.vocab_size, args.seq_len)
     rate = tokens_per_s(rows, args)
     print(f"tiny preset, seq_len={args.seq_len}, micro_batch={args.micro_batch_size}, {rows.num_rows} rows of "
@@ -194,14 +213,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
           f"steps/variant={args.rounds * args.steps_per_round}")
     for name in VARIANTS:
         print(f"{name:18} {rate[(name, 'wall')]:10,.0f} tokens/s  {rate[(name, 'cpu')]:10,.0f} tokens/CPU-s")
-    if args.no_val_loss:
-        losses, what = {}, "not measured (--no-val-loss)"
-    elif args.quick:
-        losses, what = quick_val_losses(rows, args.vocab_size), "after 4 in-memory steps (--quick smoke test)"
-    else:
-        with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
-            losses = recipe_val_losses(args.recipe, args.run_dir, Path(scratch))
-        what = f"after {args.recipe.name}, whole val split"
     print(f"val loss {what}:")
     for (trained, scored), loss in losses.items():
         print(f"  trained {trained:17} scored {scored:17} {loss:.4f}")
