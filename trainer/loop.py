@@ -91,8 +91,8 @@ class ModelSignature:
 
 
 ROLLBACK_COLUMNS = ("rolled_back_to_step", "samples_skipped_from", "samples_skipped_to")
-"""Train-row columns of a rollback (:meth:`TrainingLoop.roll_back`); null in every other row, present in all: the
-train_metrics view takes its columns from the rows' keys."""
+"""Train-row columns of a rollback (:meth:`TrainingLoop.roll_back`); null in the other rows of a guarded run, but
+present: the train_metrics view takes its columns from the first row's keys."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +224,11 @@ class TrainingLoop:
             result = self.train_step()
             self._window.append(result)
             step = self.counters.step
-            rollback = self.roll_back(step) if self.spikes.should_roll_back else dict.fromkeys(ROLLBACK_COLUMNS)
             if result.spike_z_score is not None:
                 self.accelerator.print(f"step {step}: loss {result.loss:.4f} is a spike ({result.spike_z_score:.1f} "
                                        f"standard deviations above the last {self.train.spike_window} steps' mean); "
                                        "update skipped", flush=True)
+            rollback = self.roll_back(step) if self.spikes.should_roll_back else None
             if (step % self.train.log_every == 0 or step in (1, target_step) or self.guard.should_stop
                     or result.spike_z_score is not None):
                 self.log_window(target_step, rollback)
@@ -285,9 +285,10 @@ class TrainingLoop:
         last, window = self._window[-1], self._window
         row = {"step": self.counters.step, "loss": last.loss, "lr": last.lr, "grad_norm": last.grad_norm,
                "tokens_seen": self.counters.tokens_seen, "epoch": self.loader.epoch,
-               "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale,
-               "spike_steps": self.counters.spike_steps, "spike_z_score": last.spike_z_score,
-               **(rollback or dict.fromkeys(ROLLBACK_COLUMNS))}
+               "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
+        if self.spikes.zscore is not None:  # the guard's columns, in every row of a guarded run
+            row.update(spike_steps=self.counters.spike_steps, spike_z_score=last.spike_z_score,
+                       **(rollback or dict.fromkeys(ROLLBACK_COLUMNS)))
         tokens = self.tokens_per_step * len(window)
         if self.telemetry is not None:
             row.update(self.telemetry.window_columns([result.phase_seconds for result in window], tokens))
