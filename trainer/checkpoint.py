@@ -185,6 +185,28 @@ class Checkpointer:
         A corrupt or half-written newer one is skipped with a warning naming it. Raises CheckpointError
         when checkpoints exist but none verifies.
         """
+        chosen = self._choose_newest_valid()
+        if chosen is None:
+            return None
+        step, folder = chosen
+        self._restore(folder)
+        return step
+
+    def restore_weights_of_latest(self, keep: tuple[str, ...]) -> tuple[int, dict[str, Any]] | None:
+        """Roll back: restore the newest valid checkpoint except the ``keep`` states (which go on as they are).
+
+        Model, optimizer, LR schedule, RNG and the other states are restored. Returns (its step, its saved
+        ``loader`` state), or None when there is no checkpoint; raises CheckpointError as :meth:`load_latest`.
+        """
+        chosen = self._choose_newest_valid()
+        if chosen is None:
+            return None
+        step, folder = chosen
+        saved = self._restore(folder, keep=keep)
+        return step, saved.get("loader", {})
+
+    def _choose_newest_valid(self) -> tuple[int, Path] | None:
+        """The newest checkpoint that verifies (rank 0 hashes the files; every rank gets the same answer)."""
         chosen: list[Any] = [None]
         if self.accelerator.is_main_process:
             self.paths.remove_stale_temps(self.checkpoints_dir)
@@ -192,14 +214,10 @@ class Checkpointer:
                 chosen[0] = self._newest_valid()
             except CheckpointError as err:
                 chosen[0] = str(err)
-        broadcast_object_list(chosen)  # rank 0 alone hashes the files; every rank loads the same folder
+        broadcast_object_list(chosen)
         if isinstance(chosen[0], str):
             raise CheckpointError(chosen[0])  # on every rank, so none is left waiting
-        if chosen[0] is None:
-            return None
-        step, folder = chosen[0]
-        self._restore(Path(folder))
-        return int(step)
+        return None if chosen[0] is None else (int(chosen[0][0]), Path(chosen[0][1]))
 
     def load_step(self, step: int) -> None:
         """Restore the checkpoint of ``step`` (an evaluation of a chosen checkpoint).
@@ -236,7 +254,8 @@ class Checkpointer:
                 "restore a good copy, or delete the folder to start training from scratch.")
         return None
 
-    def _restore(self, folder: Path) -> None:
+    def _restore(self, folder: Path, keep: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Load ``folder`` into the accelerator's objects and the states (except ``keep``); returns its saved states."""
         trainer_state = read_json(folder / TRAINER_STATE_NAME)
         if trainer_state.get("version") != CHECKPOINT_VERSION:
             raise CheckpointError(f"{folder}: checkpoint version {trainer_state.get('version')!r}, this tokenmill "
@@ -247,11 +266,13 @@ class Checkpointer:
                                   "trainer version: delete checkpoints/ to start over.")
         self._check_sharding(folder)
         for name, obj in self.states.items():  # validate our own state before touching the weights
-            obj.load_state_dict(trainer_state["states"][name])
+            if name not in keep:
+                obj.load_state_dict(trainer_state["states"][name])
         self._load_training_state(folder)
         # Checkpoints sit on optimizer-step boundaries; reset Accelerate's micro-step counter so a resume
         # with another grad_accum_steps (e.g. fewer processes) syncs on the right micro-batch.
         self.accelerator.step = 0
+        return trainer_state["states"]
 
     def _check_sharding(self, folder: Path) -> None:
         saved_sharded = (folder / FSDP_MODEL_METADATA).is_file()

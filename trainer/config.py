@@ -132,6 +132,16 @@ class TrainConfig(FrozenConfig):
     """Stop a training launch that runs longer than this (the flow's retry then resumes it); None = no limit."""
     max_nonfinite_steps: int = Field(default=5, ge=1)
     """Stop with an error after this many optimizer steps in a row with a NaN/inf loss or gradient norm."""
+    spike_zscore: float | None = Field(default=None, gt=0)
+    """Skip a step whose loss is more than this many standard deviations above the mean of the last spike_window
+    applied steps' losses (as a non-finite step is skipped); None = off. 6.0 is OLMo-core's skip-step choice."""
+    spike_window: int = Field(default=128, ge=2)
+    """Applied steps whose losses the spike z-score is taken over; no step is judged before this many are known."""
+    max_spikes_in_a_row: int = Field(default=3, ge=1)
+    """After this many spike steps in a row, roll back to the newest checkpoint and skip the batches since it."""
+    document_masking: bool = False
+    """Attend only within each document of a packed row (shards' doc_starts), positions restarting per document;
+    built-in model and Hugging Face models whose attention reads packed position_ids (docs/training.md)."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."""
     compile: bool = False

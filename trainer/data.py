@@ -23,6 +23,7 @@ import torch
 
 from core.errors import CheckpointError, ShardFormatError
 from core.shards import ShardInfo, ShardTokens, read_shard_index
+from trainer.document_mask import ShardDocStarts, position_ids
 from trainer.mixture import MixtureOrder
 from trainer.model import IGNORE_INDEX
 
@@ -52,17 +53,29 @@ class TokenRows(Protocol):
         """Rows ``indices`` as a [len(indices), seq_len] integer array."""
         ...
 
+    def doc_starts(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Where each document begins in each of rows ``indices`` (token offsets, the first 0): document masking."""
+        ...
+
 
 class ArrayRows:
     """TokenRows over an in-memory [num_rows, seq_len] array (benchmarks and small experiments)."""
 
-    def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID, pad_is_eos: bool = False) -> None:
+    def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID, pad_is_eos: bool = False,
+                 doc_starts: list[np.ndarray] | None = None) -> None:
+        """``doc_starts``: each row's document starts (as a shard's column); None = one document per row."""
         self.tokens, self.pad_id, self.pad_is_eos = tokens, pad_id, pad_is_eos
+        self._doc_starts = doc_starts
         self.num_rows, self.seq_len = (int(n) for n in tokens.shape)
         self.digests = {"array": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         return self.tokens[indices]
+
+    def doc_starts(self, indices: np.ndarray) -> list[np.ndarray]:
+        if self._doc_starts is None:
+            return [np.zeros(1, dtype=np.int64) for _ in indices]
+        return [np.asarray(self._doc_starts[int(i)], dtype=np.int64) for i in indices]
 
 
 class SplitRows:
@@ -86,6 +99,7 @@ class SplitRows:
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.num_rows = int(self.starts[-1])
         self.digests = {info.path: info.sha256 for info in infos}
+        self._doc_starts: dict[int, ShardDocStarts] = {}  # opened on first use: only document masking reads them
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """Rows copied straight from the memory maps into one int64 array (the only copy).
@@ -99,6 +113,18 @@ class SplitRows:
         out = np.empty((len(indices), self.seq_len), dtype=np.int64)
         for i, (shard_id, row) in enumerate(zip(shard_ids.tolist(), local_rows, strict=True)):
             out[i] = self.shards[shard_id].tokens[row]
+        return out
+
+    def doc_starts(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Each row's ``doc_starts`` from its shard (a shard's column is read and checked on first use)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shard_ids = np.searchsorted(self.starts, indices, side="right") - 1
+        out = []
+        for shard_id, row in zip(shard_ids.tolist(), (indices - self.starts[shard_ids]).tolist(), strict=True):
+            if shard_id not in self._doc_starts:
+                shard = self.shards[shard_id]
+                self._doc_starts[shard_id] = ShardDocStarts(shard.path, shard.seq_len)
+            out.append(self._doc_starts[shard_id].row(row))
         return out
 
     def rows_by_source(self) -> dict[str, np.ndarray]:
@@ -127,11 +153,20 @@ def _common_value(infos: list[ShardInfo], values: list[int], key: str) -> int | 
 class Batch:
     """One micro-batch: ``input_ids`` and ``labels`` int64 [rows, seq_len]; labels are IGNORE_INDEX at padding.
 
-    Read-only: without padding both fields are the same tensor.
+    Read-only: without padding both fields are the same tensor. ``position_ids`` int64 [rows, seq_len] only with
+    document masking: each token's position in its document (see :mod:`trainer.document_mask`).
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor
+    position_ids: torch.Tensor | None = None
+
+    def model_kwargs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The forward's keyword arguments on ``device``: ``input_ids``, and ``position_ids`` when masking."""
+        kwargs = {"input_ids": self.input_ids.to(device)}
+        if self.position_ids is not None:
+            kwargs["position_ids"] = self.position_ids.to(device)
+        return kwargs
 
     @property
     def num_tokens(self) -> int:
@@ -139,8 +174,11 @@ class Batch:
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False) -> Batch:
+def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False,
+               doc_starts: list[np.ndarray] | None = None) -> Batch:
     """Wrap integer rows as int64 tensors with padding (``pad_id``) masked in labels.
+
+    ``doc_starts``: each row's document starts (document masking): the batch then carries ``position_ids``.
 
     ``pad_is_eos``: ``pad_id`` is also the EOS that ends every document, so only the EOS after a row's last
     real EOS are padding (pack pads only the end of a source's last row, right after a document's EOS).
@@ -150,7 +188,8 @@ def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False) -> Bat
     input_ids = np.asarray(tokens, dtype=np.int64)
     is_pad = _trailing_padding(input_ids, pad_id) if pad_is_eos else input_ids == pad_id
     labels = np.where(is_pad, IGNORE_INDEX, input_ids) if is_pad.any() else input_ids
-    return Batch(torch.from_numpy(input_ids), torch.from_numpy(labels))
+    positions = None if doc_starts is None else torch.from_numpy(position_ids(doc_starts, input_ids.shape[1]))
+    return Batch(torch.from_numpy(input_ids), torch.from_numpy(labels), positions)
 
 
 def _trailing_padding(input_ids: np.ndarray, eos_id: int) -> np.ndarray:
@@ -183,16 +222,17 @@ class TrainLoader:
     """Deterministic, resumable source of micro-batches; ``state_dict()`` is a few JSON integers."""
 
     def __init__(self, rows: TokenRows, layout: BatchLayout, seed: int, allow_data_change: bool = False,
-                 mixture: MixtureOrder | None = None) -> None:
+                 mixture: MixtureOrder | None = None, document_masking: bool = False) -> None:
         """``allow_data_change``: accept a saved position taken on other shards (an incremental refresh).
 
         ``mixture``: interleave sources by weight; None = every row equally likely (one permutation per epoch).
+        ``document_masking``: batches carry ``position_ids`` from the rows' ``doc_starts`` (the order is unchanged).
         """
         if rows.num_rows == 0:
             raise ShardFormatError("no train rows: the shard index lists no split=train shards; "
                                    "run `tokenmill prepare` (and check data.val_fraction < 1).")
         self.rows, self.layout, self.seed = rows, layout, seed
-        self.allow_data_change, self.mixture = allow_data_change, mixture
+        self.allow_data_change, self.mixture, self.document_masking = allow_data_change, mixture, document_masking
         self.samples_consumed = 0
         self._epoch_order: tuple[int, np.ndarray] | None = None
 
@@ -224,8 +264,10 @@ class TrainLoader:
             row_ids = step_rows[layout.rank * per_rank:(layout.rank + 1) * per_rank]
         self.samples_consumed += layout.global_batch_size
         tokens = self.rows.rows(row_ids)
+        doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
         size = layout.micro_batch_size
-        return [make_batch(tokens[i:i + size], self.rows.pad_id, self.rows.pad_is_eos)
+        return [make_batch(tokens[i:i + size], self.rows.pad_id, self.rows.pad_is_eos,
+                           None if doc_starts is None else doc_starts[i:i + size])
                 for i in range(0, per_rank, size)]
 
     @property

@@ -29,9 +29,10 @@ from core.eval_results import (
     val_split_rows,
     write_result,
 )
-from core.rundir import RunPaths
+from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
 from trainer.checkpoint import step_dir_name
+from trainer.config import TrainConfig
 from trainer.evaluate import Evaluator
 from trainer.launch import exit_with_parent, run_dir_lock
 from trainer.parallel import build_accelerator
@@ -48,9 +49,13 @@ from trainer.train import (
 
 
 def val_split_task_fingerprint(paths: RunPaths, precision: str) -> str:
-    """The fingerprint of this run's whole-split scores (:func:`core.eval_results.val_split_fingerprint`)."""
+    """The fingerprint of this run's whole-split scores (:func:`core.eval_results.val_split_fingerprint`); with
+    ``train.document_masking`` the rows are scored masked, so that is part of it (unmasked fingerprints unchanged)."""
     _, val_rows = open_splits(paths)
-    return val_split_fingerprint(val_rows.digests, sha256_file(paths.tokenizer), precision)
+    task_fp = val_split_fingerprint(val_rows.digests, sha256_file(paths.tokenizer), precision)
+    if read_trainer_config(paths.root).train.document_masking:
+        task_fp = fingerprint("document-masking", task_fp)
+    return task_fp
 
 
 def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool) -> None:
@@ -71,19 +76,20 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool) -> 
                       flush=True)
             raise
         if score:
-            score_val_split(loop.model, paths, config.train.micro_batch_size, config.train.precision, accelerator,
-                            step, task_fp, checkpoint_fingerprint(checkpoint))
+            score_val_split(loop.model, paths, config.train, accelerator, step, task_fp,
+                            checkpoint_fingerprint(checkpoint))
         if export:
             export_if_stale_to(loop, paths, paths.eval_model(step))
 
 
-def score_val_split(model: object, paths: RunPaths, micro_batch_size: int, precision: str, accelerator: Accelerator,
+def score_val_split(model: object, paths: RunPaths, train: TrainConfig, accelerator: Accelerator,
                     step: int, task_fp: str, checkpoint_fp: str) -> None:
-    """Every val row scored (each process a share) and the result written by the main process."""
+    """Every val row scored (each process a share, masked as the run trains) and written by the main process."""
     _, val_rows = open_splits(paths)
-    autocast = MixedPrecision(precision, accelerator.device.type).autocast
-    evaluator = Evaluator(val_rows if val_rows.num_rows else None, micro_batch_size, None, accelerator, autocast,
-                          byte_counter=ScoredBytes(paths.tokenizer))
+    autocast = MixedPrecision(train.precision, accelerator.device.type).autocast
+    evaluator = Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, None, accelerator,
+                          autocast, byte_counter=ScoredBytes(paths.tokenizer),
+                          document_masking=train.document_masking)
     scores = evaluator.evaluate(model)
     if not accelerator.is_main_process:
         return

@@ -36,14 +36,17 @@ class Evaluator:
     def __init__(self, rows: TokenRows | None, micro_batch_size: int, eval_batches: int | None,
                  accelerator: Accelerator,
                  autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-                 byte_counter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 byte_counter: Callable[[np.ndarray], np.ndarray] | None = None,
+                 document_masking: bool = False) -> None:
         """``eval_batches``: the subset's size in micro-batches; None scores every row.
 
         ``autocast``: the training precision's autocast context (MixedPrecision.autocast). ``byte_counter``:
         [rows, seq_len] labels -> each row's UTF-8 bytes of its scored tokens (see
         :func:`tokenization.special_tokens.scored_bytes`); with it the result has bits per byte.
+        ``document_masking``: score with attention within documents, as ``train.document_masking`` trains.
         """
         self.rows, self.micro_batch_size, self.accelerator = rows, micro_batch_size, accelerator
+        self.document_masking = document_masking
         self.autocast, self.byte_counter = autocast, byte_counter
         self.split_rows = 0 if rows is None else rows.num_rows
         num_rows = self.split_rows if eval_batches is None else eval_batches * micro_batch_size
@@ -104,10 +107,11 @@ class Evaluator:
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
         """[rows, 3]: each row's summed token loss, its number of scored tokens and their bytes (0 uncounted)."""
-        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos)
-        input_ids = batch.input_ids.to(self.accelerator.device)
+        doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
+        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos, doc_starts)
         labels = batch.labels.to(self.accelerator.device)
-        token_losses = next_token_loss(output_logits(module(input_ids)), labels, reduction="none")
+        logits = output_logits(module(**batch.model_kwargs(self.accelerator.device)))
+        token_losses = next_token_loss(logits, labels, reduction="none")
         loss_sums = token_losses.view(len(row_ids), -1).double().sum(dim=1)  # ignored labels add 0
         num_tokens = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
         num_bytes = torch.zeros_like(loss_sums)

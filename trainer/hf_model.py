@@ -155,6 +155,39 @@ def build_hf_model(config: Any, seed: int) -> nn.Module:
     return model
 
 
+PROBE_DOCUMENT_LENGTHS = (3, 5)
+"""Two documents packed into one probe row: the second's logits must not see the first."""
+
+
+def check_document_masking(model: nn.Module) -> None:
+    """ConfigError naming ``train.document_masking`` unless ``model`` keeps packed documents apart.
+
+    transformers builds a packed-sequence mask from ``position_ids`` that restart at 0 (``create_causal_mask``);
+    an architecture that does not (no ``position_ids`` argument, a mask of its own) would attend across documents
+    without a word. So one probe row is run: the second document's logits must equal its logits alone. Runs in
+    eval mode (no dropout) with the RNG state restored, so training is unchanged by it.
+    """
+    vocab_size = text_config(model.config).vocab_size
+    ids = torch.arange(sum(PROBE_DOCUMENT_LENGTHS), dtype=torch.int64)[None] % vocab_size
+    positions = torch.cat([torch.arange(length) for length in PROBE_DOCUMENT_LENGTHS])[None]
+    first_length = PROBE_DOCUMENT_LENGTHS[0]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            packed = model(input_ids=ids, position_ids=positions).logits[0, first_length:]
+            alone = model(input_ids=ids[:, first_length:]).logits[0]
+        kept_apart = torch.allclose(packed, alone, rtol=1e-4, atol=1e-4)
+    except TypeError:  # its forward takes no position_ids
+        kept_apart = False
+    finally:
+        model.train(was_training)
+    if not kept_apart:
+        raise ConfigError(f"train.document_masking: model_type '{model.config.model_type}' does not keep packed "
+                          "documents apart (its attention ignores packed position_ids); set "
+                          "train.document_masking: false for this model (docs/training.md lists the covered ones).")
+
+
 def load_pretrained_weights(model: nn.Module, folder: Path) -> None:
     """Copy a model folder's safetensors into ``model``; ConfigError when a name or shape does not fit the config.
 

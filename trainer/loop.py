@@ -4,7 +4,8 @@
 cosine LambdaLR, TrainLoader, MixedPrecision, NonFiniteGuard, Evaluator, Checkpointer, MetricsSink,
 Telemetry, callbacks). One step = load the step's micro-batches (``data_wait_s``), forward/backward
 each under autocast with gradients synced on the last (``fwd_bwd_s``), then unscale, clip and apply
-or skip the update (``optimizer_s``).
+or skip the update (``optimizer_s``): skipped when non-finite (NonFiniteGuard) or a loss spike (SpikeGuard,
+whose streaks roll the weights back to the newest checkpoint).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from trainer.model import next_token_loss
 from trainer.model_spec import ModelSpec, output_logits
 from trainer.parallel import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
+from trainer.spike_guard import SpikeGuard
 from trainer.telemetry import PhaseTimer, Telemetry
 
 
@@ -45,20 +47,31 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class LoopCounters:
-    """Optimizer steps taken, tokens processed (all ranks, padding included), and skipped updates."""
+    """Optimizer steps taken, tokens processed (all ranks, padding included), skipped updates, the spike guard's
+    state (:mod:`trainer.spike_guard`: spikes counted, the current streak, rollbacks, the recent losses)."""
 
     step: int = 0
     tokens_seen: int = 0
     skipped_steps: int = 0
     nonfinite_in_a_row: int = 0
+    spike_steps: int = 0
+    spikes_in_a_row: int = 0
+    rollbacks: int = 0
+    recent_losses: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps,
-                "nonfinite_in_a_row": self.nonfinite_in_a_row}
+                "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
+                "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
+                "recent_losses": list(self.recent_losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.skipped_steps, self.nonfinite_in_a_row = state_counts(state)
+        # Checkpoints older than the spike guard have none of its keys: a fresh guard.
+        self.spike_steps, self.spikes_in_a_row = int(state.get("spike_steps", 0)), int(state.get("spikes_in_a_row", 0))
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.recent_losses = [float(loss) for loss in state.get("recent_losses", [])]
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,11 @@ class ModelSignature:
                                   "checkpoints/ to train the new model from scratch.")
 
 
+ROLLBACK_COLUMNS = ("rolled_back_to_step", "samples_skipped_from", "samples_skipped_to")
+"""Train-row columns of a rollback (:meth:`TrainingLoop.roll_back`); null in the other rows of a guarded run, but
+present: the train_metrics view takes its columns from the first row's keys."""
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one optimizer step measured: loss averaged over all ranks, global grad norm, phase seconds."""
@@ -86,6 +104,8 @@ class StepResult:
     lr: float
     phase_seconds: dict[str, float]
     applied: bool
+    spike_z_score: float | None = None
+    """Set when the loss was a spike (its z-score over the recent losses): the update was skipped."""
 
 
 def as_float(value: Any) -> float | None:
@@ -123,6 +143,8 @@ class TrainingLoop:
             self.precision = MixedPrecision(self.train.precision, self.accelerator.device.type,
                                             self.train.loss_scale_growth_interval)
         self.guard = NonFiniteGuard(self.train.max_nonfinite_steps, self.counters)
+        self.spikes = SpikeGuard(self.train.spike_zscore, self.train.spike_window, self.train.max_spikes_in_a_row,
+                                 self.counters)
 
     @property
     def tokens_per_step(self) -> int:
@@ -140,12 +162,12 @@ class TrainingLoop:
         with timer.phase("fwd_bwd_s"):
             local_loss = self.forward_backward(batches)
         with timer.phase("optimizer_s"):
-            loss, grad_norm, applied = self.optimizer_step(local_loss)
+            loss, grad_norm, applied, spike_z_score = self.optimizer_step(local_loss)
         self.counters.step = step
         self.counters.tokens_seen += self.tokens_per_step
         for callback in self.callbacks:
             callback.on_step_end(step)
-        return StepResult(loss, grad_norm, lr, timer.seconds, applied)
+        return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score)
 
     def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
         """This rank's mean micro-batch loss; gradients accumulate, synced across replicas on the last micro-batch.
@@ -157,7 +179,7 @@ class TrainingLoop:
         for batch in batches:
             with self.accelerator.accumulate(self.model):
                 with self.precision.autocast():
-                    logits = output_logits(self.model(batch.input_ids.to(device)))
+                    logits = output_logits(self.model(**batch.model_kwargs(device)))
                     loss = next_token_loss(logits, batch.labels.to(device))
                 self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
@@ -165,10 +187,12 @@ class TrainingLoop:
         sync_data_parallel_gradients(self.model, self.accelerator)
         return loss_sum / len(batches)
 
-    def optimizer_step(self, local_loss: torch.Tensor) -> tuple[float, float | None, bool]:
-        """Unscale, clip, then apply the update unless the loss/grad norm is non-finite or fp16 overflowed.
+    def optimizer_step(self, local_loss: torch.Tensor) -> tuple[float, float | None, bool, float | None]:
+        """Unscale, clip, then apply the update unless the loss/grad norm is non-finite, the loss is a spike, or
+        fp16 overflowed.
 
-        Returns (loss averaged over ranks, global gradient norm before clipping, whether the update was applied).
+        Returns (loss averaged over ranks, global gradient norm before clipping, whether the update was applied,
+        the loss's z-score when it was a spike else None).
         """
         # Collective: all ranks decide alike. The ranks of a TP group hold the same loss, so the mean over
         # all ranks is the mean over the data-parallel replicas.
@@ -176,48 +200,95 @@ class TrainingLoop:
         self.precision.unscale_(self.optimizer)
         grad_norm = as_float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.train.grad_clip))
         finite = self.guard.is_finite(loss, grad_norm, loss_scaled=self.precision.scaler is not None)
-        applied = self.precision.step(self.optimizer, allowed=finite)
+        spike = finite and self.spikes.is_spike(loss)
+        spike_z_score = self.spikes.z_score(loss) if spike else None
+        applied = self.precision.step(self.optimizer, allowed=finite and not spike)
         self.optimizer.zero_grad(set_to_none=True)
         if applied:  # the schedule counts applied updates, as Accelerate's own fp16 skipping does
             self.scheduler.step()
         self.guard.record(finite, applied)
-        return loss, grad_norm, applied
+        self.spikes.record(loss, spike, applied)
+        return loss, grad_norm, applied, spike_z_score
 
     def run(self, target_step: int) -> None:
         """Train until ``counters.step == target_step``; evaluates at step 0, on schedule and at the end.
 
-        Raises TrainingDivergedError after ``train.max_nonfinite_steps`` non-finite steps in a row.
+        Raises TrainingDivergedError after ``train.max_nonfinite_steps`` non-finite steps in a row. A loss spike
+        gets a train row of its own (``spike_z_score``); a streak of them rolls back (:meth:`roll_back`).
         """
         if self.counters.step == 0:
             self.evaluate()
         while self.counters.step < target_step:
             if not self._window and self.telemetry is not None:
                 self.telemetry.start_window()
-            self._window.append(self.train_step())
+            result = self.train_step()
+            self._window.append(result)
             step = self.counters.step
-            if step % self.train.log_every == 0 or step in (1, target_step) or self.guard.should_stop:
-                self.log_window(target_step)
+            if result.spike_z_score is not None:
+                self.accelerator.print(f"step {step}: loss {result.loss:.4f} is a spike ({result.spike_z_score:.1f} "
+                                       f"standard deviations above the last {self.train.spike_window} steps' mean); "
+                                       "update skipped", flush=True)
+            rollback = self.roll_back(step) if self.spikes.should_roll_back else None
+            if (step % self.train.log_every == 0 or step in (1, target_step) or self.guard.should_stop
+                    or result.spike_z_score is not None):
+                self.log_window(target_step, rollback)
             if self.guard.should_stop:
                 raise self.guard.stop_error(step, self.checkpointer.latest_name())
             if step % self.train.eval_every == 0 or step == target_step:
                 self.evaluate()
             if step % self.train.checkpoint_every == 0 or step == target_step:
                 self.save_checkpoint(step, final=step == target_step)
+        self.report_spikes()
 
     def save_checkpoint(self, step: int, final: bool) -> None:
-        """Checkpoint ``step``, except on schedule during a non-finite streak (keep the last good one newest)."""
-        if self.guard.in_streak and not final:
-            self.accelerator.print(f"checkpoint at step {step} skipped: {self.counters.nonfinite_in_a_row} "
-                                   "non-finite step(s) in a row", flush=True)
+        """Checkpoint ``step``, except on schedule during a non-finite or spike streak (keep the last good one
+        newest)."""
+        if (self.guard.in_streak or self.spikes.in_streak) and not final:
+            streak = (f"{self.counters.nonfinite_in_a_row} non-finite step(s)" if self.guard.in_streak
+                      else f"{self.counters.spikes_in_a_row} loss spike(s)")
+            self.accelerator.print(f"checkpoint at step {step} skipped: {streak} in a row", flush=True)
             return
         self.checkpointer.save(step)
 
-    def log_window(self, target_step: int) -> None:
-        """Write one train row (and a progress line) for the steps since the last row."""
+    def roll_back(self, step: int) -> dict[str, Any]:
+        """After ``max_spikes_in_a_row`` spikes: restore the newest checkpoint's weights, optimizer, schedule and RNG,
+        keep the step count and the data position, so the batches since that checkpoint are skipped.
+
+        Returns the train-row columns that record it: ``rolled_back_to_step`` (None without a checkpoint: the
+        weights are then kept, the spikes' updates were skipped anyway), ``samples_skipped_from`` and
+        ``samples_skipped_to`` (the loader's global sample numbers, half-open: the batches not trained on).
+        """
+        num_spikes = self.counters.spikes_in_a_row
+        restored = self.checkpointer.restore_weights_of_latest(keep=("loop", "loader", "signature"))
+        self.spikes.rolled_back()
+        skipped_to = self.loader.samples_consumed
+        to_step, where = None, "no checkpoint yet: weights kept"
+        skipped_from = skipped_to - num_spikes * self.loader.layout.global_batch_size
+        if restored is not None:
+            to_step, loader_state = restored
+            skipped_from, where = int(loader_state["samples_consumed"]), f"rolled back to step {to_step}"
+        self.accelerator.print(f"step {step}: {num_spikes} loss spikes in a row (since step {step - num_spikes + 1}); "
+                               f"{where}, samples {skipped_from}-{skipped_to - 1} skipped", flush=True)
+        return {"rolled_back_to_step": to_step, "samples_skipped_from": skipped_from,
+                "samples_skipped_to": skipped_to}
+
+    def report_spikes(self) -> None:
+        """One line at the end of a run that skipped spikes: how many, and how to list them."""
+        if self.counters.spike_steps:
+            self.accelerator.print(f"skipped {self.counters.spike_steps} loss-spike step(s), {self.counters.rollbacks} "
+                                   "rollback(s): SELECT step, loss, spike_z_score, rolled_back_to_step, "
+                                   "samples_skipped_from, samples_skipped_to FROM train_metrics WHERE spike_z_score "
+                                   "IS NOT NULL", flush=True)
+
+    def log_window(self, target_step: int, rollback: dict[str, Any] | None = None) -> None:
+        """Write one train row (and a progress line) for the steps since the last row; ``rollback``: its columns."""
         last, window = self._window[-1], self._window
         row = {"step": self.counters.step, "loss": last.loss, "lr": last.lr, "grad_norm": last.grad_norm,
                "tokens_seen": self.counters.tokens_seen, "epoch": self.loader.epoch,
                "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
+        if self.spikes.zscore is not None:  # the guard's columns, in every row of a guarded run
+            row.update(spike_steps=self.counters.spike_steps, spike_z_score=last.spike_z_score,
+                       **(rollback or dict.fromkeys(ROLLBACK_COLUMNS)))
         tokens = self.tokens_per_step * len(window)
         if self.telemetry is not None:
             row.update(self.telemetry.window_columns([result.phase_seconds for result in window], tokens))

@@ -3,7 +3,9 @@
 Parameter names match Hugging Face ``LlamaForCausalLM`` exactly (``model.embed_tokens``,
 ``model.layers.N.self_attn.q_proj`` …, ``model.norm``, ``lm_head`` when untied), so the export is a
 plain ``save_file(state_dict)`` and ``transformers`` loads it with no renaming. The maths follows the
-HF reference: RMSNorm in fp32, rotate-half RoPE, SwiGLU MLP, grouped-query attention, causal SDPA.
+HF reference: RMSNorm in fp32, rotate-half RoPE, SwiGLU MLP, grouped-query attention, causal SDPA. With
+``position_ids`` (document masking, :mod:`trainer.document_mask`) RoPE takes those positions and attention stays
+within each document, as HF Llama does for packed sequences.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelDims
+from trainer.document_mask import document_attention_mask
 
 IGNORE_INDEX = -100
 """Label value that cross-entropy skips (padding); the same value Hugging Face uses."""
@@ -68,7 +71,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [batch, heads, seq, head_dim] by position."""
+    """Rotate ``x`` [batch, heads, seq, head_dim] by position; cos/sin [seq, head_dim] or [batch, 1, seq, head_dim]."""
     return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
 
 
@@ -84,7 +87,9 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(dims.hidden_size, dims.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(dims.num_heads * self.head_dim, dims.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: bool [batch, 1, seq, seq], True where a query may attend a key; None = causal."""
         batch, seq_len, _ = x.shape
         # Head counts come from the projections' widths: under tensor parallelism each process holds
         # num_heads / tp query heads and num_kv_heads / tp kv heads (whole heads, same grouping).
@@ -95,7 +100,10 @@ class LlamaAttention(nn.Module):
         groups = q.shape[1] // k.shape[1]
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
@@ -122,8 +130,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(shape.dims.hidden_size, shape.dims.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.dims.hidden_size, shape.dims.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -139,13 +148,21 @@ class LlamaModel(nn.Module):
         self.activation_checkpointing = False
         """Recompute each block's activations during backward instead of keeping them (set by the trainer)."""
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``position_ids`` [batch, seq]: each token's position in its document (0 starts one); None = one sequence."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(input_ids.shape[1], self.head_dim, self.rope_theta, input_ids.device)
+        mask = None
+        if position_ids is not None:  # the tables' rows at each token's position: [batch, 1, seq, head_dim]
+            cos, sin = cos[position_ids][:, None], sin[position_ids][:, None]
+            mask = document_attention_mask(position_ids)
         recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers:
             # Non-reentrant checkpointing: works with DDP/FSDP hooks and inputs that need no grad.
-            hidden = checkpoint(layer, hidden, cos, sin, use_reentrant=False) if recompute else layer(hidden, cos, sin)
+            if recompute:
+                hidden = checkpoint(layer, hidden, cos, sin, mask, use_reentrant=False)
+            else:
+                hidden = layer(hidden, cos, sin, mask)
         return self.norm(hidden)
 
 
@@ -161,12 +178,14 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if shape.dims.tie_word_embeddings else nn.Linear(
             shape.dims.hidden_size, shape.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] or, with ``labels`` [batch, seq], the mean next-token loss.
 
         Labels are shifted inside, as in HF: position t predicts ``labels[t + 1]``; ``IGNORE_INDEX`` is skipped.
+        ``position_ids``: document masking (see :meth:`LlamaModel.forward`).
         """
-        hidden = self.model(input_ids)
+        hidden = self.model(input_ids, position_ids)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(hidden, weight)
         if labels is None:

@@ -25,6 +25,7 @@ from trainer.export import hf_llama_config
 from trainer.hf_model import (
     block_class_names,
     build_hf_model,
+    check_document_masking,
     decoder_blocks,
     hf_flops_per_token,
     load_causal_lm_config,
@@ -55,6 +56,9 @@ class ModelSpec(Protocol):
 
     def flops_per_token(self, num_params: int) -> float:
         """Training FLOPs per token (for MFU)."""
+
+    def check_document_masking(self, model: nn.Module) -> None:
+        """ConfigError naming train.document_masking unless ``model`` attends within documents given position_ids."""
 
     def signature(self) -> dict[str, Any]:
         """What a checkpoint records of the model, so it never resumes into another one."""
@@ -99,6 +103,9 @@ class BuiltinSpec:
 
     def flops_per_token(self, num_params: int) -> float:
         return flops_per_token(self.shape, num_params)
+
+    def check_document_masking(self, model: nn.Module) -> None:
+        """The built-in model always does (``trainer/model.py``; tests/trainer/test_document_mask.py)."""
 
     def signature(self) -> dict[str, Any]:
         return {"dims": self.shape.dims.model_dump(), "vocab_size": self.shape.vocab_size,
@@ -161,6 +168,9 @@ class HuggingFaceSpec:
 
     def flops_per_token(self, num_params: int) -> float:
         return hf_flops_per_token(self.config, num_params, self.seq_len)
+
+    def check_document_masking(self, model: nn.Module) -> None:
+        check_document_masking(model)
 
     def signature(self) -> dict[str, Any]:
         config = self.config.to_diff_dict()

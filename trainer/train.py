@@ -149,7 +149,10 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths)
     spec = run_model_spec(paths, config, train_rows)
-    model = apply_model_options(parallelize_model(spec.build(train.seed), accelerator, spec), train, spec)
+    model = spec.build(train.seed)
+    if train.document_masking:
+        spec.check_document_masking(model)
+    model = apply_model_options(parallelize_model(model, accelerator, spec), train, spec)
     num_params = sum(p.numel() for p in model.parameters())  # a DTensor counts its full size; tied ones once
     optimizer = build_optimizer(model, train)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, train))
@@ -158,7 +161,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     # The processes of one tensor-parallel group are one data-parallel replica: they read the same batch.
     layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, *data_parallel_coordinates(accelerator))
     loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
-                         build_mixture(train_rows, config.mixture, train.seed))
+                         build_mixture(train_rows, config.mixture, train.seed), train.document_masking)
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
     counters = LoopCounters()
@@ -169,7 +172,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     return TrainingLoop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
-                            accelerator, precision.autocast),
+                            accelerator, precision.autocast, document_masking=train.document_masking),
         checkpointer=Checkpointer(accelerator, paths, train.keep_last, states,
                                   build_shards(accelerator, model, optimizer)),
         metrics=MetricsSink(paths, enabled=accelerator.is_main_process, tracker=tracker),
