@@ -15,8 +15,12 @@ from tests.conftest import copy_stdlib_slice
 
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
+    from prefect.events.worker import EventsWorker
     from prefect.testing.utilities import prefect_test_harness
 
+    # Prefect's events worker is one per process and keeps the API URL it started with: one started by an
+    # earlier test (another server, since stopped) would send this server's task runs nowhere.
+    EventsWorker.drain_all()
     with prefect_test_harness(server_startup_timeout=90):
         yield
 
