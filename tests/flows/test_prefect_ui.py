@@ -28,8 +28,11 @@ EDGES = {("plan-ingest", "ingest-part"), ("ingest-part", "dedupe"), ("dedupe", "
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> dict[str, Any]:
     """Two runs on one server: ``alpha`` with an undecodable file (one reject), ``Beta_Run.v2`` without rejects."""
+    from prefect.events.worker import EventsWorker
+
     from flows.pipeline import prepare_data
 
+    EventsWorker.drain_all()  # task runs reach the server as events: through a worker started for this server
     runs = {}
     for name, broken in (("alpha", True), ("Beta_Run.v2", False)):
         root = tmp_path_factory.mktemp(name)
