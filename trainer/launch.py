@@ -82,6 +82,17 @@ def parent_watch_env() -> dict[str, str]:
     return {PARENT_PID_ENV: str(os.getpid())}
 
 
+def launched_env() -> dict[str, str]:
+    """What a flow adds to the environment of ``accelerate launch … -m trainer.…``: the parent watch, and
+    ``PYTHONSAFEPATH=1``.
+
+    ``python -m trainer.train`` puts the working folder first on ``sys.path``, so run from a project with a
+    ``trainer/`` package of its own (a common name) it imported that package instead of tokenmill's and failed,
+    or ran the wrong code. With PYTHONSAFEPATH (Python >= 3.11) ``-m`` finds tokenmill's installed package.
+    """
+    return {**parent_watch_env(), "PYTHONSAFEPATH": "1"}
+
+
 def run_dir_lock(run_dir: Path) -> contextlib.AbstractContextManager[object]:
     """The run-dir lock a trainer process holds while it trains: one training job per run dir, whoever starts it.
 
