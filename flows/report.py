@@ -21,7 +21,7 @@ from flows.report_headline import collect_headline, headline_html, headline_mark
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
 from flows.report_visibility import uninformative_plots
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import connect, data_funnel, eval_results_table, rejects_by_reason
+from pipeline.query import connect, data_funnel, eval_results_table, mix_steps, rejects_by_reason
 from trainer.sample_generation import sample_is_current, write_sample_generation
 
 MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
@@ -45,6 +45,7 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                         "(SELECT source, count(*) AS docs FROM documents GROUP BY source) d LEFT JOIN "
                         "(SELECT source, sum(num_tokens) AS tokens FROM shards GROUP BY source) t USING (source) "
                         "ORDER BY d.source"),
+            "mix_steps": mix_steps(run_dir),
             "doc_lengths": [r["num_chars"] for r in rows("SELECT num_chars FROM documents")],
             "row_fill": [r["num_tokens"] for r in rows("SELECT num_tokens FROM sequences")],
             "num_packed_pairs": rows("SELECT count(*) AS n FROM (SELECT DISTINCT split, source FROM shards)")[0]["n"],
