@@ -319,5 +319,6 @@ def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callabl
 
 
 PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
-                  "source_mix": _plot_source_mix, "train_mix": _plot_train_mix, "doc_lengths": _plot_doc_lengths, "row_fill": _plot_row_fill,
+                  "source_mix": _plot_source_mix, "train_mix": _plot_train_mix, "doc_lengths": _plot_doc_lengths,
+                  "row_fill": _plot_row_fill,
                   "eval_tasks": _plot_eval_tasks, "eval_sources": _plot_eval_sources}

@@ -163,9 +163,12 @@ SELECT step, m.stage, m.source, m.samples FROM (SELECT step, unnest(mix) AS m FR
 ORDER BY step, m.stage, m.source
 """
 REALISED_MIX_SQL = """
-SELECT m.stage, m.source, sum(m.samples)::BIGINT AS samples, min(step) AS first_row_step, max(step) AS last_row_step,
-       round(100 * sum(m.samples) / sum(sum(m.samples)) OVER (PARTITION BY m.stage), 2) AS pct_of_stage
-FROM (SELECT step, unnest(mix) AS m FROM train_metrics) GROUP BY ALL ORDER BY m.stage, m.source
+WITH per_source AS (
+    SELECT m.stage AS stage, m.source AS source, sum(m.samples)::BIGINT AS samples, min(step) AS first_row_step,
+           max(step) AS last_row_step
+    FROM (SELECT step, unnest(mix) AS m FROM train_metrics) GROUP BY ALL)
+SELECT *, round(100 * samples / sum(samples) OVER (PARTITION BY stage), 2) AS pct_of_stage
+FROM per_source ORDER BY stage, source
 """
 NEAR_DUPLICATE_PAIRS_SQL = """
 SELECT d.similarity, d.source, d.doc_id, d.uri AS removed_uri, d.duplicate_of, k.uri AS kept_uri

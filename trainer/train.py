@@ -70,7 +70,8 @@ class TrainerSections(FrozenConfig):
 
 
 def read_trainer_config(run_dir: Path) -> TrainerSections:
-    """Validate ``model``, ``train``, ``mixture`` and ``mixture_schedule`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
+    """Validate ``model``, ``train``, ``mixture`` and ``mixture_schedule`` of ``RUN/run.yaml``; raises ConfigError
+    naming the key to fix."""
     path = RunPaths(run_dir).recipe
     recipe = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
     sections = {key: recipe[key] for key in ("model", "train", "mixture", "mixture_schedule")

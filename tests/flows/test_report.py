@@ -205,7 +205,7 @@ def test_the_realised_mix_per_stage_is_queryable_and_plotted_with_its_stage_boun
              [{"stage": 0, "source": "a", "samples": 3}, {"stage": 0, "source": "b", "samples": 1},
               {"stage": 1, "source": "a", "samples": 1}, {"stage": 1, "source": "b", "samples": 3}],
              [{"stage": 1, "source": "a", "samples": 2}, {"stage": 1, "source": "b", "samples": 6}]]
-    rows = [{**row, "step": 2 * (i + 1), "mix": mix} for i, (row, mix) in enumerate(zip(TRAIN_ROWS, mixes, strict=True))]
+    rows = [{**row, "step": 2 * i + 2, "mix": mix} for i, (row, mix) in enumerate(zip(TRAIN_ROWS, mixes, strict=True))]
     (run / "metrics" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert realised_mix(run) == [
         {"stage": 0, "source": "a", "samples": 9, "first_row_step": 2, "last_row_step": 4, "pct_of_stage": 75.0},
