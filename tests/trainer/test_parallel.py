@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -10,6 +11,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -190,8 +192,13 @@ def test_kill_9_right_after_a_mixture_stage_boundary_on_two_processes_then_resum
                                    start_new_session=True)
     try:
         wait_for_step(run_dir, 4, process, timeout_s=240)  # step 4: the first of stage 1, web just dropped
-    finally:
+    finally:  # the launcher and its ranks (each rank may run in a session of its own), as a machine going down
+        ranks = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
+        psutil.wait_procs(ranks, timeout=60)
     assert process.wait(timeout=60) == -signal.SIGKILL, log.read_text()[-2000:]
     assert "'web' dropped from the mix at step 4" in log.read_text()
     assert not (run_dir / "model" / "model.safetensors").exists()
