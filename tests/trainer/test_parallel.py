@@ -179,7 +179,8 @@ def test_kill_9_right_after_a_mixture_stage_boundary_on_two_processes_then_resum
     """A ``mixture_schedule`` run on 2 processes is SIGKILLed in the first step of its second stage; resumed on 1
     process (grad accumulation doubled) it ends bitwise where 1 process trained straight through ends, and the
     source dropped by ``max_repetition`` at that boundary is dropped in both."""
-    settings = {"max_steps": 6, "checkpoint_every": 3, "log_every": 1, "eval_every": 100, "eval_batches": 1}
+    settings = {"max_steps": 6, "checkpoint_every": 3, "log_every": 1, "eval_every": 100, "eval_batches": 1,
+                "peak_tflops": 1.0, "tensorboard": False}  # no MFU probe, no event files: the test is about the data
     web_rows = len(SplitRows(make_run_dir("sizes"), "train", PAD_ID).rows_by_source()["web"])
     # web may be seen 500 samples: stage 0 (256 web per block) keeps it, stage 1 (768 per block) drops it at step 4.
     schedule = {"stages": [{"until_step": 3, "weights": {"email": 3, "web": 1}},
