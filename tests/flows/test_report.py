@@ -221,4 +221,5 @@ def test_the_realised_mix_per_stage_is_queryable_and_plotted_with_its_stage_boun
         assert [text.get_text() for text in axes.texts] == ["end of stage 0"]
     finally:
         figure.clear()
-    assert "train_mix.png" in (write_report(RunPaths(run)).parent / "report.md").read_text()
+    markdown = (write_report(RunPaths(run)).parent / "report.md").read_text()
+    assert "train_mix.png" in markdown and "| 1 | b | 9 | 4 | 6 | 75 |" in markdown
