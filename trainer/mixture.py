@@ -10,8 +10,8 @@ The state is the global position plus the samples taken from each source: a few 
 resuming is O(1), and it does not depend on the number of processes.
 
 A schedule (``mixture_schedule:``) is a list of stages, each with its weights up to an optimizer step
-(``until_step``). Every ``take`` is one optimizer step (the loader takes one global batch per step), so the
-order counts steps itself: the step after ``until_step`` starts the next stage at its first sample, and the
+(``until_step``). A ``take`` is one optimizer step (the loader takes one global batch per step; ``num_steps``
+says how many a longer take holds), so the order counts steps itself: the step after ``until_step`` starts the next stage at its first sample, and the
 blocks restart there (block ``b`` of stage ``i`` begins ``b * BLOCK_SAMPLES`` samples after the stage's start).
 Where a stage starts is saved (``stage_start``), so a resume with another global batch size (another number
 of processes) keeps every sample where it was. ``max_repetition`` drops a source at the start of the first
@@ -175,12 +175,22 @@ class MixtureOrder:
             self._orders[name] = cached = (epoch, order)
         return cached[1]
 
-    def take(self, start: int, count: int) -> np.ndarray:
-        """Row numbers of global samples ``start ..``: the next optimizer step's (``start`` is where the previous
-        take ended). Raises MixtureExhaustedError when max_repetition leaves no source to take from."""
+    def take(self, start: int, count: int, num_steps: int = 1) -> np.ndarray:
+        """Row numbers of global samples ``start ..`` (``start`` is where the previous take ended): the next
+        ``num_steps`` optimizer steps of ``count // num_steps`` samples each (a schedule switches stages by step).
+
+        Raises MixtureExhaustedError when max_repetition leaves no source to take from.
+        """
         if start != self.position:
             raise CheckpointError(f"mixture order is at sample {self.position}, asked for {start}; the loader "
                                   "and mixture states disagree: delete checkpoints/ to start over.")
+        if num_steps < 1 or count % num_steps:
+            raise ValueError(f"take: {count} samples do not split into {num_steps} equal steps")
+        size = count // num_steps
+        return np.concatenate([self._take_step(start + i * size, size) for i in range(num_steps)])
+
+    def _take_step(self, start: int, count: int) -> np.ndarray:
+        """One optimizer step's samples: switches the stage at the step after ``until_step``."""
         stage = self.stage_of(self.step + 1)
         if stage != self.stage:  # the step after until_step: the next stage begins here, its blocks with it
             self.stage, self.stage_start = stage, start

@@ -36,6 +36,9 @@ def test_stages_switch_at_the_first_sample_of_the_next_step_and_hold_their_weigh
     assert is_web[1500:1500 + BLOCK_SAMPLES].sum() == 256 and abs(is_web[1500:3000].mean() - 0.25) < 0.03
     # Stage 3 (step 31 on) has no web at all; the step before it is still stage 2's.
     assert not is_web[3000:].any() and is_web[2900:3000].any()
+    # Several steps in one take (as a replay of a whole launch takes them) switch stages at the same samples.
+    in_one_take = MixtureOrder(ROWS, {}, seed=0, stages=STAGES).take(0, 40 * BATCH, num_steps=40) >= 3000
+    assert np.array_equal(in_one_take, is_web)
 
 
 def test_the_mix_column_counts_samples_per_stage_and_source() -> None:
