@@ -11,8 +11,9 @@ resuming is O(1), and it does not depend on the number of processes.
 
 A schedule (``mixture_schedule:``) is a list of stages, each with its weights up to an optimizer step
 (``until_step``). A ``take`` is one optimizer step (the loader takes one global batch per step; ``num_steps``
-says how many a longer take holds), so the order counts steps itself: the step after ``until_step`` starts the next stage at its first sample, and the
-blocks restart there (block ``b`` of stage ``i`` begins ``b * BLOCK_SAMPLES`` samples after the stage's start).
+says how many a longer take holds), so the order counts steps itself: the step after ``until_step`` starts the
+next stage at its first sample, and the blocks restart there (block ``b`` of stage ``i`` begins
+``b * BLOCK_SAMPLES`` samples after the stage's start).
 Where a stage starts is saved (``stage_start``), so a resume with another global batch size (another number
 of processes) keeps every sample where it was. ``max_repetition`` drops a source at the start of the first
 block that would take it past that many epochs (the rest renormalised), so it is never seen more; the
