@@ -60,7 +60,8 @@ def test_max_repetition_drops_a_source_before_it_passes_its_epochs_then_stops(re
     assert (rows[:BLOCK_SAMPLES] >= 3000).sum() == 512 and not (rows[BLOCK_SAMPLES:] >= 3000).any()
     assert [str(w.message).split(":")[0] for w in recwarn] == ["mixture"]
     assert "'web' dropped from the mix at step 11" in str(recwarn[0].message)
-    # email may be seen 4,500 times: 512 + 3,476 taken by sample 4,000; its block at 4,096 would pass it.
+    # email may be seen 4,500 times: it has 512 + 3 * 1,024 = 3,584 at sample 4,096 (in step 41), where the next
+    # block would take it to 4,608: nothing is left to train on.
     with pytest.raises(MixtureExhaustedError, match=r"step 41: every source of mixture stage 0 has been seen"):
         take_steps(order, [BATCH] * 10)
     assert order.taken["email"] <= 4500 and order.taken["web"] == 512
