@@ -47,14 +47,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(MODEL_PRESETS), default=None, help="default 125m, quick tiny")
     parser.add_argument("--vocab-size", type=int, default=None, help="default 32000, quick 512")
-    parser.add_argument("--seq-len", type=int, default=None, help="default 128, quick 32")
-    parser.add_argument("--micro-batch-size", type=int, default=None, help="default 2, quick 2")
+    parser.add_argument("--seq-len", type=int, default=None, help="default 64, quick 32")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="default 1, quick 2")
     parser.add_argument("--every", type=int, default=None, help="steps between saves (default 5, quick 2)")
     parser.add_argument("--saves", type=int, default=None, help="saves per run (default 2, quick 2)")
     parser.add_argument("--quick", action="store_true", help="tiny model: a smoke test of the measurement")
     args = parser.parse_args(argv)
-    defaults = {"preset": ("tiny", "125m"), "vocab_size": (512, 32000), "seq_len": (32, 128),
-                "micro_batch_size": (2, 2), "every": (2, 5), "saves": (2, 2)}
+    defaults = {"preset": ("tiny", "125m"), "vocab_size": (512, 32000), "seq_len": (32, 64),
+                "micro_batch_size": (2, 1), "every": (2, 5), "saves": (2, 2)}
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)

@@ -30,20 +30,20 @@ WRITE_DELAY_ENV = "TOKENMILL_CHECKPOINT_WRITE_DELAY_S"
 in-flight window long and deterministic, so ``kill -9`` during a background save can be tested (and rehearsed)."""
 
 
-def copy_to_cpu(obj: Any, memo: dict[tuple[str, int], torch.UntypedStorage] | None = None) -> Any:
+def copy_to_cpu(obj: Any, memo: dict[tuple[Any, ...], torch.Tensor] | None = None) -> Any:
     """A deep copy of ``obj`` (dicts, lists, tuples, tensors, plain values) whose tensors live in fresh CPU memory.
 
-    Tensors that share a storage (tied weights, views) still share one in the copy, so the files written from it
-    equal those written from the live state (Accelerate drops a tied weight's duplicate by its storage).
+    The same view of one storage met twice (a tied weight's two names) is copied once and shared in the copy, so
+    the files written from it equal those written from the live state (Accelerate drops a tied weight's duplicate
+    by its storage). Tensor copies, not storage copies: ``UntypedStorage.clone`` took ~20 ms for 64 kB here.
     """
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        storage = obj.untyped_storage()
-        key = (str(obj.device), storage.data_ptr())
+        key = (obj.device, obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.dtype, tuple(obj.size()),
+               obj.stride())
         if key not in memo:
-            memo[key] = storage.clone() if obj.device.type == "cpu" else storage.cpu()
-        copy = torch.empty(0, dtype=obj.dtype)
-        return copy.set_(memo[key], obj.storage_offset(), obj.size(), obj.stride())
+            memo[key] = obj.detach().to("cpu", copy=True)
+        return memo[key]
     if isinstance(obj, OrderedDict):
         return OrderedDict((key, copy_to_cpu(value, memo)) for key, value in obj.items())
     if isinstance(obj, dict):
@@ -61,14 +61,6 @@ class StateSnapshot:
     optimizer: Any
     scheduler: Any
 
-    def num_bytes(self) -> int:
-        """CPU memory the copy holds (shared storages once)."""
-        seen: dict[int, int] = {}
-        for tensor in tensors_in((self.weights, self.optimizer, self.scheduler)):
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return sum(seen.values())
-
     def write(self, folder: Path) -> None:
         """Write the copy as ``accelerator.save_state`` lays it out; sleeps per file when WRITE_DELAY_ENV is set."""
         files = ((SAFE_WEIGHTS_NAME, self.weights, True), (f"{OPTIMIZER_NAME}.bin", self.optimizer, False),
@@ -76,17 +68,6 @@ class StateSnapshot:
         for name, state, safe in files:
             pause_for_drill()
             save(state, folder / name, safe_serialization=safe)
-
-
-def tensors_in(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a nest of dicts, lists and tuples."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for value in obj.values() for t in tensors_in(value)]
-    if isinstance(obj, list | tuple):
-        return [t for value in obj for t in tensors_in(value)]
-    return []
 
 
 def pause_for_drill() -> None:
@@ -109,7 +90,7 @@ def snapshot_state(accelerator: Accelerator, folder: Path) -> StateSnapshot | No
     if not accelerator.is_main_process:
         return None
     (model,), (optimizer,), (scheduler,) = accelerator._models, accelerator._optimizers, accelerator._schedulers
-    memo: dict[tuple[str, int], torch.UntypedStorage] = {}
+    memo: dict[tuple[Any, ...], torch.Tensor] = {}
     return StateSnapshot(copy_to_cpu(accelerator.get_state_dict(model, unwrap=False), memo),
                          copy_to_cpu(optimizer.state_dict(), memo), copy_to_cpu(scheduler.state_dict(), memo))
 

@@ -1,5 +1,7 @@
 """``train.async_checkpoint``: ``kill -9`` while a background save is writing keeps the previous checkpoint, and the
-re-run resumes bitwise exactly (an async run resumed in-process is covered by test_train's bitwise resume test).
+re-run, resuming from a checkpoint the background thread wrote, ends bitwise where a never-interrupted synchronous
+run ends (tests/trainer/test_checkpoint.py checks that the written state is the step boundary's while training
+goes on, and that a failed background write is raised as one line).
 
 The in-flight window is made long and deterministic with ``TOKENMILL_CHECKPOINT_WRITE_DELAY_S`` (the writer sleeps
 before each file; docs/training.md): a tiny model's save takes milliseconds, and racing a poller against it would
@@ -26,8 +28,8 @@ from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"max_steps": 6, "checkpoint_every": 2, "eval_every": 6, "log_every": 1}
-DELAY_S = 1.0
-"""Per file of a background save (4 sleeps): a ~4 s window for the poller below to see, at 20 ms a look."""
+DELAY_S = 0.5
+"""Per file of a background save (4 sleeps): a ~2 s window for the poller below to see, at 20 ms a look."""
 
 
 def wait_for(condition_met, process: subprocess.Popen[bytes], what: str, timeout_s: float = 120) -> None:
@@ -54,7 +56,6 @@ def test_sigkill_during_a_background_save_keeps_the_previous_checkpoint_and_resu
     # The step-4 save starts only once the step-2 one is published; its staging folder is then being written.
     in_flight = checkpoints / f"{TEMP_PREFIX}step-0000004"
     wait_for(lambda: (in_flight / "random_states_0.pkl").is_file(), process, "the step-4 background save")
-    assert metric_steps(run_dir, "train.jsonl")[-1] >= 4  # training went on: the step-2 save did not stall it
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
 

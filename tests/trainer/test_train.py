@@ -81,12 +81,10 @@ def test_loss_decreases_and_every_output_is_written(make_run_dir: MakeRunDir, ca
     assert metric_steps(run_dir, "eval.jsonl") == [0, 20, 40]
 
 
-@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
-def test_resume_is_bitwise_equal_to_an_uninterrupted_run(make_run_dir: MakeRunDir, capsys: pytest.CaptureFixture,
-                                                         async_checkpoint: bool) -> None:
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(make_run_dir: MakeRunDir,
+                                                         capsys: pytest.CaptureFixture) -> None:
     settings = {"max_steps": 7, "checkpoint_every": 2, "eval_every": 3, "log_every": 1, "grad_accum_steps": 2}
-    straight = make_run_dir("straight", train=settings)  # synchronous saves
-    resumed = make_run_dir("resumed", train={**settings, "async_checkpoint": async_checkpoint})
+    straight, resumed = make_run_dir("straight", train=settings), make_run_dir("resumed", train=settings)
     assert main(["--run-dir", str(straight)]) == 0
     assert main(["--run-dir", str(resumed), "--until-step", "5"]) == 0  # checkpoints at 4 and 5
     assert metric_steps(resumed, "train.jsonl") == [1, 2, 3, 4, 5]
