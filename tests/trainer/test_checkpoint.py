@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from core.errors import CheckpointError
 from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
 from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
-from trainer.checkpoint_writer import WRITE_DELAY_ENV
+from trainer.checkpoint_writer import snapshot_state
 from trainer.config import ModelDims, TrainConfig
 from trainer.loop import LoopCounters
 from trainer.model import ModelShape, build_model
@@ -90,28 +91,32 @@ def test_restore_gives_back_weights_optimizer_and_counters(tmp_path: Path) -> No
     assert torch.equal(exp_avg, saved_optimizer["state"][0]["exp_avg"])
 
 
-def test_async_save_writes_the_step_boundary_state_while_training_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_save_writes_the_step_boundary_state_while_training_goes_on(tmp_path: Path) -> None:
     setup = make_setup(tmp_path, async_save=True)
     setup.train_step()
-    setup.checkpointer.save(1)
-    setup.checkpointer.wait_for_pending()
-    setup.train_step()
-    saved_weights, saved_optimizer = setup.weights(), setup.optimizer.state_dict()
-    exp_avg_at_2 = saved_optimizer["state"][0]["exp_avg"].clone()
-    monkeypatch.setenv(WRITE_DELAY_ENV, "0.2")  # the write is still in flight while the next steps run
-    folder = setup.checkpointer.save(2)
+    saved_weights = setup.weights()
+    saved_exp_avg = setup.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    # The copy a background save writes from, taken at the step boundary, then written after two more steps.
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    snapshot = snapshot_state(setup.checkpointer.accelerator, folder)
     for _ in range(2):
-        setup.train_step()  # changes the live weights and AdamW moments in place (the writer is still asleep)
-    setup.checkpointer.wait_for_pending()
-    assert verify_checkpoint(folder) is None
-    assert json.loads((tmp_path / "checkpoints" / "latest").read_text())["step"] == 2
-    restored = make_setup(tmp_path, seed=99)
-    assert restored.checkpointer.load_latest() == 2
-    assert restored.counters.step == 2
-    assert all(torch.equal(saved_weights[k], v) for k, v in restored.weights().items())
-    assert torch.equal(restored.optimizer.state_dict()["state"][0]["exp_avg"], exp_avg_at_2)
+        setup.train_step()  # changes the live weights and AdamW moments in place
+    snapshot.write(folder)
     assert not any(torch.equal(saved_weights[k], v) for k, v in setup.weights().items() if "norm" not in k)
+    written = load_file(folder / "model.safetensors")
+    assert written.keys() == saved_weights.keys()
+    assert all(torch.equal(saved_weights[k], v) for k, v in written.items())
+    written_optimizer = torch.load(folder / "optimizer.bin", weights_only=True)
+    assert torch.equal(written_optimizer["state"][0]["exp_avg"], saved_exp_avg)
+    # Through the Checkpointer: saved in the background, published once written, restored whole.
+    setup.checkpointer.save(3)
+    setup.checkpointer.wait_for_pending()
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step-0000003") is None
+    assert json.loads((tmp_path / "checkpoints" / "latest").read_text())["step"] == 3
+    restored = make_setup(tmp_path, seed=99)
+    assert restored.checkpointer.load_latest() == 3
+    assert all(torch.equal(setup.weights()[k], v) for k, v in restored.weights().items())
 
 
 def test_a_failed_background_save_raises_one_line_on_the_next_wait_and_keeps_the_previous(tmp_path: Path) -> None:
