@@ -11,6 +11,7 @@ after it. The thread runs no collectives: a gloo collective from a second thread
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -111,6 +112,14 @@ def fsync_files(folder: Path) -> None:
         os.close(fd)
 
 
+def lower_this_threads_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (Linux: a nice value is per thread), so the writer's
+    serialisation and hashing yield the cores to the training step's threads instead of slowing every step;
+    elsewhere, or when not permitted, the thread keeps its priority."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class BackgroundSave:
     """One checkpoint being written by a thread; :meth:`join` waits for it and returns its error message, if any."""
 
@@ -124,6 +133,7 @@ class BackgroundSave:
         self._thread.start()
 
     def _run(self) -> None:
+        lower_this_threads_priority()
         try:
             self._work()
         except Exception as err:  # any failure is reported on the main thread as a CheckpointError
