@@ -122,6 +122,7 @@ def test_async_save_writes_the_step_boundary_state_while_training_goes_on(tmp_pa
 def test_a_failed_background_save_raises_one_line_on_the_next_wait_and_keeps_the_previous(tmp_path: Path) -> None:
     setup = make_setup(tmp_path, async_save=True)
     setup.checkpointer.save(1)
+    setup.checkpointer.wait_for_pending()
     setup.train_step()
     weights_size = (tmp_path / "checkpoints" / "step-0000001" / "model.safetensors").stat().st_size
     # A file-size limit below the weights' size: the background write fails as on a full disk (test_full_disk).
