@@ -9,7 +9,9 @@ see :mod:`trainer.tensor_parallel_checkpoint`), then ``trainer_state.json``
 (every registered Stateful's ``state_dict()`` as JSON: loop counters, loader position, …) and,
 written LAST, ``manifest.json`` with the sha256 of every other file. A folder whose manifest is
 missing or does not verify is not a checkpoint. The folder is assembled under a temporary name and
-renamed into place, so a killed save never looks finished.
+renamed into place, so a killed save never looks finished. With ``train.async_checkpoint`` the same folder is
+written by a background thread from a CPU copy of the state (:mod:`trainer.checkpoint_writer`), one save at a time:
+the next save, a restore, and the end of training wait for it, and its failure is raised there.
 
 Deliberately not used: Accelerate's ``automatic_checkpoint_naming`` (its counter restarts at 0 in a
 new process and prunes the wrong folder, FACTS.md) and ``register_for_checkpointing`` (it unpickles
@@ -31,6 +33,7 @@ from core.atomic import TEMP_PREFIX, read_json, sha256_file
 from core.errors import CheckpointError
 from core.rundir import RunPaths, path_inside_run
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
+from trainer.checkpoint_writer import BackgroundSave, StateSnapshot, fsync_files, pause_for_drill, snapshot_state
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
@@ -102,17 +105,33 @@ class Checkpointer:
     """
 
     def __init__(self, accelerator: Accelerator, paths: RunPaths, keep_last: int,
-                 states: dict[str, Stateful], shards: TensorParallelShards | None = None) -> None:
-        """``shards``: the model and optimizer of a tensor-parallel run, which Accelerate cannot save."""
+                 states: dict[str, Stateful], shards: TensorParallelShards | None = None,
+                 async_save: bool = False) -> None:
+        """``shards``: the model and optimizer of a tensor-parallel run, which Accelerate cannot save.
+
+        ``async_save``: write in a background thread from a CPU copy (not with FSDP, DeepSpeed or ``shards``).
+        """
         self.accelerator = accelerator
         self.paths = paths
         self.checkpoints_dir = paths.checkpoints
         self.keep_last = keep_last
         self.states = states
         self.shards = shards
+        self.async_save = async_save
+        self._pending: BackgroundSave | None = None
+        if async_save and (shards is not None or accelerator.distributed_type in (DistributedType.FSDP,
+                                                                                   DistributedType.DEEPSPEED)):
+            raise CheckpointError("train.async_checkpoint works with whole (DDP or single-process) models only, "
+                                  "not with train.fsdp, train.deepspeed_config or train.tensor_parallel_size > 1; "
+                                  "set async_checkpoint: false.")
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of ``step`` and return its folder; all ranks must call this together."""
+        """Write the checkpoint of ``step`` and return its folder; all ranks must call this together.
+
+        With ``async_save`` the folder is published later, by a background thread on rank 0; this returns once the
+        state is copied (after waiting for the previous background save, whose failure is raised here).
+        """
+        self.wait_for_pending()
         target = self.checkpoints_dir / step_dir_name(step)
         staging = self.checkpoints_dir / f"{TEMP_PREFIX}{target.name}"  # same name on every rank
         if self.accelerator.is_main_process:
@@ -120,11 +139,16 @@ class Checkpointer:
             staging.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
         try:
-            self._save_training_state(staging)
+            snapshot = snapshot_state(self.accelerator, staging) if self.async_save else None
+            if not self.async_save:
+                self._save_training_state(staging)
             self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
             if self.accelerator.is_main_process:
                 trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
                                  "states": {name: obj.state_dict() for name, obj in self.states.items()}}
+                if snapshot is not None:  # frozen as JSON now: the states go on changing during the write
+                    self._start_background_save(snapshot, json.loads(json.dumps(trainer_state)), staging, target)
+                    return target
                 self.paths.write_json(staging / TRAINER_STATE_NAME, trainer_state)
                 write_manifest(self.paths, staging, step)
         except Exception as err:
@@ -133,12 +157,63 @@ class Checkpointer:
             if self.accelerator.is_main_process:
                 shutil.rmtree(staging, ignore_errors=True)
             raise CheckpointError(self._save_failed_message(target, err)) from err
+        if self.async_save:
+            return target  # the other ranks' part is written; rank 0 publishes it in the background
         if self.accelerator.is_main_process:
-            replace_dir(staging, target)
-            self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
-            self._prune()
+            self._publish(staging, target, step)
         self.accelerator.wait_for_everyone()
         return target
+
+    def _publish(self, staging: Path, target: Path, step: int) -> None:
+        """Rename the complete ``staging`` folder into place, then point ``latest`` at it and prune (rank 0)."""
+        replace_dir(staging, target)
+        self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
+        self._prune()
+
+    def _start_background_save(self, snapshot: StateSnapshot, trainer_state: dict[str, Any], staging: Path,
+                               target: Path) -> None:
+        """Rank 0: write ``snapshot`` and ``trainer_state`` into ``staging``, fsync, manifest, publish, in a thread."""
+        step = trainer_state["step"]
+
+        def write_and_publish() -> None:
+            snapshot.write(staging)
+            pause_for_drill()
+            self.paths.write_json(staging / TRAINER_STATE_NAME, trainer_state)
+            fsync_files(staging)
+            write_manifest(self.paths, staging, step)
+            self._publish(staging, target, step)
+
+        def describe_error(err: Exception) -> str:
+            shutil.rmtree(staging, ignore_errors=True)
+            return self._save_failed_message(target, err)
+
+        self._pending = BackgroundSave(target.name, write_and_publish, describe_error)
+
+    def wait_for_pending(self) -> None:
+        """Wait for the background save in flight, if any; CheckpointError on every rank when it failed.
+
+        Collective (all ranks call it together): rank 0 tells the others whether its save failed, so no rank is
+        left waiting in the next collective while rank 0 raises.
+        """
+        if not self.async_save:
+            return
+        error = [self._join_pending()]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(error)
+        if error[0] is not None:
+            raise CheckpointError(error[0])
+
+    def _join_pending(self) -> str | None:
+        """Wait for this rank's background save (rank 0 only has one); its error message, once."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.join()
+
+    def close(self) -> str | None:
+        """Let a background save in flight finish (training stopped with an error); returns its failure, if any.
+
+        Not collective: called on the way out, when the other ranks may already be gone.
+        """
+        return self._join_pending()
 
     def _save_training_state(self, folder: Path) -> None:
         if self.shards is None:
@@ -172,6 +247,8 @@ class Checkpointer:
 
     def latest_name(self) -> str | None:
         """``checkpoints/step-NNNNNNN`` of the newest checkpoint folder (relative to the run dir), or None."""
+        if self._pending is not None:
+            self._pending.join()  # its error stays for wait_for_pending to raise
         found = list_checkpoints(self.checkpoints_dir)
         return found[-1][1].relative_to(self.paths.root).as_posix() if found else None
 
@@ -207,6 +284,7 @@ class Checkpointer:
 
     def _choose_newest_valid(self) -> tuple[int, Path] | None:
         """The newest checkpoint that verifies (rank 0 hashes the files; every rank gets the same answer)."""
+        self.wait_for_pending()  # the newest checkpoint may still be being written
         chosen: list[Any] = [None]
         if self.accelerator.is_main_process:
             self.paths.remove_stale_temps(self.checkpoints_dir)
@@ -224,6 +302,7 @@ class Checkpointer:
 
         Raises CheckpointError naming the folder when it is missing or does not verify against its manifest.
         """
+        self.wait_for_pending()
         folder = self.checkpoints_dir / step_dir_name(step)
         problem: list[Any] = [None]
         if self.accelerator.is_main_process:

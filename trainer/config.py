@@ -117,6 +117,10 @@ class TrainConfig(FrozenConfig):
     """Save a checkpoint every this many steps (and at the end)."""
     keep_last: int = Field(default=2, ge=1)
     """Checkpoints kept; older ones are deleted."""
+    async_checkpoint: bool = False
+    """Write checkpoints in a background thread from a CPU-memory copy of the state, so training does not wait for
+    the disk (costs a second copy of weights + optimizer state in CPU RAM while a save is in flight); not with
+    fsdp, deepspeed_config or tensor_parallel_size > 1."""
     eval_every: int = Field(default=50, ge=1)
     """Validation every this many steps (and at step 0 and the end)."""
     eval_batches: int = Field(default=8, ge=1)
@@ -170,6 +174,13 @@ class TrainConfig(FrozenConfig):
             raise ValueError("train.fsdp and train.deepspeed_config both shard the model; set only one of them")
         if self.tensor_parallel_size > 1:
             check_tensor_parallel_options(self)
+        if self.async_checkpoint:
+            sharded = {"train.fsdp": self.fsdp, "train.deepspeed_config": self.deepspeed_config is not None,
+                       "train.tensor_parallel_size > 1": self.tensor_parallel_size > 1}
+            for key, combined in sharded.items():
+                if combined:
+                    raise ValueError(f"train.async_checkpoint cannot be combined with {key} (its checkpoints are "
+                                     f"written by every rank together); set async_checkpoint: false")
         return self
 
 

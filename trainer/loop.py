@@ -238,6 +238,7 @@ class TrainingLoop:
                 self.evaluate()
             if step % self.train.checkpoint_every == 0 or step == target_step:
                 self.save_checkpoint(step, final=step == target_step)
+        self.checkpointer.wait_for_pending()  # the last checkpoint is on disk before anything reads it
         self.report_spikes()
 
     def save_checkpoint(self, step: int, final: bool) -> None:

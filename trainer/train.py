@@ -204,7 +204,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
                             accelerator, precision.autocast, document_masking=train.document_masking),
         checkpointer=Checkpointer(accelerator, paths, train.keep_last, states,
-                                  build_shards(accelerator, model, optimizer)),
+                                  build_shards(accelerator, model, optimizer), async_save=train.async_checkpoint),
         metrics=MetricsSink(paths, enabled=accelerator.is_main_process, tracker=tracker),
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
@@ -229,6 +229,7 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     with run_dir_lock(paths.root):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
         config = read_trainer_config(paths.root)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
+        loop: TrainingLoop | None = None
         try:
             if config.train.tensorboard:
                 accelerator.init_trackers(TRACKER_PROJECT)
@@ -241,8 +242,19 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
             run_to(loop, target_step)
             export_if_stale(loop, paths)
         finally:
+            if loop is not None:
+                finish_background_save(loop)
             accelerator.end_training()  # flushes TensorBoard even when training stops with an error
     return loop.counters.step
+
+
+def finish_background_save(loop: TrainingLoop) -> None:
+    """On the way out (after an error too): let an async checkpoint in flight finish while the run dir is still
+    locked, so an error at step N+1 does not cost checkpoint N; its own failure is printed, as the first error
+    is the one raised."""
+    problem = loop.checkpointer.close()
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
 
 
 def fsdp_block_classes(paths: RunPaths, config: TrainerSections) -> tuple[str, ...]:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import resource
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from core.errors import CheckpointError
 from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
 from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
+from trainer.checkpoint_writer import snapshot_state
 from trainer.config import ModelDims, TrainConfig
 from trainer.loop import LoopCounters
 from trainer.model import ModelShape, build_model
@@ -44,15 +48,15 @@ class Setup:
         return {name: t.clone() for name, t in self.model.state_dict().items()}
 
 
-def make_setup(run_dir: Path, keep_last: int = 3, seed: int = 0) -> Setup:
-    """Checkpointed into ``run_dir/checkpoints``."""
+def make_setup(run_dir: Path, keep_last: int = 3, seed: int = 0, async_save: bool = False) -> Setup:
+    """Checkpointed into ``run_dir/checkpoints`` (``async_save``: by a background thread)."""
     accelerator = fresh_accelerator(TRAIN)
     model = build_model(SHAPE, seed=seed)
     optimizer = build_optimizer(model, TRAIN)
     model, optimizer, _ = accelerator.prepare(model, optimizer, build_lr_scheduler(optimizer, TRAIN))
     counters = LoopCounters()
     return Setup(model, optimizer, counters, Checkpointer(accelerator, RunPaths(run_dir), keep_last,
-                                                              {"loop": counters}))
+                                                              {"loop": counters}, async_save=async_save))
 
 
 def test_save_writes_the_documented_layout(tmp_path: Path) -> None:
@@ -85,6 +89,63 @@ def test_restore_gives_back_weights_optimizer_and_counters(tmp_path: Path) -> No
     assert all(torch.equal(saved_weights[k], v) for k, v in restored.weights().items())
     exp_avg = restored.optimizer.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(exp_avg, saved_optimizer["state"][0]["exp_avg"])
+
+
+def test_async_save_writes_the_step_boundary_state_while_training_goes_on(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path, async_save=True)
+    setup.train_step()
+    saved_weights = setup.weights()
+    saved_exp_avg = setup.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    # The copy a background save writes from, taken at the step boundary, then written after two more steps.
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    snapshot = snapshot_state(setup.checkpointer.accelerator, folder)
+    for _ in range(2):
+        setup.train_step()  # changes the live weights and AdamW moments in place
+    snapshot.write(folder)
+    assert not any(torch.equal(saved_weights[k], v) for k, v in setup.weights().items() if "norm" not in k)
+    written = load_file(folder / "model.safetensors")
+    assert written.keys() == saved_weights.keys()
+    assert all(torch.equal(saved_weights[k], v) for k, v in written.items())
+    written_optimizer = torch.load(folder / "optimizer.bin", weights_only=True)
+    assert torch.equal(written_optimizer["state"][0]["exp_avg"], saved_exp_avg)
+    # Through the Checkpointer: saved in the background, published once written, restored whole.
+    setup.checkpointer.save(3)
+    setup.checkpointer.wait_for_pending()
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step-0000003") is None
+    assert json.loads((tmp_path / "checkpoints" / "latest").read_text())["step"] == 3
+    restored = make_setup(tmp_path, seed=99)
+    assert restored.checkpointer.load_latest() == 3
+    assert all(torch.equal(setup.weights()[k], v) for k, v in restored.weights().items())
+
+
+def test_a_failed_background_save_raises_one_line_on_the_next_wait_and_keeps_the_previous(tmp_path: Path) -> None:
+    setup = make_setup(tmp_path, async_save=True)
+    setup.checkpointer.save(1)
+    setup.checkpointer.wait_for_pending()
+    setup.train_step()
+    weights_size = (tmp_path / "checkpoints" / "step-0000001" / "model.safetensors").stat().st_size
+    # A file-size limit below the weights' size: the background write fails as on a full disk (test_full_disk).
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    previous_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (weights_size // 2, previous_limit[1]))
+    try:
+        setup.checkpointer.save(2)  # the RNG file (a few kB) is written now; the weights in the background
+        with pytest.raises(CheckpointError) as failure:
+            setup.checkpointer.wait_for_pending()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous_limit)
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    message = str(failure.value)
+    assert "\n" not in message and "step-0000002" in message and "bytes are free" in message, message
+    assert "training resumes from step 1" in message
+    assert [step for step, _ in list_checkpoints(tmp_path / "checkpoints")] == [1]
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step-0000001") is None
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")] == []
+    setup.checkpointer.wait_for_pending()  # reported once; the next save goes ahead
+    setup.checkpointer.save(2)
+    setup.checkpointer.wait_for_pending()
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step-0000002") is None
 
 
 def test_corrupt_newest_is_skipped_with_a_warning_and_the_previous_one_used(tmp_path: Path) -> None:
