@@ -102,3 +102,16 @@ def test_a_tracker_that_cannot_start_is_one_warning_and_the_run_finishes(
     assert [row["step"] for row in read_metric_rows(run_dir / "metrics" / "train.jsonl")] == [1, 2]
     assert list((run_dir / "metrics" / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert (run_dir / "model" / "model.safetensors").is_file()
+
+
+def test_the_older_tensorboard_switch_folds_into_trackers() -> None:
+    from pydantic import ValidationError
+
+    from trainer.config import TrainConfig
+
+    assert TrainConfig().trackers == ["tensorboard"]
+    assert TrainConfig(tensorboard=False).trackers == []
+    assert TrainConfig(tensorboard=False, trackers=["tensorboard", "wandb"]).trackers == ["wandb"]
+    assert TrainConfig(tensorboard=True, trackers=["mlflow", "mlflow"]).trackers == ["tensorboard", "mlflow"]
+    with pytest.raises(ValidationError, match="tracker_project"):
+        TrainConfig(tracker_project="x' OR name LIKE '%")  # it goes into MLflow's experiment search filter
