@@ -31,8 +31,6 @@ TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 INSTALL_HINT = "pip install 'tokenmill[trackers]'"
-IDS_FILE = "trackers.json"
-"""``metrics/trackers.json``: the W&B run id and the MLflow run id (with the store it lives in) of this run dir."""
 RUN_DIR_STORE = "metrics/mlflow/mlflow.db"
 """``mlflow_store`` of a run made in the run dir's own SQLite store (MLFLOW_TRACKING_URI unset)."""
 
@@ -129,8 +127,8 @@ def wandb_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> General
     if "WANDB_MODE" not in os.environ:
         options["mode"] = "offline"
     if "WANDB_DIR" not in os.environ:
-        (paths.metrics / "wandb").mkdir(parents=True, exist_ok=True)
-        options["dir"] = str(paths.metrics / "wandb")
+        (paths.wandb).mkdir(parents=True, exist_ok=True)
+        options["dir"] = str(paths.wandb)
     return WandBTracker(project, **options)
 
 
@@ -138,9 +136,8 @@ def mlflow_uri(paths: RunPaths) -> str:
     """MLFLOW_TRACKING_URI when set, else a SQLite store in ``metrics/mlflow/`` (MLflow 3 refuses file stores)."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    folder = paths.metrics / "mlflow"
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
+    paths.mlflow.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{paths.mlflow.resolve() / 'mlflow.db'}"
 
 
 def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
@@ -155,7 +152,7 @@ def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> Genera
     if user_uri is None:  # which would send the next run started in this process to this run's store
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     run_id = ids.get("mlflow_run_id") if ids.get("mlflow_store") == store else None
-    artifacts = None if user_uri else str(paths.metrics / "mlflow" / "artifacts")
+    artifacts = None if user_uri else str(paths.mlflow / "artifacts")
     tracker = MLflowTracker(experiment_name=project, logging_dir=artifacts, run_id=run_id, run_name=paths.root.name)
     tracker.store = store
     return tracker
@@ -165,7 +162,7 @@ def trackio_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> Gener
     """A local trackio project in ``metrics/trackio/`` unless TRACKIO_DIR is set; resumes the run of this name."""
     from accelerate.tracking import TrackioTracker
 
-    target = Path(os.environ.get("TRACKIO_DIR") or paths.metrics / "trackio")
+    target = Path(os.environ.get("TRACKIO_DIR") or paths.trackio)
     saved = os.environ.get("TRACKIO_DIR")
     os.environ["TRACKIO_DIR"] = str(target)  # trackio reads it once, when first imported
     try:
@@ -192,7 +189,7 @@ FIXES = {
 
 def read_tracker_ids(paths: RunPaths) -> dict[str, str]:
     """The stored tracker run ids; an unreadable file means new tracker runs (with a warning), not a failed run."""
-    path = paths.metrics / IDS_FILE
+    path = paths.tracker_ids
     if not path.is_file():
         return {}
     try:
@@ -216,4 +213,4 @@ def remember_tracker_ids(paths: RunPaths, started: dict[str, GeneralTracker], pr
         ids["mlflow_store"] = started["mlflow"].store
     if ids:
         paths.metrics.mkdir(parents=True, exist_ok=True)
-        paths.write_json(paths.metrics / IDS_FILE, ids)
+        paths.write_json(paths.tracker_ids, ids)
