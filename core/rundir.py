@@ -110,6 +110,26 @@ class RunPaths:
         return self.metrics / "tensorboard"
 
     @property
+    def wandb(self) -> Path:
+        """``metrics/wandb/``: W&B's ``dir`` (offline runs in ``wandb/offline-run-*``) unless WANDB_DIR is set."""
+        return self.metrics / "wandb"
+
+    @property
+    def mlflow(self) -> Path:
+        """``metrics/mlflow/``: MLflow's SQLite ``mlflow.db`` and ``artifacts/`` (unless MLFLOW_TRACKING_URI is set)."""
+        return self.metrics / "mlflow"
+
+    @property
+    def trackio(self) -> Path:
+        """``metrics/trackio/``: trackio's local store (``<project>.db``) unless TRACKIO_DIR is set."""
+        return self.metrics / "trackio"
+
+    @property
+    def tracker_ids(self) -> Path:
+        """``metrics/trackers.json``: the W&B and MLflow run ids a resumed launch continues."""
+        return self.metrics / "trackers.json"
+
+    @property
     def profile(self) -> Path:
         """``metrics/profile/``: the torch profiler's traces (``train.profile_steps``)."""
         return self.metrics / "profile"

@@ -160,8 +160,29 @@ class TrainConfig(FrozenConfig):
     """Peak TFLOP/s of one device for MFU; None = known-GPU table, else a matmul probe on CPU."""
     profile_steps: list[Annotated[int, Field(ge=1)]] = []
     """Optimizer steps to trace with torch.profiler into metrics/profile/ (Chrome trace JSON)."""
-    tensorboard: bool = True
-    """Also log the metrics to TensorBoard (metrics/tensorboard/) through Accelerate's tracker."""
+    trackers: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = ["tensorboard"]
+    """Experiment trackers that also get every metric and the recipe as config (stored under metrics/ by default)."""
+    tracker_project: str = Field(default="tokenmill", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """W&B / trackio project and MLflow experiment name; the tracker run is named after the run dir."""
+    tensorboard: bool | None = None
+    """Older switch, kept: true adds tensorboard to trackers, false removes it; None = as trackers says."""
+
+    @field_validator("trackers")
+    @classmethod
+    def _unique_trackers(cls, names: list[str]) -> list[str]:
+        return list(dict.fromkeys(names))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_into_trackers(cls, data: object) -> object:
+        """Fold the older ``tensorboard: true/false`` into ``trackers`` so only ``trackers`` is ever read."""
+        if not (isinstance(data, dict) and isinstance(data.get("tensorboard"), bool)
+                and isinstance(data.get("trackers", []), list)):
+            return data  # pydantic names the bad key
+        trackers = [name for name in data.get("trackers", ["tensorboard"]) if name != "tensorboard"]
+        if data["tensorboard"] is True:
+            trackers.insert(0, "tensorboard")
+        return {**data, "trackers": trackers, "tensorboard": None}
 
     @field_validator("profile_steps")
     @classmethod

@@ -2,7 +2,7 @@
 
 Rows are appended and flushed as they happen, so a killed run keeps what it measured. On resume the
 rows past the resumed step are dropped first: steps replayed after a restart are never counted twice.
-The numeric columns also go to a tracker when one is given (TensorBoard through ``accelerator.log``,
+The numeric columns also go to a tracker when one is given (``train.trackers``, :class:`trainer.trackers.Trackers`,
 as ``train/<column>`` and ``eval/<column>``); the JSONL files stay the record DuckDB reads.
 """
 
@@ -21,7 +21,7 @@ EVAL_FILE = "eval.jsonl"
 
 
 Tracker = Callable[..., None]
-"""``tracker(values: dict[str, float], step=int)``, e.g. ``accelerator.log``."""
+"""``tracker(values: dict[str, float], step=int)``, e.g. :meth:`trainer.trackers.Trackers.log`."""
 
 
 class MetricsSink:

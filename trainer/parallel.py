@@ -24,27 +24,22 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
 from accelerate.state import PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, ProjectConfiguration
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from core.errors import ConfigError
-from core.rundir import RunPaths
 from trainer.config import TrainConfig
 from trainer.precision import check_precision
 
 if TYPE_CHECKING:  # model_spec imports the export, which imports the checkpointer, which imports this module
     from trainer.model_spec import ModelSpec
 
-TRACKER_PROJECT = "train"
-"""Accelerate's tracker project name: the event files land in ``metrics/tensorboard/train/``."""
-
-
 def build_accelerator(train: TrainConfig, run_dir: Path | None = None,
                       block_class_names: tuple[str, ...] = ("LlamaDecoderLayer",)) -> Accelerator:
-    """The Accelerator for this run; with ``run_dir``, TensorBoard logging goes to ``RUN/metrics/tensorboard``.
+    """The Accelerator for this run (the experiment trackers are started by :mod:`trainer.trackers`, not here).
 
     ``block_class_names``: the model's decoder block classes, FSDP's shard unit (:meth:`ModelSpec.block_class_names`).
 
@@ -62,7 +57,7 @@ def build_accelerator(train: TrainConfig, run_dir: Path | None = None,
     accelerator = Accelerator(
         cpu=not on_gpu, mixed_precision="no", gradient_accumulation_steps=train.grad_accum_steps,
         step_scheduler_with_optimizer=False, fsdp_plugin=fsdp,
-        deepspeed_plugin=deepspeed_plugin(train, run_dir, on_gpu), **tracking_options(train, run_dir))
+        deepspeed_plugin=deepspeed_plugin(train, run_dir, on_gpu))
     if fsdp is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
         route_cpu_processes_to_fsdp(accelerator, fsdp)
     if train.tensor_parallel_size > 1:
@@ -120,21 +115,6 @@ def deepspeed_plugin(train: TrainConfig, run_dir: Path | None, on_gpu: bool) -> 
     from accelerate.utils import DeepSpeedPlugin
 
     return DeepSpeedPlugin(hf_ds_config=str(path))
-
-
-def tracking_options(train: TrainConfig, run_dir: Path | None) -> dict[str, object]:
-    """Accelerator kwargs that send ``accelerator.log`` to TensorBoard under the run dir (if enabled)."""
-    if not train.tensorboard or run_dir is None:
-        return {}
-    if importlib.util.find_spec("tensorboard") is None:  # Accelerate would drop the tracker without a word
-        warnings.warn("train.tensorboard: the tensorboard package is not installed, so nothing is logged there "
-                      "(metrics/*.jsonl still are); `pip install tensorboard` or set train.tensorboard: false",
-                      stacklevel=3)
-        return {}
-    run_dir = Path(run_dir)
-    return {"log_with": "tensorboard",
-            "project_config": ProjectConfiguration(project_dir=str(run_dir),
-                                                   logging_dir=str(RunPaths(run_dir).tensorboard))}
 
 
 def apply_model_options(model: nn.Module, train: TrainConfig, spec: ModelSpec) -> nn.Module:

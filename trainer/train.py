@@ -37,7 +37,6 @@ from trainer.mixture_config import MixtureScheduleConfig
 from trainer.model_spec import ModelSpec, model_spec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import (
-    TRACKER_PROJECT,
     apply_model_options,
     build_accelerator,
     data_parallel_coordinates,
@@ -49,6 +48,7 @@ from trainer.parallel import (
 from trainer.precision import MixedPrecision
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
+from trainer.trackers import Trackers, start_trackers
 
 
 class TrainerSections(FrozenConfig):
@@ -198,14 +198,13 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     states = {"signature": ModelSignature(spec.signature()), "loop": counters, "loader": loader}
     if precision.scaler is not None:
         states["precision"] = precision
-    tracker = accelerator.log if train.tensorboard else None
     return TrainingLoop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
         evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
                             accelerator, precision.autocast, document_masking=train.document_masking),
         checkpointer=Checkpointer(accelerator, paths, train.keep_last, states,
                                   build_shards(accelerator, model, optimizer), async_save=train.async_checkpoint),
-        metrics=MetricsSink(paths, enabled=accelerator.is_main_process, tracker=tracker),
+        metrics=MetricsSink(paths, enabled=accelerator.is_main_process),  # trackers join once resumed
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
         callbacks=build_callbacks(accelerator, train, paths), spec=spec)
@@ -230,21 +229,26 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
         config = read_trainer_config(paths.root)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         loop: TrainingLoop | None = None
+        trackers = Trackers({})
         try:
-            if config.train.tensorboard:
-                accelerator.init_trackers(TRACKER_PROJECT)
             loop = build_training_loop(paths, config, accelerator, allow_data_change)
             resumed_step = loop.checkpointer.load_latest()
             if resumed_step is not None:
                 accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
             loop.metrics.drop_rows_after(resumed_step)
+            if accelerator.is_main_process and config.train.trackers:
+                trackers = start_trackers(config.train.trackers, paths, config.train.tracker_project,
+                                          load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX),
+                                          resuming=resumed_step is not None)
+                loop.metrics.tracker = trackers.log
             target_step = until_step if until_step is not None else config.train.max_steps
             run_to(loop, target_step)
             export_if_stale(loop, paths)
         finally:
             if loop is not None:
                 finish_background_save(loop)
-            accelerator.end_training()  # flushes TensorBoard even when training stops with an error
+            trackers.finish()  # flushes every tracker even when training stops with an error
+            accelerator.end_training()
     return loop.counters.step
 
 
