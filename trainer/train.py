@@ -44,8 +44,10 @@ from trainer.parallel import (
     is_sharded,
     parallelize_model,
     tensor_parallel_mesh,
+    tensor_parallel_rank,
 )
 from trainer.precision import MixedPrecision
+from trainer.segments import RowLossLog, append_segment, segment_record
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
 
@@ -208,11 +210,30 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
                 accelerator.print(f"Resuming from checkpoint at step {resumed_step}", flush=True)
             loop.metrics.drop_rows_after(resumed_step)
             target_step = until_step if until_step is not None else config.train.max_steps
+            if loop.counters.step < target_step:
+                record_launch(loop, paths, config)
             run_to(loop, target_step)
             export_if_stale(loop, paths)
         finally:
             accelerator.end_training()  # flushes TensorBoard even when training stops with an error
     return loop.counters.step
+
+
+def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) -> None:
+    """Rank 0 appends this launch's loader setup to metrics/train_segments.jsonl (the ``consumed`` view's source);
+    with ``train.log_row_losses`` each data-parallel rank's first TP process then logs its rows' losses.
+
+    Collective: every rank learns the launch's segment number (its row-loss file is named by it).
+    """
+    accelerator = loop.accelerator
+    segment = [None]
+    if accelerator.is_main_process:
+        record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, config.mixture)
+        segment = [append_segment(paths, record)]
+    broadcast_object_list(segment)
+    if config.train.log_row_losses and tensor_parallel_rank(accelerator) == 0:
+        layout = loop.loader.layout
+        loop.row_losses = RowLossLog(paths, segment[0], layout.rank, layout.micro_batch_size)
 
 
 def fsdp_block_classes(paths: RunPaths, config: TrainerSections) -> tuple[str, ...]:
