@@ -53,6 +53,7 @@ EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_
                                     ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
                                     ("source", pa.string()), ("shard_path", pa.string())])
 SEQUENCES_VIEW = "sequences"
+TRAIN_SEGMENTS_VIEW = "train_segments"
 DEPTH_ADVICE = 'Use "SET max_expression_depth'
 SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
 # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
@@ -84,7 +85,8 @@ def connect(run_dir: str | Path, sql: str | None = None,
                          "(runs/<name> by default).")
     # Everything is read (or refused) before a connection exists. A word test, not a parse: a statement
     # can read the view only by naming it, and a false positive merely opens the shards.
-    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower())
+    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower(),
+                         read_segments=sql is None or TRAIN_SEGMENTS_VIEW in sql.lower())
     for name, (build, schema) in (derived or {}).items():
         tables[name] = build(run_dir) if sql is None or name in sql.lower() else schema.empty_table()
     con = duckdb.connect(":memory:")
@@ -231,11 +233,11 @@ def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:
 # ---- the run's artifacts as Arrow data ---------------------------------------------------------
 
 
-def _run_tables(run_dir: Path, read_shards: bool) -> dict[str, ds.Dataset | pa.Table]:
+def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[str, ds.Dataset | pa.Table]:
     """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``).
 
     The layout under ``shards/`` is checked either way; the shard files are opened only when ``read_shards``
-    (else ``sequences`` is an empty table of its columns).
+    (else ``sequences`` is an empty table of its columns), the launch records only when ``read_segments``.
     """
     paths = RunPaths(run_dir)
     shard_files = _checked_shard_files(run_dir)
@@ -247,7 +249,8 @@ def _run_tables(run_dir: Path, read_shards: bool) -> dict[str, ds.Dataset | pa.T
         "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
         "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
         "eval_results": _eval_results_table(run_dir, paths),
-        "train_segments": _train_segments_table(run_dir, paths.metrics / "train_segments.jsonl"),
+        "train_segments": (_train_segments_table(run_dir, paths.metrics / "train_segments.jsonl") if read_segments
+                           else TRAIN_SEGMENTS_SCHEMA.empty_table()),
         "sequences": _sequences_table(run_dir, shard_files if read_shards else []),
     }
 
