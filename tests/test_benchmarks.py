@@ -24,6 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO_ROOT / "benchmarks"
 TINY_ARGS = {
     "cli_latency": ["--mb", "0.5", "--repeats", "1"],
+    "consumed": ["--steps", "40"],
     "dedupe": ["--mb", "1", "--families", "10", "--repeats", "1"],
     "eval_split": ["--rows", "16", "--rounds", "1"],
     "ingest_memory": ["--mb", "2"],

@@ -31,7 +31,7 @@ from trainer.metrics import read_metric_rows
 from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 24
+MAX_STEPS = 16
 SETTINGS = {"max_steps": MAX_STEPS, "checkpoint_every": 4, "eval_every": 100, "eval_batches": 1, "log_every": 1,
             "micro_batch_size": 2, "grad_accum_steps": 2, "log_row_losses": True}
 """2 ranks x 2 micro-batches x 2 rows = 8 samples a step, then 4 on one process."""
