@@ -83,7 +83,9 @@ def consumed_table(run_dir: Path) -> pa.Table:
 
 def _replay(launch: Launch, spikes: set[int], rolled_back: list[tuple[int, int]]) -> list[pa.RecordBatch]:
     """The launch's surviving steps, read off a loader set up as the launch set its own up."""
-    from trainer.train import build_mixture  # the trainer's own mixture construction (train imports this module's deps)
+    # The trainer's own mixture construction, from the section as the trainer validates it (train.py imports
+    # everything this module does, and the trainer never imports this module).
+    from trainer.train import TrainerSections, build_mixture
 
     record = launch.record
     shards = record["shards"]
@@ -92,7 +94,7 @@ def _replay(launch: Launch, spikes: set[int], rolled_back: list[tuple[int, int]]
     layout = BatchLayout(int(record["micro_batch_size"]), int(record["grad_accum_steps"]), int(record["world_size"]))
     seed = int(record["seed"])
     loader = TrainLoader(numbering, layout, seed, allow_data_change=True,
-                         mixture=build_mixture(numbering, record["mixture_weights"], seed))
+                         mixture=build_mixture(numbering, TrainerSections(mixture=record["mixture"]).mixture, seed))
     with warnings.catch_warnings():  # the launch itself warned about changed batches or data, when it resumed
         warnings.simplefilter("ignore")
         loader.load_state_dict(record["loader_state"])

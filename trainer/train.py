@@ -228,7 +228,8 @@ def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) 
     accelerator = loop.accelerator
     segment = [None]
     if accelerator.is_main_process:
-        record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, config.mixture)
+        mixture = config.model_dump(mode="json")["mixture"]
+        record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, mixture)
         segment = [append_segment(paths, record)]
     broadcast_object_list(segment)
     if config.train.log_row_losses and tensor_parallel_rank(accelerator) == 0:
