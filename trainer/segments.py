@@ -79,12 +79,14 @@ def row_mean_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each row's mean next-token loss, float32 [rows]; NaN for a row with no target token (all padding).
 
     Same cross-entropy as the training loss (:func:`trainer.model.next_token_loss`), from the same logits,
-    detached: the training maths is unchanged.
+    detached: the training maths is unchanged. Row by row, so the float32 copy it makes is one row's logits,
+    not the micro-batch's (which the training loss already holds once).
     """
     with torch.no_grad():
-        per_token = next_token_loss(logits.detach(), labels, reduction="none").view(labels.shape[0], -1)
+        sums = torch.stack([next_token_loss(logits[row:row + 1].detach(), labels[row:row + 1], reduction="none").sum()
+                            for row in range(labels.shape[0])])
         counted = (torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) != IGNORE_INDEX).sum(dim=1)
-        return (per_token.sum(dim=1) / counted).float().cpu()
+        return (sums / counted).float().cpu()
 
 
 class RowLossLog:
