@@ -65,7 +65,8 @@ def write_history(run_dir: Path, args: argparse.Namespace) -> ShardNumbering:
     for start_step, world_size in ((0, 2), (half, 1)):
         loader = TrainLoader(numbering, BatchLayout(args.micro_batch_size, 2, world_size), seed=0)
         loader.samples_consumed = half * args.micro_batch_size * 4 if start_step else 0
-        append_segment(paths, segment_record(loader, start_step, world_size, mixture=None))
+        no_mixture = {"mixture": None, "mixture_schedule": None}
+        append_segment(paths, segment_record(loader, start_step, world_size, no_mixture))
     paths.append_text(paths.metrics / "train.jsonl", json.dumps({"step": args.steps, "loss": 1.0}) + "\n")
     return numbering
 

@@ -40,21 +40,28 @@ def write_corpus(work: Path, documents: list[tuple[str, str]]) -> None:
 # ---- tokenmill ----------------------------------------------------------------------------------
 
 
-def tokenmill_dedupe(work: Path) -> None:
-    """Ingest (making the near signatures from each row group, as the flow does) then dedupe."""
+def tokenmill_dedupe(work: Path, workers: int) -> None:
+    """Ingest (making the near signatures from each row group, as the flow does) then dedupe.
+
+    With several workers, the parts go to ``flows.stage_processes``'s workers as ``tokenmill prepare`` sends them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from core.rundir import RunPaths
+    from flows.stage_processes import run_stage_call, stage_processes
     from pipeline.config import DedupeConfig, NearDedupeConfig
     from pipeline.dedupe import dedupe_documents
-    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.ingest import WORKER_PRELOAD, ingest_part, plan_ingest
 
     paths = RunPaths(work / "tokenmill")
     near = NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM)
-    for part in plan_ingest([work / "corpus.yaml"], paths, 32 << 20):
-        ingest_part(part, 0.0, paths, near=near)
+    parts = plan_ingest([work / "corpus.yaml"], paths, 32 << 20)
+    with stage_processes(workers, preload=WORKER_PRELOAD), ThreadPoolExecutor(workers) as threads:
+        list(threads.map(lambda part: run_stage_call(ingest_part, part, 0.0, paths, near=near), parts))
     print(json.dumps(dedupe_documents(paths, DedupeConfig(near=near))))
 
 
-def tokenmill_pack(work: Path) -> None:
+def tokenmill_pack(work: Path, workers: int) -> None:
     """Encode and pack the kept documents into shards of 1024-token rows."""
     from core.rundir import RunPaths
     from tokenization.config import PackConfig
@@ -106,8 +113,8 @@ def datatrove_hash_function() -> str:
     return "xxhash" if int(version("xxhash").split(".")[0]) < 4 else "sha1"
 
 
-def datatrove_dedupe(work: Path) -> None:
-    """datatrove's four MinHash stages, as in its example (one task, one worker, local folders)."""
+def datatrove_dedupe(work: Path, workers: int) -> None:
+    """datatrove's four MinHash stages, as in its example (local folders); ``workers`` tasks and processes."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
@@ -134,12 +141,12 @@ def datatrove_dedupe(work: Path) -> None:
          JsonlWriter(str(base / "deduped"), compression=None)],
     ]
     for number, pipeline in enumerate(stages):
-        tasks = config.num_buckets if number == 1 else 1
-        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=1,
+        tasks = {1: config.num_buckets, 2: 1}.get(number, workers)  # buckets: one task each; cluster: one
+        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks),
                               logging_dir=str(base / "logs" / f"stage{number + 1}")).run()
 
 
-def datatrove_pack(work: Path) -> None:
+def datatrove_pack(work: Path, workers: int) -> None:
     """``DocumentTokenizer`` over the kept documents: encode with the local tokenizer.json, write tokens."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.readers import JsonlReader

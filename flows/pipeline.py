@@ -31,6 +31,7 @@ from flows.tasks import (
     tokenizer_task,
     train_task,
 )
+from pipeline.ingest import WORKER_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
@@ -51,8 +52,11 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
         parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
-        # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core.
-        with stage_processes(min(os.cpu_count() or 1, len(parts))):
+        # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core
+        # and at most one per part still to do (a re-run with every part done starts none).
+        workers = min(os.cpu_count() or 1, len(parts_to_ingest([IngestPart.from_dict(part) for part in parts],
+                                                                 loaded.data.val_fraction, paths)))
+        with stage_processes(workers, preload=WORKER_PRELOAD):
             ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
                                                near=unmapped(loaded.dedupe.near))
             ingested = ingest_runs.result()

@@ -17,6 +17,7 @@ from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
+from trainer.mixture_config import MixtureScheduleConfig
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
@@ -37,6 +38,8 @@ class RunRecipe(FrozenConfig):
     """The full evaluation after training: whole val split, per source, downstream tasks (see docs/evaluation.md)."""
     dask_address: str | None = None
     """Run the data stages on this Dask scheduler (``tcp://host:port``) instead of local threads."""
+    mixture_schedule: MixtureScheduleConfig | None = None
+    """Source weights by optimizer step, and max_repetition (docs/training.md); replaces the manifests' weights."""
 
     @model_validator(mode="after")
     def _tokenizer_fits_model(self) -> RunRecipe:
@@ -270,5 +273,21 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     _refuse_changes(path, recipe, manifests)
     recorded = yaml.safe_dump({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]},
                               sort_keys=False)
-    mixture = yaml.safe_dump({"mixture": _mixture(loaded)}, sort_keys=True)
+    check_mixture_schedule(recipe, _mixture(loaded))
+    mixture = yaml.safe_dump({"mixture": None if recipe.mixture_schedule else _mixture(loaded)}, sort_keys=True)
     paths.write_text(path, recipe_to_yaml(recipe) + recorded + mixture + f"code_version: {CODE_VERSION}\n")
+
+
+def check_mixture_schedule(recipe: RunRecipe, weights: dict[str, float]) -> None:
+    """ConfigError for a schedule naming a source no manifest has; a warning when it overrides manifest weights."""
+    if recipe.mixture_schedule is None:
+        return
+    for index, stage in enumerate(recipe.mixture_schedule.stages):
+        unknown = sorted(set(stage.weights) - set(weights))
+        if unknown:
+            raise ConfigError(f"mixture_schedule.stages[{index}].weights: unknown source(s) {unknown} (the manifests "
+                              f"name {sorted(weights)}); fix the name or remove it")
+    weighted = sorted(name for name, weight in weights.items() if weight != 1.0)
+    if weighted:
+        warnings.warn(f"the manifests' weights of {weighted} have no effect: the recipe's mixture_schedule sets the "
+                      "mix (remove the weights, or the mixture_schedule)", stacklevel=3)

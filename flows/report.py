@@ -21,8 +21,10 @@ from flows.report_headline import collect_headline, headline_html, headline_mark
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
 from flows.report_visibility import uninformative_plots
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import connect, data_funnel, eval_results_table, rejects_by_reason
+from pipeline.query import connect, data_funnel, eval_results_table, mix_steps, realised_mix, rejects_by_reason
 from trainer.sample_generation import sample_is_current, write_sample_generation
+
+MIX_TABLE_TITLE = "Training mix per stage (samples taken per source; mixture / mixture_schedule runs only)"
 
 MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
 """Backslash-escaped in a Markdown cell: no code span, emphasis, link or image, and no cell break."""
@@ -45,6 +47,8 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                         "(SELECT source, count(*) AS docs FROM documents GROUP BY source) d LEFT JOIN "
                         "(SELECT source, sum(num_tokens) AS tokens FROM shards GROUP BY source) t USING (source) "
                         "ORDER BY d.source"),
+            "mix_steps": mix_steps(run_dir),
+            "realised_mix": realised_mix(run_dir),
             "doc_lengths": [r["num_chars"] for r in rows("SELECT num_chars FROM documents")],
             "row_fill": [r["num_tokens"] for r in rows("SELECT num_tokens FROM sequences")],
             "num_packed_pairs": rows("SELECT count(*) AS n FROM (SELECT DISTINCT split, source FROM shards)")[0]["n"],
@@ -193,6 +197,7 @@ def _html(run_dir: Path, data: dict[str, Any], images: dict[str, bytes], hidden:
 <h3>Failed evaluations</h3>{_table_html(data["eval_failures"])}
 <h3>Train documents removed as contaminated, per evaluation task</h3>{_table_html(data["contaminated_by_task"])}
 <h2>Checkpoints</h2>{_table_html(data["checkpoints"])}
+{f"<h2>{MIX_TABLE_TITLE}</h2>{_table_html(data['realised_mix'])}" if data["realised_mix"] else ""}
 <h2>Plots</h2><div class="plots">{figures}</div>{left_out}
 </body></html>
 """
@@ -218,6 +223,7 @@ def _markdown(run_dir: Path, data: dict[str, Any], hidden: dict[str, str]) -> st
              "", "### Failed evaluations", "", *_table_md(data["eval_failures"]),
              "", "### Train documents removed as contaminated, per evaluation task", "",
              *_table_md(data["contaminated_by_task"]),
+             *(["", f"## {MIX_TABLE_TITLE}", "", *_table_md(data["realised_mix"])] if data["realised_mix"] else []),
              "", "## Plots", ""] + [f"![{title}]({name}.png)" for name, title in PLOTS.items() if name not in hidden]
     lines += [f"- not drawn: {_md_text(PLOTS[name])}: {_md_text(why)}" for name, why in hidden.items()]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ PLOTS: dict[str, str] = {
     "throughput": "Throughput and MFU",
     "funnel": "Data funnel per source, rejects by reason",
     "source_mix": "Source mix (documents and tokens)",
+    "train_mix": "Realised training mix per step (mixture / mixture_schedule), stage boundaries dashed",
     "doc_lengths": "Document length (characters)",
     "row_fill": "Row fill (real tokens per packed row)",
     "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
@@ -244,6 +245,32 @@ def _plot_source_mix(axes: Any, data: dict[str, Any]) -> None:
     axes.legend()
 
 
+def _plot_train_mix(axes: Any, data: dict[str, Any]) -> None:
+    """Each source's share of the samples of every train row (the steps since the previous row), stacked; a
+    dashed line after the last row of each stage (a row whose steps span a boundary holds both stages)."""
+    rows = data["mix_steps"]
+    if not rows:
+        _no_data(axes, "no mixture weights (every train row equally likely)")
+        return
+    steps = sorted({row["step"] for row in rows})
+    sources = sorted({row["source"] for row in rows})
+    samples = {(row["step"], row["source"]): 0 for row in rows}
+    last_step_of_stage: dict[int, int] = {}
+    for row in rows:
+        samples[(row["step"], row["source"])] += row["samples"]
+        last_step_of_stage[row["stage"]] = max(last_step_of_stage.get(row["stage"], 0), row["step"])
+    totals = {step: max(1, sum(samples.get((step, name), 0) for name in sources)) for step in steps}
+    shares = [[100 * samples.get((step, name), 0) / totals[step] for step in steps] for name in sources]
+    axes.stackplot(steps, shares, labels=sources, step="pre")
+    for stage, step in sorted(last_step_of_stage.items())[:-1]:
+        axes.axvline(step, color="black", linestyle="--", linewidth=1)
+        axes.text(step, 101, f"end of stage {stage}", fontsize="small", ha="right", va="bottom")
+    axes.set_xlabel("step")
+    axes.set_ylabel("share of samples (%)")
+    axes.set_ylim(0, 100)
+    axes.legend(fontsize="small", loc="lower left")
+
+
 def _plot_doc_lengths(axes: Any, data: dict[str, Any]) -> None:
     if not data["doc_lengths"]:
         _no_data(axes, "no documents yet")
@@ -292,5 +319,6 @@ def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callabl
 
 
 PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
-                  "source_mix": _plot_source_mix, "doc_lengths": _plot_doc_lengths, "row_fill": _plot_row_fill,
+                  "source_mix": _plot_source_mix, "train_mix": _plot_train_mix, "doc_lengths": _plot_doc_lengths,
+                  "row_fill": _plot_row_fill,
                   "eval_tasks": _plot_eval_tasks, "eval_sources": _plot_eval_sources}

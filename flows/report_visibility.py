@@ -19,6 +19,7 @@ def uninformative_plots(data: dict[str, Any]) -> dict[str, str]:
         "throughput": _no_training(data, "tokens_per_s"),
         "funnel": None if data["funnel"] else "no records read yet",
         "source_mix": _source_mix(data["mix"]),
+        "train_mix": None if data["mix_steps"] else "no mixture weights: every train row equally likely",
         "doc_lengths": _doc_lengths(data["doc_lengths"]),
         "row_fill": _row_fill(data["row_fill"], data["num_packed_pairs"]),
         "eval_tasks": None if _results(data, downstream=True) else "no downstream task results (eval.tasks)",

@@ -46,8 +46,12 @@ STARTUP_TIMEOUT_S = 120.0
 """How long tokenmill waits for its temporary server to answer ``/api/health`` (a cold start on a loaded
 2-core machine took up to ~15 s)."""
 APP = "prefect.server.api.server:create_app"
-SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-"""What Prefect's own temporary server runs with (``SubprocessASGIServer._run_uvicorn_command``)."""
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+              "PREFECT_API_BLOCKS_REGISTER_ON_START": "false", "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+"""What Prefect's own temporary server runs with (``SubprocessASGIServer._run_uvicorn_command``), less block
+registration: to register (or to check, when memoized) the block types of every installed Prefect collection,
+the server imports them all at start, prefect-dask and with it dask.distributed (measured: 0.5 CPU-s of the
+start and 27 MB). tokenmill's runs use no blocks; a server that serves a UI (``tokenmill serve``) registers them."""
 RUN_THIS_FILE = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 """The server's ``python -c``: this file by its path, not ``-m flows.server``, which would import a ``flows``
 package of the user's from the working directory (a Prefect project often has one) instead of ours."""

@@ -6,9 +6,12 @@ use about one core. A flow opens :func:`stage_processes` for its lifetime; a tas
 to :func:`run_stage_call`, which runs it in a worker process and forwards the call's progress to the task's
 meter. Where no pool is open (a Dask worker, a test calling a task's function) the call runs in place.
 
-Workers are spawned (forking a process that runs threads is unsafe), ignore Ctrl-C (the flow stops them),
-and exit within a second when the flow's process dies, even by ``kill -9``, so no orphan keeps writing into
-the run dir that a re-run is using.
+Workers come from a fork server (forking the flow's process, which runs threads, is unsafe): a fresh
+interpreter that imports the stage's modules once (``preload``) and forks a worker per pool slot. The workers
+share those pages with it and with each other, so a worker costs its working data, not another copy of
+numba, DuckDB and Arrow; and none pays the imports again. Workers ignore Ctrl-C (the flow stops them) and
+exit as soon as the flow's process dies, even by ``kill -9``, so no orphan keeps writing into the run dir that
+a re-run is using. Closing the pool stops the fork server too: it would hold its imports for the flow's life.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import multiprocessing.forkserver
 import os
+import select
 import signal
 import threading
 import time
@@ -39,10 +44,12 @@ class _Call:
 
 
 class StageProcesses:
-    """A spawned process pool plus one thread that routes the workers' progress messages to their callers."""
+    """A pool of forked workers plus one thread that routes the workers' progress messages to their callers."""
 
-    def __init__(self, max_workers: int) -> None:
-        context = multiprocessing.get_context("spawn")
+    def __init__(self, max_workers: int, preload: tuple[str, ...] = ()) -> None:
+        """``preload``: modules the fork server imports before forking (import-time work is shared)."""
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(preload))
         self._messages = context.Queue()
         self._executor = ProcessPoolExecutor(max_workers, mp_context=context, initializer=_start_worker,
                                              initargs=(self._messages, os.getpid()))
@@ -67,7 +74,7 @@ class StageProcesses:
             self._broken = True
             warnings.warn(f"a stage worker process died ({err}); this and the remaining calls run in the flow's "
                           "process. If you call a flow from your own script, call it under "
-                          "`if __name__ == \"__main__\":` (spawned workers import the script).", stacklevel=2)
+                          "`if __name__ == \"__main__\":` (workers import the script).", stacklevel=2)
             return function(*args, on_progress=on_progress, **kwargs)
         finally:
             self._calls.pop(call_id, None)
@@ -78,6 +85,7 @@ class StageProcesses:
         self._router.join()
         self._messages.close()
         self._messages.join_thread()
+        _stop_fork_server()
 
     def _route(self) -> None:
         while (message := self._messages.get()) is not None:
@@ -95,18 +103,26 @@ _OPEN: dict[str, StageProcesses] = {}
 """The pool of this process while a flow holds :func:`stage_processes` open."""
 
 
+def _stop_fork_server() -> None:
+    """Stop this process's fork server once its workers are gone (``ForkServer._stop``, private: hence getattr)."""
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 @contextlib.contextmanager
-def stage_processes(max_workers: int | None = None) -> Iterator[None]:
+def stage_processes(max_workers: int | None = None, preload: tuple[str, ...] = ()) -> Iterator[None]:
     """Open a pool of ``max_workers`` (default: all cores) for :func:`run_stage_call` until the block ends.
 
+    ``preload``: the modules the stage calls need, imported once by the fork server (see the module doc).
     With fewer than two workers (one core, one part), or when a pool is already open (a nested flow), it
-    opens none: spawning a worker costs about a second of imports, more than one part gains.
+    opens none: starting the fork server costs about a second of imports, more than one part gains.
     """
     workers = (os.cpu_count() or 1) if max_workers is None else max_workers
     if workers < 2 or "pool" in _OPEN:
         yield
         return
-    _OPEN["pool"] = pool = StageProcesses(workers)
+    _OPEN["pool"] = pool = StageProcesses(workers, preload)
     try:
         yield
     finally:
@@ -128,16 +144,34 @@ def run_stage_call(function: Callable[..., R], *args: Any, on_progress: Callable
 _WORKER: dict[str, Any] = {}
 
 
-def _start_worker(messages: Any, parent_pid: int) -> None:
+def _start_worker(messages: Any, flow_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER["messages"] = messages
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
+    threading.Thread(target=_exit_with_flow, args=(flow_pid,), name="flow-watch", daemon=True).start()
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_POLL_S)
+def _exit_with_flow(flow_pid: int) -> None:
+    """Exit once the flow's process is gone; the fork server, not the flow, is this worker's parent."""
+    try:
+        watch = os.pidfd_open(flow_pid)  # readable when that process exits; never confused by a reused pid
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # no pidfd (not Linux, or an old kernel): poll instead
+        while _is_alive(flow_pid):
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+    select.select([watch], [], [])
     os._exit(1)  # the flow is gone: stop at once, mid-write included (outputs are temp files until renamed)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run(call_id: int, function: Callable[..., R], args: tuple, kwargs: dict, reports: bool) -> R:

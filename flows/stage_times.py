@@ -61,6 +61,12 @@ def record_stage_time(paths: RunPaths, stage: str, start_unix_s: float, end_unix
 
 def installed_versions() -> dict[str, str]:
     """``{"tokenmill": …, "python": …, package: version}`` for the installed PACKAGES (metadata only, no import)."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> dict[str, str]:
+    """Read once per process: each lookup scans the environment's metadata (~20 ms), and every stage asks."""
     found = {"tokenmill": CODE_VERSION, "python": platform.python_version()}
     for package in PACKAGES:
         with contextlib.suppress(PackageNotFoundError):

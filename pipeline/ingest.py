@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
 
 PLAN_VERSION = 1
+WORKER_PRELOAD = ("pipeline.ingest_preload",)
+"""What a pool of ingest worker processes should import (and warm) once, before forking its workers."""
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_CHARS = 8 << 20
 """A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
@@ -337,11 +339,9 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     """
     manifest_path = Path(part.manifest_path)
     manifest, source = _part_source(part, manifest_path)
-    settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
-    part_fingerprint = fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(),
-                                   val_fraction)
-    done = paths.done_summary("ingest", part_fingerprint, part_unit(part.part_id))
-    if done is not None and (paths.docs / part_file_name(part.part_id)).is_file():
+    part_fingerprint = _part_fingerprint(part, manifest, source, val_fraction)
+    done = _finished_summary(part, part_fingerprint, paths)
+    if done is not None:
         return {**done, "skipped": True}
     root = source_root(source, manifest_path)
     with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
@@ -351,6 +351,31 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
     paths.mark_done("ingest", part_fingerprint, summary, part_unit(part.part_id), part=record)
     return summary
+
+
+def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPaths) -> list[IngestPart]:
+    """The parts that :func:`ingest_part` would (re)write: not yet done, or done with other files or settings.
+
+    Lets a caller size its worker pool by the work left: a re-run that finds every part done starts none.
+    """
+    pending = []
+    for part in parts:
+        manifest, source = _part_source(part, Path(part.manifest_path))
+        if _finished_summary(part, _part_fingerprint(part, manifest, source, val_fraction), paths) is None:
+            pending.append(part)
+    return pending
+
+
+def _part_fingerprint(part: IngestPart, manifest: CorpusManifest, source: SourceConfig, val_fraction: float) -> str:
+    settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
+    return fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(), val_fraction)
+
+
+def _finished_summary(part: IngestPart, part_fingerprint: str, paths: RunPaths) -> dict[str, Any] | None:
+    done = paths.done_summary("ingest", part_fingerprint, part_unit(part.part_id))
+    if done is None or not (paths.docs / part_file_name(part.part_id)).is_file():
+        return None
+    return done
 
 
 def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:

@@ -20,8 +20,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import kernels
-
 try:
     from rensa import RMinHash
 except ImportError:  # pragma: no cover - rensa is a declared dependency; numpy keeps the stage working
@@ -63,6 +61,8 @@ def word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarr
     (non-ASCII bytes are kept as they are), in one compiled pass over the UTF-8 bytes
     (:mod:`pipeline.kernels`; 3x the Arrow split + dictionary + Python-hash path it replaced).
     """
+    from pipeline import kernels  # numba (~0.5 s to import): not paid by a run that has nothing to hash
+
     return kernels.word_hashes(texts)
 
 
@@ -72,6 +72,8 @@ def shingle_hashes(hashes: np.ndarray, offsets: np.ndarray, ngram: int) -> tuple
     A document shorter than ``ngram`` words is one shingle of all its words (a document without words
     gets one constant shingle), so every document has a non-empty shingle set.
     """
+    from pipeline import kernels
+
     return kernels.shingle_hashes(hashes, offsets, ngram, _POSITION_MULTIPLIERS)
 
 

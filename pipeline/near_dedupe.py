@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.rundir import RunPaths
-from pipeline import kernels, minhash
+from pipeline import minhash
 from pipeline.config import DedupeConfig, NearDedupeConfig
 
 MINHASH_DIR = "minhash"
@@ -95,6 +95,8 @@ class PairScorer:
                                                np.searchsorted(self.nodes, right))
         unsure = np.flatnonzero(np.abs(similarity - near.threshold) < near.exact_verify_margin)
         if len(unsure):
+            from pipeline import kernels  # numba: imported where it is first needed (see minhash.word_hashes)
+
             self._load_shingles(minhash.sorted_unique(np.concatenate([left[unsure], right[unsure]])))
             for pair, a, b in zip(unsure.tolist(), left[unsure].tolist(), right[unsure].tolist(), strict=True):
                 if a in self._shingles and b in self._shingles:

@@ -179,6 +179,18 @@ SELECT split, source, coalesce(d.num_documents, 0) AS num_documents, coalesce(d.
 FROM toks t LEFT JOIN docs d USING (split, source)
 ORDER BY split, source
 """
+MIX_STEPS_SQL = """
+SELECT step, m.stage, m.source, m.samples FROM (SELECT step, unnest(mix) AS m FROM train_metrics)
+ORDER BY step, m.stage, m.source
+"""
+REALISED_MIX_SQL = """
+WITH per_source AS (
+    SELECT m.stage AS stage, m.source AS source, sum(m.samples)::BIGINT AS samples, min(step) AS first_row_step,
+           max(step) AS last_row_step
+    FROM (SELECT step, unnest(mix) AS m FROM train_metrics) GROUP BY ALL)
+SELECT *, round(100 * samples / sum(samples) OVER (PARTITION BY stage), 2) AS pct_of_stage
+FROM per_source ORDER BY stage, source
+"""
 NEAR_DUPLICATE_PAIRS_SQL = """
 SELECT d.similarity, d.source, d.doc_id, d.uri AS removed_uri, d.duplicate_of, k.uri AS kept_uri
 FROM duplicates d LEFT JOIN _docs k ON k.doc_id = d.duplicate_of
@@ -222,6 +234,25 @@ def token_mix(run_dir: Path) -> list[dict[str, Any]]:
     """Per split and source: ``split, source, num_documents, num_chars, num_shards, num_rows, num_tokens``
     (EOS included, padding excluded), ``pct_of_split_tokens``, ``tokens_per_char``."""
     return _rows(run_dir, TOKEN_MIX_SQL)
+
+
+def mix_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """The samples each train row's steps took, per mixture stage and source: ``step, stage, source, samples``.
+
+    Empty for a run without ``mixture``/``mixture_schedule`` (its train rows have no ``mix`` column).
+    """
+    return _rows(run_dir, MIX_STEPS_SQL) if _has_mix_column(run_dir) else []
+
+
+def realised_mix(run_dir: Path) -> list[dict[str, Any]]:
+    """Per mixture stage and source: ``stage, source, samples, first_row_step, last_row_step, pct_of_stage``
+    (the samples the run took; empty without a mixture)."""
+    return _rows(run_dir, REALISED_MIX_SQL) if _has_mix_column(run_dir) else []
+
+
+def _has_mix_column(run_dir: Path) -> bool:
+    """Whether the train rows record a mixture (a run without one has no ``mix`` column to unnest)."""
+    return any(row["column_name"] == "mix" for row in _rows(run_dir, "DESCRIBE SELECT * FROM train_metrics"))
 
 
 def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:

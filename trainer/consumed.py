@@ -85,7 +85,7 @@ def _replay(launch: Launch, spikes: set[int], rolled_back: list[tuple[int, int]]
     """The launch's surviving steps, read off a loader set up as the launch set its own up."""
     # The trainer's own mixture construction, from the section as the trainer validates it (train.py imports
     # everything this module does, and the trainer never imports this module).
-    from trainer.train import TrainerSections, build_mixture
+    from trainer.train import MIXTURE_SECTIONS, TrainerSections, build_mixture
 
     record = launch.record
     shards = record["shards"]
@@ -93,10 +93,13 @@ def _replay(launch: Launch, spikes: set[int], rolled_back: list[tuple[int, int]]
                                [int(s["num_rows"]) for s in shards], {s["path"]: s["sha256"] for s in shards})
     layout = BatchLayout(int(record["micro_batch_size"]), int(record["grad_accum_steps"]), int(record["world_size"]))
     seed = int(record["seed"])
-    loader = TrainLoader(numbering, layout, seed, allow_data_change=True,
-                         mixture=build_mixture(numbering, TrainerSections(mixture=record["mixture"]).mixture, seed))
-    with warnings.catch_warnings():  # the launch itself warned about changed batches or data, when it resumed
+    sections = TrainerSections.model_validate({key: record.get(key) for key in MIXTURE_SECTIONS})
+    with warnings.catch_warnings():  # the launch itself warned (weights, changed batches or data, dropped sources)
         warnings.simplefilter("ignore")
+        mixture = build_mixture(numbering, sections.mixture, seed, sections.mixture_schedule)
+        loader = TrainLoader(numbering, layout, seed, allow_data_change=True, mixture=mixture)
+        if mixture is not None:
+            mixture.warn = False
         loader.load_state_dict(record["loader_state"])
     paths = pa.array(numbering.shard_paths, pa.string())
     sources = pa.array(numbering.shard_sources, pa.string())

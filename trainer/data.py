@@ -262,6 +262,8 @@ class TrainLoader:
         self._epoch_order: tuple[int, np.ndarray] | None = None
         hook = os.environ.get(YIELDED_ROWS_HOOK)
         self._yielded_rows_file = None if not hook else Path(f"{hook}-rank{layout.rank}.jsonl")
+        if mixture is not None:
+            mixture.warn = layout.rank == 0  # one warning per dropped source, not one per rank
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The permutation of all row numbers that epoch ``epoch`` visits (cached for the current epoch)."""
@@ -293,7 +295,7 @@ class TrainLoader:
         if self.mixture is None:
             rows = self.global_rows(self.samples_consumed, count)
         else:
-            rows = self.mixture.take(self.samples_consumed, count)
+            rows = self.mixture.take(self.samples_consumed, count, num_steps)
         self.samples_consumed += count
         return rows.reshape(num_steps, layout.world_size, -1)
 
@@ -339,9 +341,14 @@ class TrainLoader:
                           f"{self.layout.global_batch_size} samples per step (micro_batch_size * "
                           "grad_accum_steps * processes); the sample order continues unchanged", stacklevel=2)
         self.samples_consumed = int(state["samples_consumed"])
-        self._load_mixture_state(state.get("mixture"))
+        self._load_mixture_state(state.get("mixture"), self.samples_consumed // int(state["global_batch_size"]))
 
-    def _load_mixture_state(self, saved: dict[str, Any] | None) -> None:
+    def pop_mix_counts(self) -> list[dict[str, Any]] | None:
+        """Samples per (stage, source) since the last call, for the metrics row; None without a mixture."""
+        return None if self.mixture is None else self.mixture.pop_window_counts()
+
+    def _load_mixture_state(self, saved: dict[str, Any] | None, steps: int) -> None:
+        """``steps``: the optimizer steps taken, for a mixture state saved before they were counted."""
         if self.mixture is None:
             if saved is not None and self.layout.rank == 0:
                 warnings.warn("the checkpoint was trained with mixture weights and run.yaml has none now; "
@@ -353,7 +360,9 @@ class TrainLoader:
                                       "mixture section; pass --allow-data-change to start the weighted order at "
                                       "this step, or remove the mixture section.")
             saved = {"position": self.samples_consumed, "source_samples": {}, "weights": self.mixture.weights}
-        self.mixture.load_state_dict(saved)
+            if self.mixture.scheduled:
+                saved["schedule"] = self.mixture.schedule_state()
+        self.mixture.load_state_dict({"step": steps, **saved})
 
     def _check_same_data(self, saved: dict[str, str], saved_num_rows: int) -> None:
         if saved == self.rows.digests:

@@ -297,6 +297,8 @@ class TrainingLoop:
         row = {"step": self.counters.step, "loss": last.loss, "lr": last.lr, "grad_norm": last.grad_norm,
                "tokens_seen": self.counters.tokens_seen, "epoch": self.loader.epoch,
                "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
+        if (mix := self.loader.pop_mix_counts()) is not None:  # [{stage, source, samples}] since the last row
+            row["mix"] = mix
         if self.spikes.zscore is not None:  # the guard's columns, in every row of a guarded run
             row.update(spike_steps=self.counters.spike_steps, spike_z_score=last.spike_z_score,
                        **(rollback or dict.fromkeys(ROLLBACK_COLUMNS)))

@@ -45,13 +45,15 @@ def read_segments(path: Path) -> list[dict[str, Any]]:
     return segments
 
 
-def segment_record(loader: TrainLoader, start_step: int, num_processes: int, mixture: Any) -> dict[str, Any]:
-    """What re-deriving this launch's data order needs (``mixture``: run.yaml's validated mixture section, as JSON)."""
+def segment_record(loader: TrainLoader, start_step: int, num_processes: int,
+                   mixture_sections: dict[str, Any]) -> dict[str, Any]:
+    """What re-deriving this launch's data order needs (``mixture_sections``: run.yaml's ``mixture`` and
+    ``mixture_schedule`` as the trainer validated them, as JSON)."""
     rows, layout = loader.rows, loader.layout
     return {"version": SEGMENT_VERSION, "start_step": start_step, "start_sample": loader.samples_consumed,
             "num_processes": num_processes, "world_size": layout.world_size,
             "micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
-            "seed": loader.seed, "mixture": mixture, "loader_state": loader.state_dict(),
+            "seed": loader.seed, **mixture_sections, "loader_state": loader.state_dict(),
             "shards": [{"path": path, "source": source, "num_rows": int(hi - lo), "sha256": rows.digests[path]}
                        for path, source, lo, hi in zip(rows.shard_paths, rows.shard_sources, rows.starts[:-1],
                                                        rows.starts[1:], strict=True)]}

@@ -16,7 +16,7 @@ from typing import Annotated, Any, NoReturn
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from core.atomic import sha256_file
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
@@ -32,7 +32,8 @@ from trainer.export import export_model, exported_step
 from trainer.launch import exit_with_parent, run_dir_lock
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
-from trainer.mixture import MixtureOrder, resolve_weights
+from trainer.mixture import MixtureOrder, MixtureStage, resolve_weights
+from trainer.mixture_config import MixtureScheduleConfig
 from trainer.model_spec import ModelSpec, model_spec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import (
@@ -59,13 +60,24 @@ class TrainerSections(FrozenConfig):
     train: TrainConfig = TrainConfig()
     mixture: dict[str, Annotated[float, Field(ge=0)]] | None = None
     """Sampling weight per source name (from the corpus manifests); None = every train row equally likely."""
+    mixture_schedule: MixtureScheduleConfig | None = None
+    """Weights that change by step (the recipe's ``mixture_schedule``); replaces ``mixture``."""
+
+    @model_validator(mode="after")
+    def _one_mixture(self) -> TrainerSections:
+        if self.mixture is not None and self.mixture_schedule is not None:
+            raise ValueError("mixture and mixture_schedule are both set; keep one (a recipe with a "
+                             "mixture_schedule records no mixture: remove the mixture section)")
+        return self
 
 
 def read_trainer_config(run_dir: Path) -> TrainerSections:
-    """Validate ``model``, ``train`` and ``mixture`` of ``RUN/run.yaml``; raises ConfigError naming the key to fix."""
+    """Validate ``model``, ``train``, ``mixture`` and ``mixture_schedule`` of ``RUN/run.yaml``; raises ConfigError
+    naming the key to fix."""
     path = RunPaths(run_dir).recipe
     recipe = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
-    sections = {key: recipe[key] for key in ("model", "train", "mixture") if recipe.get(key) is not None}
+    sections = {key: recipe[key] for key in ("model", "train", "mixture", "mixture_schedule")
+                if recipe.get(key) is not None}
     try:
         config = TrainerSections.model_validate(sections)
         if not config.model.is_hugging_face:  # a Hugging Face model's dims are checked once its config is read
@@ -99,13 +111,30 @@ def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
     return train_rows, val_rows
 
 
-def build_mixture(train_rows: SplitRows, weights: dict[str, float] | None, seed: int) -> MixtureOrder | None:
-    """The weighted source interleave for run.yaml's ``mixture`` section, or None without one."""
-    if weights is None:
+def build_mixture(train_rows: SplitRows, weights: dict[str, float] | None, seed: int,
+                  schedule: MixtureScheduleConfig | None = None) -> MixtureOrder | None:
+    """The weighted source interleave for run.yaml's ``mixture`` (or ``mixture_schedule``), or None without one."""
+    if schedule is None and weights is None:
         return None
     source_rows = train_rows.rows_by_source()
+    if schedule is not None:
+        return MixtureOrder(source_rows, {}, seed, schedule_stages(schedule, source_rows), schedule.max_repetition)
     resolved = resolve_weights(weights, {name: len(rows) for name, rows in source_rows.items()})
     return MixtureOrder(source_rows, resolved, seed)
+
+
+def schedule_stages(schedule: MixtureScheduleConfig, source_rows: dict[str, Any]) -> list[MixtureStage]:
+    """Each stage's weights normalised over the train sources; ConfigError names the stage key to fix."""
+    sizes = {name: len(rows) for name, rows in source_rows.items()}
+    stages = []
+    for index, stage in enumerate(schedule.stages):
+        key = f"mixture_schedule.stages[{index}].weights"
+        unknown = sorted(set(stage.weights) - {name for name, size in sizes.items() if size})
+        if unknown:
+            raise ConfigError(f"run.yaml: {key}: no train rows for source(s) {unknown} (the train shards hold "
+                              f"{sorted(sizes)}); fix the name or remove it")
+        stages.append(MixtureStage(stage.until_step, resolve_weights(stage.weights, sizes, key)))
+    return stages
 
 
 def build_telemetry(accelerator: Accelerator, train: TrainConfig, paths: RunPaths, flops: float) -> Telemetry:
@@ -163,7 +192,8 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     # The processes of one tensor-parallel group are one data-parallel replica: they read the same batch.
     layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, *data_parallel_coordinates(accelerator))
     loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
-                         build_mixture(train_rows, config.mixture, train.seed), train.document_masking)
+                         build_mixture(train_rows, config.mixture, train.seed, config.mixture_schedule),
+                         train.document_masking)
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
     counters = LoopCounters()
@@ -219,6 +249,10 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     return loop.counters.step
 
 
+MIXTURE_SECTIONS = ("mixture", "mixture_schedule")
+"""The recipe sections that decide the data order besides the seed: each launch records them (trainer.consumed)."""
+
+
 def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) -> None:
     """Rank 0 appends this launch's loader setup to metrics/train_segments.jsonl (the ``consumed`` view's source);
     with ``train.log_row_losses`` each data-parallel rank's first TP process then logs its rows' losses.
@@ -228,7 +262,8 @@ def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) 
     accelerator = loop.accelerator
     segment = [None]
     if accelerator.is_main_process:
-        mixture = config.model_dump(mode="json")["mixture"]
+        sections = config.model_dump(mode="json")
+        mixture = {key: sections[key] for key in MIXTURE_SECTIONS}
         record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, mixture)
         segment = [append_segment(paths, record)]
     broadcast_object_list(segment)

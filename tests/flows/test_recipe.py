@@ -88,3 +88,23 @@ def test_tokenizer_vocab_size_with_from_pretrained_is_an_error_naming_both_keys(
     (with_config.parent / "config.json").write_text("{}")
     trained = load_recipe(with_config)[0]
     assert trained.tokenizer.vocab_size == 512  # hf_config has no trained embedding: a new tokenizer may be trained
+
+
+def test_a_mixture_schedule_replaces_the_manifest_weights_in_run_yaml_and_must_name_their_sources(
+        tmp_path: Path) -> None:
+    path = write_small_recipe(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["mixture_schedule"] = {"stages": [{"until_step": 10, "weights": {"stdlib": 1}},
+                                           {"weights": {"stdlib": 1, "stdlb": 2}}]}
+    path.write_text(yaml.safe_dump(data))
+    recipe, base = load_recipe(path)
+    with pytest.raises(ConfigError, match=r"mixture_schedule.stages\[1\].weights: unknown source\(s\) \['stdlb'\] "
+                                          r"\(the manifests name \['stdlib'\]\)"):
+        record_recipe(recipe, base, tmp_path / "run")
+    data["mixture_schedule"]["stages"][1]["weights"] = {"stdlib": 2}
+    path.write_text(yaml.safe_dump(data))
+    recipe, base = load_recipe(path)
+    record_recipe(recipe, base, tmp_path / "run")
+    recorded = yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())
+    assert recorded["mixture"] is None  # the trainer refuses run.yaml with both
+    assert recorded["mixture_schedule"]["stages"][0] == {"until_step": 10, "weights": {"stdlib": 1.0}}

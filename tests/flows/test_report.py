@@ -16,6 +16,7 @@ import pytest
 from core.rundir import RunPaths
 from flows.report import collect_report_data, write_report
 from flows.report_plots import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, drawn_figure
+from pipeline.query import realised_mix
 from tests.conftest import build_query_run
 
 CHECK_IMAGES = """<script>
@@ -196,3 +197,29 @@ def test_report_renders_in_headless_chromium_over_the_window_width_with_all_imag
     # The plots use the page's width (two columns here), not a 1100 px column in its middle.
     span, width = map(int, re.search(r'data-span="(\d+)/(\d+)"', result.stdout).groups())
     assert width == WINDOW_WIDTH_PX and span > 0.85 * width
+
+
+def test_the_realised_mix_per_stage_is_queryable_and_plotted_with_its_stage_boundary(run: Path) -> None:
+    # Rows as a mixture_schedule run logs them every 2 steps: the row of step 4 holds steps 3 (stage 0) and 4.
+    mixes = [[{"stage": 0, "source": "a", "samples": 6}, {"stage": 0, "source": "b", "samples": 2}],
+             [{"stage": 0, "source": "a", "samples": 3}, {"stage": 0, "source": "b", "samples": 1},
+              {"stage": 1, "source": "a", "samples": 1}, {"stage": 1, "source": "b", "samples": 3}],
+             [{"stage": 1, "source": "a", "samples": 2}, {"stage": 1, "source": "b", "samples": 6}]]
+    rows = [{**row, "step": 2 * i + 2, "mix": mix} for i, (row, mix) in enumerate(zip(TRAIN_ROWS, mixes, strict=True))]
+    (run / "metrics" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert realised_mix(run) == [
+        {"stage": 0, "source": "a", "samples": 9, "first_row_step": 2, "last_row_step": 4, "pct_of_stage": 75.0},
+        {"stage": 0, "source": "b", "samples": 3, "first_row_step": 2, "last_row_step": 4, "pct_of_stage": 25.0},
+        {"stage": 1, "source": "a", "samples": 3, "first_row_step": 4, "last_row_step": 6, "pct_of_stage": 25.0},
+        {"stage": 1, "source": "b", "samples": 9, "first_row_step": 4, "last_row_step": 6, "pct_of_stage": 75.0}]
+    figure = draw("train_mix", collect_report_data(run))
+    try:
+        axes = figure.axes[0]
+        assert legend_labels(axes) == ["a", "b"]
+        (boundary,) = axes.get_lines()
+        assert list(boundary.get_xdata()) == [4, 4]
+        assert [text.get_text() for text in axes.texts] == ["end of stage 0"]
+    finally:
+        figure.clear()
+    markdown = (write_report(RunPaths(run)).parent / "report.md").read_text()
+    assert "train_mix.png" in markdown and "| 1 | b | 9 | 4 | 6 | 75 |" in markdown

@@ -1,4 +1,4 @@
-"""flows/stage_processes.py: stage calls in spawned workers, with their progress, errors and lifetime."""
+"""flows/stage_processes.py: stage calls in forked workers, with their progress, errors and lifetime."""
 
 from __future__ import annotations
 
@@ -74,37 +74,38 @@ def test_without_an_open_pool_the_call_runs_in_place() -> None:
     assert seen == [(0, 10), (1, 10), (2, 10)]
 
 
-def test_workers_exit_when_the_flow_process_is_killed() -> None:
-    """kill -9 of the flow's process: no orphan worker goes on running (and writing into the run dir)."""
-    script = textwrap.dedent("""
+def test_workers_exit_when_the_flow_process_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the flow's process mid-call: no orphan worker goes on running (and writing into the run dir)."""
+    started = tmp_path / "worker.pid"
+    script = textwrap.dedent(f"""
         from flows.stage_processes import run_stage_call, stage_processes
         from tests.flows.test_stage_processes import sleep_long
 
         with stage_processes(2):
-            print("open", flush=True)
-            run_stage_call(sleep_long)
+            run_stage_call(sleep_long, {str(started)!r})
     """)
-    flow = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    workers: list[psutil.Process] = []
+    flow = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    pool: list[psutil.Process] = []
     try:
-        assert flow.stdout is not None and flow.stdout.readline().strip() == "open"
-        for _ in range(300):  # the pool spawns a worker for the call
-            workers = [child for child in psutil.Process(flow.pid).children()
-                       if "spawn_main" in " ".join(child.cmdline())]
-            if workers:
+        for _ in range(600):  # the pool's fork server starts, forks a worker, and the worker runs the call
+            if started.is_file() and started.read_text():
                 break
-            psutil.wait_procs([], timeout=0.1)
-        assert workers, "no worker process was started"
+            assert flow.poll() is None, "the flow exited before its worker ran the call"
+            time.sleep(0.1)
+        pool = psutil.Process(flow.pid).children(recursive=True)  # the fork server, the worker, a resource tracker
+        worker = psutil.Process(int(started.read_text()))
+        assert worker in pool and worker.pid != flow.pid
         flow.kill()
         flow.wait(timeout=30)
-        _, alive = psutil.wait_procs(workers, timeout=30)
-        assert alive == []
+        _, alive = psutil.wait_procs(pool, timeout=30)
+        assert alive == []  # the worker noticed the flow's death; then the fork server had no client left
     finally:
         flow.kill()
-        for worker in workers:
-            if worker.is_running():
-                worker.kill()
+        for process in pool:
+            if process.is_running():
+                process.kill()
 
 
-def sleep_long(on_progress=None) -> None:
+def sleep_long(started: str, on_progress=None) -> None:
+    Path(started).write_text(str(os.getpid()))
     time.sleep(600)

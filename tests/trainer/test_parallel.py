@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pickle
+import signal
 import subprocess
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from core.atomic import sha256_file
 from core.errors import ConfigError
+from pipeline.query import realised_mix
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
+from tests.trainer.test_resume import wait_for_step
 from trainer.checkpoint import verify_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import PAD_ID, SplitRows
@@ -165,3 +171,50 @@ def test_multi_node_launch_command() -> None:
     assert "--machine_rank" not in launch_command(Path("runs/x"), 2)  # one machine: the flags stay as they were
     with pytest.raises(ValueError, match="main_process_ip"):
         launch_command(Path("runs/x"), 16, num_machines=2)
+
+
+@pytest.mark.slow
+def test_kill_9_right_after_a_mixture_stage_boundary_on_two_processes_then_resume_on_one(
+        make_run_dir: MakeRunDir, tmp_path: Path) -> None:
+    """A ``mixture_schedule`` run on 2 processes is SIGKILLed in the first step of its second stage; resumed on 1
+    process (grad accumulation doubled) it ends bitwise where 1 process trained straight through ends, and the
+    source dropped by ``max_repetition`` at that boundary is dropped in both."""
+    settings = {"max_steps": 6, "checkpoint_every": 3, "log_every": 1, "eval_every": 100, "eval_batches": 1,
+                "peak_tflops": 1.0, "tensorboard": False}  # no MFU probe, no event files: the test is about the data
+    web_rows = len(SplitRows(make_run_dir("sizes"), "train", PAD_ID).rows_by_source()["web"])
+    # web may be seen 500 samples: stage 0 (256 web per block) keeps it, stage 1 (768 per block) drops it at step 4.
+    schedule = {"stages": [{"until_step": 3, "weights": {"email": 3, "web": 1}},
+                           {"weights": {"email": 1, "web": 3}}], "max_repetition": {"web": 500 / web_rows}}
+    run_dir = make_run_dir(train={**settings, "num_processes": 2})
+    edit_recipe(run_dir, "mixture_schedule", **schedule)
+    log = tmp_path / "launch.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(launch_command(run_dir, 2), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        wait_for_step(run_dir, 4, process, timeout_s=240)  # step 4: the first of stage 1, web just dropped
+    finally:  # the launcher and its ranks (each rank may run in a session of its own), as a machine going down
+        ranks = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
+        psutil.wait_procs(ranks, timeout=60)
+    assert process.wait(timeout=60) == -signal.SIGKILL, log.read_text()[-2000:]
+    assert "'web' dropped from the mix at step 4" in log.read_text()
+    assert not (run_dir / "model" / "model.safetensors").exists()
+
+    edit_recipe(run_dir, "train", grad_accum_steps=2, num_processes=1)
+    with pytest.warns(UserWarning, match="'web' dropped from the mix at step 4"):  # re-decided after the resume
+        assert main(["--run-dir", str(run_dir)]) == 0
+    assert read_metric_rows(run_dir / "metrics" / "train.jsonl")[-1]["step"] == 6
+    straight = make_run_dir("straight", train={**settings, "grad_accum_steps": 2})
+    edit_recipe(straight, "mixture_schedule", **schedule)
+    with pytest.warns(UserWarning, match="'web' dropped"):
+        assert main(["--run-dir", str(straight)]) == 0
+    resumed, expected = exported_weights(run_dir), exported_weights(straight)
+    assert all(torch.equal(resumed[name], expected[name]) for name in expected), "weights differ"
+    # The realised mix, from the rows of both the killed and the resumed run: 3 steps of 8 samples per stage.
+    mix = {(row["stage"], row["source"]): row["samples"] for row in realised_mix(run_dir)}
+    assert mix[(0, "email")] + mix[(0, "web")] == 24 and mix.get((1, "web"), 0) == 0 and mix[(1, "email")] == 24
+    assert realised_mix(run_dir) == realised_mix(straight)
