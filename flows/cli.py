@@ -145,11 +145,12 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
           sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],
           output_format: FormatOpt = OutputFormat.table) -> None:
-    """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics.
+    """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics,
+    eval_results, train_segments, consumed (the rows each step trained on), row_losses.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
     """
-    from pipeline.query import run_query
+    from flows.query import run_query
 
     table = _interruptible(run_query, run_dir, sql)
     emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ from core.rundir import RunPaths, path_inside_run
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
 from core.shards import SHARD_LAYOUT, scan_shard_files
 
-VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics", "eval_results")
+VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics", "eval_results",
+         "train_segments")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
                                   ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
@@ -41,11 +43,17 @@ EVAL_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("val_loss", pa.float64()
 EVAL_RESULTS_SCHEMA = pa.schema([("step", pa.int64()), ("checkpoint", pa.string()), ("task", pa.string()),
                                  ("metric", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()),
                                  ("num_samples", pa.int64()), ("source", pa.string())])
+TRAIN_SEGMENTS_SCHEMA = pa.schema([("segment", pa.int64()), ("start_step", pa.int64()), ("start_sample", pa.int64()),
+                                   ("num_processes", pa.int64()), ("world_size", pa.int64()),
+                                   ("micro_batch_size", pa.int64()), ("grad_accum_steps", pa.int64()),
+                                   ("seed", pa.int64()), ("num_shards", pa.int64()), ("num_train_rows", pa.int64())])
+"""``train_segments``: one row per training launch (``metrics/train_segments.jsonl``, written by the trainer)."""
 EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
                                     ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
                                     ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
                                     ("source", pa.string()), ("shard_path", pa.string())])
 SEQUENCES_VIEW = "sequences"
+TRAIN_SEGMENTS_VIEW = "train_segments"
 DEPTH_ADVICE = 'Use "SET max_expression_depth'
 SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
 # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
@@ -54,13 +62,20 @@ DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
                       "AND (source, uri) NOT IN (SELECT source, uri FROM rejects WHERE reason = 'contaminated')")
 
 
-def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
+DerivedView = tuple[Callable[[Path], pa.Table], pa.Schema]
+"""A view computed from the run dir by another package (the trainer's ``consumed``): (build, its empty schema).
+``flows.query`` hands them in: pipeline cannot import the trainer, and the trainer's order code derives them."""
+
+
+def connect(run_dir: str | Path, sql: str | None = None,
+            derived: Mapping[str, DerivedView] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, unable to touch any file.
 
     Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
     ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
     names ``sequences`` (else that view is empty), so a damaged shard breaks only the queries that read it.
+    ``derived``: more views by name, each built only when ``sql`` names it (or ``sql`` is None), else empty.
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
@@ -70,7 +85,10 @@ def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConne
                          "(runs/<name> by default).")
     # Everything is read (or refused) before a connection exists. A word test, not a parse: a statement
     # can read the view only by naming it, and a false positive merely opens the shards.
-    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower())
+    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower(),
+                         read_segments=sql is None or TRAIN_SEGMENTS_VIEW in sql.lower())
+    for name, (build, schema) in (derived or {}).items():
+        tables[name] = build(run_dir) if sql is None or name in sql.lower() else schema.empty_table()
     con = duckdb.connect(":memory:")
     # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
     con.execute("SET enable_external_access = false")
@@ -81,8 +99,11 @@ def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConne
     return con
 
 
-def run_query(run_dir: str | Path, sql: str) -> pa.Table:
-    """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) and return a table."""
+def run_query(run_dir: str | Path, sql: str, derived: Mapping[str, DerivedView] | None = None) -> pa.Table:
+    """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) and return a table.
+
+    ``derived``: more views, as :func:`connect` takes them.
+    """
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as err:
@@ -94,8 +115,8 @@ def run_query(run_dir: str | Path, sql: str) -> pa.Table:
     kind = statements[0].type
     if kind not in ALLOWED_STATEMENTS:
         raise QueryError(f"queries are read-only: {kind.name} statements are not allowed; use SELECT "
-                         f"over the views {', '.join(VIEWS)}.")
-    con = connect(run_dir, sql)
+                         f"over the views {', '.join([*VIEWS, *(derived or {})])}.")
+    con = connect(run_dir, sql, derived)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as err:
@@ -243,11 +264,11 @@ def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:
 # ---- the run's artifacts as Arrow data ---------------------------------------------------------
 
 
-def _run_tables(run_dir: Path, read_shards: bool) -> dict[str, ds.Dataset | pa.Table]:
+def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[str, ds.Dataset | pa.Table]:
     """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``).
 
     The layout under ``shards/`` is checked either way; the shard files are opened only when ``read_shards``
-    (else ``sequences`` is an empty table of its columns).
+    (else ``sequences`` is an empty table of its columns), the launch records only when ``read_segments``.
     """
     paths = RunPaths(run_dir)
     shard_files = _checked_shard_files(run_dir)
@@ -259,6 +280,8 @@ def _run_tables(run_dir: Path, read_shards: bool) -> dict[str, ds.Dataset | pa.T
         "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
         "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
         "eval_results": _eval_results_table(run_dir, paths),
+        "train_segments": (_train_segments_table(run_dir, paths.metrics / "train_segments.jsonl") if read_segments
+                           else TRAIN_SEGMENTS_SCHEMA.empty_table()),
         "sequences": _sequences_table(run_dir, shard_files if read_shards else []),
     }
 
@@ -288,8 +311,8 @@ def _parquet_dataset(run_dir: Path, files: list[Path], schema: pa.Schema) -> ds.
                          "the broken file, or re-run the stage that wrote it.") from None
 
 
-def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table:
-    """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
+def _jsonl_rows(run_dir: Path, path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (none when absent); a torn last line (a writer killed mid-line) is skipped."""
     rows = []
     if path.exists():
         for line in _checked_files(run_dir, [path])[0].read_text(encoding="utf-8", errors="replace").splitlines():
@@ -297,6 +320,12 @@ def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table
                 row = json.loads(line)
                 if isinstance(row, dict):
                     rows.append(row)
+    return rows
+
+
+def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table:
+    """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
+    rows = _jsonl_rows(run_dir, path)
     if not rows:
         return empty_schema.empty_table()
     try:
@@ -304,6 +333,22 @@ def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table
     except (pa.ArrowException, UnicodeError) as err:
         raise QueryError(f"{path}: rows do not form one table ({_first_line(err)}); each key must hold one "
                          "type of value in every line: fix or remove the odd lines.") from None
+
+
+def _train_segments_table(run_dir: Path, path: Path) -> pa.Table:
+    """The launches' summary columns (the full records hold the loader state and shard list the trainer replays)."""
+    rows = []
+    for record in _jsonl_rows(run_dir, path):
+        shards = record.get("shards") if isinstance(record.get("shards"), list) else []
+        num_rows = [shard.get("num_rows") for shard in shards if isinstance(shard, dict)]
+        rows.append({**{name: record.get(name) for name in TRAIN_SEGMENTS_SCHEMA.names},
+                     "num_shards": len(shards),
+                     "num_train_rows": sum(n for n in num_rows if isinstance(n, int))})
+    try:
+        return pa.Table.from_pylist(rows, schema=TRAIN_SEGMENTS_SCHEMA)
+    except (pa.ArrowException, TypeError) as err:
+        raise QueryError(f"{path}: a line holds values of the wrong type ({_first_line(err)}); the trainer writes "
+                         "this file: restore it, or remove the odd line.") from None
 
 
 def _eval_results_table(run_dir: Path, paths: RunPaths) -> pa.Table:

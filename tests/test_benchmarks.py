@@ -25,6 +25,7 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 TINY_ARGS = {
     "cli_latency": ["--mb", "0.5", "--repeats", "1"],
     "checkpoint_stall": ["--every", "1", "--saves", "1", "--seq-len", "16"],
+    "consumed": ["--steps", "40"],
     "dedupe": ["--mb", "1", "--families", "10", "--repeats", "1"],
     "eval_split": ["--rows", "16", "--rounds", "1"],
     "ingest_memory": ["--mb", "2"],

@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 from core.rundir import RunPaths
+from flows.query import run_query
 from flows.recipe import load_recipe, manifest_paths, record_recipe
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.query import near_duplicate_pairs, run_query, token_mix
+from pipeline.query import near_duplicate_pairs, token_mix
 from pipeline.stages import dedupe_stage
 from tests.flows.conftest import write_small_recipe
 from tokenization.stage import pack_split_source, write_index
@@ -55,6 +57,9 @@ def build_small_run(root: Path, *, train_steps: int = 0, packages: tuple[str, ..
     """A real run dir under ``root/run``: documents, rejects, duplicates, tokenizer, shards, and (when
     ``train_steps``) checkpoints and metrics from that many steps of a tiny model. Returns the run dir."""
     recipe = write_small_recipe(root, max_steps=max(train_steps, 1), packages=packages)
+    if train_steps:  # the cookbook's per-source loss curve reads row_losses
+        edited = yaml.safe_load(recipe.read_text())
+        recipe.write_text(yaml.safe_dump({**edited, "train": {**edited["train"], "log_row_losses": True}}))
     plant_corpus_faults(root / "corpus")
     loaded, base = load_recipe(recipe)
     paths = RunPaths(root / "run")

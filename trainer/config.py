@@ -143,6 +143,9 @@ class TrainConfig(FrozenConfig):
     """Applied steps whose losses the spike z-score is taken over; no step is judged before this many are known."""
     max_spikes_in_a_row: int = Field(default=3, ge=1)
     """After this many spike steps in a row, roll back to the newest checkpoint and skip the batches since it."""
+    log_row_losses: bool = False
+    """Also write each training row's mean loss per step (metrics/row_losses/, the ``row_losses`` view): which
+    documents the model finds hard, per source, over time. From the step's own logits; training is unchanged."""
     document_masking: bool = False
     """Attend only within each document of a packed row (shards' doc_starts), positions restarting per document;
     built-in model and Hugging Face models whose attention reads packed position_ids (docs/training.md)."""

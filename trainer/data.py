@@ -13,6 +13,8 @@ sample sequence interleaves the sources by weight instead, with the same rank sl
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,11 @@ PAD_ID = 1
 """``<|pad|>`` (fills the end of a source's last row; its labels become IGNORE_INDEX) in a trained tokenizer."""
 
 LOADER_STATE_VERSION = 1
+
+YIELDED_ROWS_HOOK = "TOKENMILL_TEST_YIELDED_ROWS"
+"""Test hook, never set in production: a path prefix; each rank's loader appends the rows it yields to
+``<prefix>-rank<R>.jsonl`` (``{"sample", "rank", "world_size", "micro_batch_size", "rows"}`` per step), so a test
+can check the ``consumed`` view against what was actually loaded. Training never reads it back."""
 
 
 class TokenRows(Protocol):
@@ -78,7 +85,35 @@ class ArrayRows:
         return [np.asarray(self._doc_starts[int(i)], dtype=np.int64) for i in indices]
 
 
-class SplitRows:
+class ShardNumbering:
+    """Global row numbers over a list of shards (in index order): row ``k`` is row ``k - starts[i]`` of shard ``i``.
+
+    The loader orders these numbers; the ``consumed`` view (:mod:`trainer.consumed`) maps them back to
+    (shard_path, row_in_shard) with the very same numbering, from a launch's recorded shard list.
+    """
+
+    def __init__(self, shard_paths: list[str], shard_sources: list[str], shard_num_rows: list[int],
+                 digests: dict[str, str]) -> None:
+        self.shard_paths, self.shard_sources, self.digests = list(shard_paths), list(shard_sources), dict(digests)
+        sizes = np.asarray(shard_num_rows, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.num_rows = int(self.starts[-1])
+
+    def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard number, row in that shard) of each global row number in ``indices``."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shard_ids = np.searchsorted(self.starts, indices, side="right") - 1
+        return shard_ids, indices - self.starts[shard_ids]
+
+    def rows_by_source(self) -> dict[str, np.ndarray]:
+        """Global row numbers of each source's rows (for mixture weights)."""
+        by_source: dict[str, list[np.ndarray]] = {}
+        for number, source in enumerate(self.shard_sources):
+            by_source.setdefault(source, []).append(np.arange(self.starts[number], self.starts[number + 1]))
+        return {source: np.concatenate(parts) for source, parts in by_source.items()}
+
+
+class SplitRows(ShardNumbering):
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
     def __init__(self, run_dir: Path, split: str, pad_id: int, pad_is_eos: bool = False) -> None:
@@ -91,14 +126,11 @@ class SplitRows:
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
         self.split, self.pad_id, self.pad_is_eos = split, pad_id, pad_is_eos
         self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
-        self.shard_sources = [info.source for info in infos]
         self.shards = [ShardTokens(Path(run_dir) / info.path) for info in infos]
         self.seq_len = _common_value(infos, [int(s.metadata["seq_len"]) for s in self.shards], "seq_len")
         self.vocab_size = _common_value(infos, [int(s.metadata["vocab_size"]) for s in self.shards], "vocab_size")
-        sizes = np.array([len(shard) for shard in self.shards], dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.num_rows = int(self.starts[-1])
-        self.digests = {info.path: info.sha256 for info in infos}
+        super().__init__([info.path for info in infos], [info.source for info in infos],
+                         [len(shard) for shard in self.shards], {info.path: info.sha256 for info in infos})
         self._doc_starts: dict[int, ShardDocStarts] = {}  # opened on first use: only document masking reads them
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
@@ -126,13 +158,6 @@ class SplitRows:
                 self._doc_starts[shard_id] = ShardDocStarts(shard.path, shard.seq_len)
             out.append(self._doc_starts[shard_id].row(row))
         return out
-
-    def rows_by_source(self) -> dict[str, np.ndarray]:
-        """Global row numbers of each source's rows (for mixture weights)."""
-        by_source: dict[str, list[np.ndarray]] = {}
-        for number, source in enumerate(self.shard_sources):
-            by_source.setdefault(source, []).append(np.arange(self.starts[number], self.starts[number + 1]))
-        return {source: np.concatenate(parts) for source, parts in by_source.items()}
 
     def close(self) -> None:
         for shard in self.shards:
@@ -235,6 +260,8 @@ class TrainLoader:
         self.allow_data_change, self.mixture, self.document_masking = allow_data_change, mixture, document_masking
         self.samples_consumed = 0
         self._epoch_order: tuple[int, np.ndarray] | None = None
+        hook = os.environ.get(YIELDED_ROWS_HOOK)
+        self._yielded_rows_file = None if not hook else Path(f"{hook}-rank{layout.rank}.jsonl")
         if mixture is not None:
             mixture.warn = layout.rank == 0  # one warning per dropped source, not one per rank
 
@@ -255,16 +282,31 @@ class TrainLoader:
             out[mask] = self.epoch_order(int(epoch))[positions[mask]]
         return out
 
+    def next_steps_rows(self, num_steps: int = 1) -> np.ndarray:
+        """Row numbers of the next ``num_steps`` optimizer steps, [num_steps, world_size, micro_batch_size *
+        grad_accum_steps]: rank r trains on ``[step, r]``, its micro-batches in order. Advances the position.
+
+        Every rank walks the whole global batch (with a mixture the per-source counts then agree on all ranks).
+        This is the one place the order meets the batch layout: :meth:`next_step` loads these rows, and the
+        ``consumed`` view (:mod:`trainer.consumed`) replays a launch through it without reading a token.
+        """
+        layout = self.layout
+        count = num_steps * layout.global_batch_size
+        if self.mixture is None:
+            rows = self.global_rows(self.samples_consumed, count)
+        else:
+            rows = self.mixture.take(self.samples_consumed, count, num_steps)
+        self.samples_consumed += count
+        return rows.reshape(num_steps, layout.world_size, -1)
+
     def next_step(self) -> list[Batch]:
         """This rank's ``grad_accum_steps`` micro-batches of the next optimizer step; advances the position."""
         layout = self.layout
         per_rank = layout.micro_batch_size * layout.grad_accum_steps
-        if self.mixture is None:
-            row_ids = self.global_rows(self.samples_consumed + layout.rank * per_rank, per_rank)
-        else:  # every rank walks the whole global batch, so the per-source counts agree on all ranks
-            step_rows = self.mixture.take(self.samples_consumed, layout.global_batch_size)
-            row_ids = step_rows[layout.rank * per_rank:(layout.rank + 1) * per_rank]
-        self.samples_consumed += layout.global_batch_size
+        first_sample = self.samples_consumed
+        row_ids = self.next_steps_rows(1)[0, layout.rank]
+        if self._yielded_rows_file is not None:
+            record_yielded_rows(self._yielded_rows_file, first_sample + layout.rank * per_rank, layout, row_ids)
         tokens = self.rows.rows(row_ids)
         doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
         size = layout.micro_batch_size
@@ -335,3 +377,11 @@ class TrainLoader:
         if self.layout.rank == 0:
             warnings.warn(f"train data changed since the checkpoint ({saved_num_rows} -> {self.rows.num_rows} rows); "
                           "continuing the sample count over the new data order", stacklevel=3)
+
+
+def record_yielded_rows(path: Path, first_sample: int, layout: BatchLayout, row_ids: np.ndarray) -> None:
+    """Append one step's rows to the test hook's file (see YIELDED_ROWS_HOOK); flushed, so kill -9 keeps it."""
+    line = {"sample": first_sample, "rank": layout.rank, "world_size": layout.world_size,
+            "micro_batch_size": layout.micro_batch_size, "rows": [int(row) for row in row_ids]}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")

@@ -33,6 +33,7 @@ from trainer.model import next_token_loss
 from trainer.model_spec import ModelSpec, output_logits
 from trainer.parallel import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
+from trainer.segments import RowLossLog, row_mean_losses
 from trainer.spike_guard import SpikeGuard
 from trainer.telemetry import PhaseTimer, Telemetry
 
@@ -136,7 +137,10 @@ class TrainingLoop:
     callbacks: list[Callback] = field(default_factory=list)
     spec: ModelSpec | None = None
     """The model's spec: what the export asks (config.json, tied weights)."""
+    row_losses: RowLossLog | None = None
+    """Where this rank writes its rows' losses (``train.log_row_losses``); None = not recorded."""
     _window: list[StepResult] = field(default_factory=list)
+    _step_row_losses: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.precision is None:
@@ -157,6 +161,8 @@ class TrainingLoop:
             callback.on_step_begin(step)
         timer = PhaseTimer(self.accelerator.device)
         lr = float(self.optimizer.param_groups[0]["lr"])
+        layout = self.loader.layout
+        first_sample = self.loader.samples_consumed + layout.rank * layout.micro_batch_size * layout.grad_accum_steps
         with timer.phase("data_wait_s"):
             batches = self.loader.next_step()
         with timer.phase("fwd_bwd_s"):
@@ -165,6 +171,8 @@ class TrainingLoop:
             loss, grad_norm, applied, spike_z_score = self.optimizer_step(local_loss)
         self.counters.step = step
         self.counters.tokens_seen += self.tokens_per_step
+        if self.row_losses is not None:
+            self.row_losses.write(step, first_sample, self._step_row_losses)
         for callback in self.callbacks:
             callback.on_step_end(step)
         return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score)
@@ -176,11 +184,14 @@ class TrainingLoop:
         """
         device = self.accelerator.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self._step_row_losses = []
         for batch in batches:
             with self.accelerator.accumulate(self.model):
                 with self.precision.autocast():
                     logits = output_logits(self.model(**batch.model_kwargs(device)))
                     loss = next_token_loss(logits, batch.labels.to(device))
+                if self.row_losses is not None:
+                    self._step_row_losses.append(row_mean_losses(logits, batch.labels.to(device)))
                 self.accelerator.backward(self.precision.scale(loss))
                 loss_sum += loss.detach().double()
         assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"

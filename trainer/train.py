@@ -44,8 +44,10 @@ from trainer.parallel import (
     is_sharded,
     parallelize_model,
     tensor_parallel_mesh,
+    tensor_parallel_rank,
 )
 from trainer.precision import MixedPrecision
+from trainer.segments import RowLossLog, append_segment, segment_record
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
 from trainer.trackers import Trackers, start_trackers
@@ -242,6 +244,8 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
                                           resuming=resumed_step is not None)
                 loop.metrics.tracker = trackers.log
             target_step = until_step if until_step is not None else config.train.max_steps
+            if loop.counters.step < target_step:
+                record_launch(loop, paths, config)
             run_to(loop, target_step)
             export_if_stale(loop, paths)
         finally:
@@ -259,6 +263,29 @@ def finish_background_save(loop: TrainingLoop) -> None:
     problem = loop.checkpointer.close()
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr, flush=True)
+
+
+MIXTURE_SECTIONS = ("mixture", "mixture_schedule")
+"""The recipe sections that decide the data order besides the seed: each launch records them (trainer.consumed)."""
+
+
+def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) -> None:
+    """Rank 0 appends this launch's loader setup to metrics/train_segments.jsonl (the ``consumed`` view's source);
+    with ``train.log_row_losses`` each data-parallel rank's first TP process then logs its rows' losses.
+
+    Collective: every rank learns the launch's segment number (its row-loss file is named by it).
+    """
+    accelerator = loop.accelerator
+    segment = [None]
+    if accelerator.is_main_process:
+        sections = config.model_dump(mode="json")
+        mixture = {key: sections[key] for key in MIXTURE_SECTIONS}
+        record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, mixture)
+        segment = [append_segment(paths, record)]
+    broadcast_object_list(segment)
+    if config.train.log_row_losses and tensor_parallel_rank(accelerator) == 0:
+        layout = loop.loader.layout
+        loop.row_losses = RowLossLog(paths, segment[0], layout.rank, layout.micro_batch_size)
 
 
 def fsdp_block_classes(paths: RunPaths, config: TrainerSections) -> tuple[str, ...]:

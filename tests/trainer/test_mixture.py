@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from core.errors import CheckpointError, ConfigError
+from flows.query import run_query
 from tests.trainer.conftest import SEQ_LEN, Corpus, MakeRunDir, write_corpus_shards
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights
@@ -121,6 +122,8 @@ def test_run_yaml_mixture_section_drives_training_and_its_checkpoint(make_run_di
     state = json.loads((run_dir / "checkpoints" / "step-0000002" / "trainer_state.json").read_text())
     assert state["states"]["loader"]["mixture"]["position"] == 2 * 4
     assert state["states"]["loader"]["mixture"]["weights"] == {"email": 0.5, "web": 0.5}
+    # consumed replays the weighted order: its rows per source are the ones the loader counted while training.
+    assert consumed_per_source(run_dir, 1, 2) == state["states"]["loader"]["mixture"]["source_samples"]
 
     plain = make_run_dir("plain", train={"max_steps": 4, "checkpoint_every": 2})
     assert main(["--run-dir", str(plain), "--until-step", "2"]) == 0
@@ -128,6 +131,18 @@ def test_run_yaml_mixture_section_drives_training_and_its_checkpoint(make_run_di
     assert main(["--run-dir", str(plain)]) == 2
     assert "pass --allow-data-change to start the weighted order" in capsys.readouterr().err
     assert main(["--run-dir", str(plain), "--allow-data-change"]) == 0
+    # Two launches in one view: steps 1-2 in the plain order, 3-4 weighted from where the mixture started.
+    final = json.loads((plain / "checkpoints" / "step-0000004" / "trainer_state.json").read_text())
+    assert consumed_per_source(plain, 3, 4) == final["states"]["loader"]["mixture"]["source_samples"]
+    assert run_query(plain, "SELECT list(DISTINCT segment ORDER BY segment) AS s FROM consumed").to_pylist() == [
+        {"s": [0, 1]}]
+
+
+def consumed_per_source(run_dir: Path, first_step: int, last_step: int) -> dict[str, int]:
+    """Rows per source that the ``consumed`` view lists for steps ``first_step .. last_step``."""
+    rows = run_query(run_dir, f"SELECT source, count(*) AS n FROM consumed WHERE step BETWEEN {first_step} AND "
+                              f"{last_step} GROUP BY source").to_pylist()
+    return {row["source"]: row["n"] for row in rows}
 
 
 def test_mixture_state_must_match_the_loader_position(train_rows: SplitRows) -> None:

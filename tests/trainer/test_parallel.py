@@ -17,6 +17,7 @@ import torch
 
 from core.atomic import sha256_file
 from core.errors import ConfigError
+from flows.query import run_query
 from pipeline.query import realised_mix
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from tests.trainer.test_resume import wait_for_step
@@ -218,3 +219,10 @@ def test_kill_9_right_after_a_mixture_stage_boundary_on_two_processes_then_resum
     mix = {(row["stage"], row["source"]): row["samples"] for row in realised_mix(run_dir)}
     assert mix[(0, "email")] + mix[(0, "web")] == 24 and mix.get((1, "web"), 0) == 0 and mix[(1, "email")] == 24
     assert realised_mix(run_dir) == realised_mix(straight)
+    # consumed replays the two launches' scheduled order (2 processes, then 1 from step 3's checkpoint): the rows of
+    # the straight run, step for step, and per stage and source the samples the trainer counted.
+    sql = "SELECT step, sample, shard_path, row_in_shard FROM consumed ORDER BY sample"
+    assert run_query(run_dir, sql) == run_query(straight, sql)
+    per_stage = run_query(run_dir, "SELECT (step > 3)::INT AS stage, source, count(*) AS n FROM consumed GROUP BY ALL")
+    assert {(row["stage"], row["source"]): row["n"] for row in per_stage.to_pylist()} == {
+        key: samples for key, samples in mix.items() if samples}

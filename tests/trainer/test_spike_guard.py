@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
-from pipeline.query import run_query
+from flows.query import run_query
 from tests.trainer.conftest import VOCAB_SIZE, MakeRunDir, exported_weights
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.loop import LoopCounters
@@ -133,6 +133,17 @@ def test_spikes_are_skipped_a_streak_rolls_back_and_the_run_says_what_it_skipped
     assert (rows[30]["skipped_steps"], rows[30]["spike_steps"]) == (4, 4)
     # The rollback restored step 15's optimizer and LR schedule: step 28 runs at step 16's learning rate.
     assert rows[28]["lr"] == rows[16]["lr"] and rows[28]["lr"] != rows[27]["lr"]
+    # consumed names the rows each step trained on: the corrupted ones exactly at the corrupted steps; it flags
+    # the spikes, and the rollback's undone steps 16-27.
+    garbage = run_query(run_dir, "SELECT DISTINCT c.step FROM consumed c JOIN sequences s USING (shard_path, "
+                                 "row_in_shard) WHERE list_unique(s.input_ids) = 1 "
+                                 f"AND s.input_ids[1] = {GARBAGE_TOKEN} ORDER BY c.step")
+    assert garbage.column("step").to_pylist() == CORRUPTED_STEPS
+    flags = run_query(run_dir, "SELECT step, bool_or(spike) AS spike, bool_or(rolled_back) AS rolled_back "
+                               "FROM consumed GROUP BY step ORDER BY step").to_pylist()
+    assert [row["step"] for row in flags] == list(range(1, 31))
+    assert [row["step"] for row in flags if row["spike"]] == CORRUPTED_STEPS
+    assert [row["step"] for row in flags if row["rolled_back"]] == list(range(16, 28))
 
 
 def test_a_run_killed_after_a_rollback_resumes_bitwise(make_run_dir: MakeRunDir,
@@ -149,6 +160,10 @@ def test_a_run_killed_after_a_rollback_resumes_bitwise(make_run_dir: MakeRunDir,
     assert all(torch.equal(straight_weights[name], resumed_weights[name]) for name in straight_weights)
     losses = [[row["loss"] for row in read_metric_rows(run / "metrics" / "train.jsonl")] for run in (straight, resumed)]
     assert losses[0] == losses[1]
+    # The same history, though the resumed run took two launches and trained steps 16-28 twice.
+    sql = "SELECT * EXCLUDE (segment) FROM consumed ORDER BY sample"
+    assert run_query(resumed, sql) == run_query(straight, sql)
+    assert run_query(resumed, "SELECT max(segment) AS n FROM consumed").column("n").to_pylist() == [1]
 
 
 def test_bad_spike_settings_are_one_line_naming_the_key(make_run_dir: MakeRunDir,
