@@ -150,7 +150,7 @@ def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
     """
-    from flows.query import run_query
+    from flows.run_sql import run_query
 
     table = _interruptible(run_query, run_dir, sql)
     emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)

@@ -64,7 +64,7 @@ DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
 
 DerivedView = tuple[Callable[[Path], pa.Table], pa.Schema]
 """A view computed from the run dir by another package (the trainer's ``consumed``): (build, its empty schema).
-``flows.query`` hands them in: pipeline cannot import the trainer, and the trainer's order code derives them."""
+``flows.run_sql`` hands them in: pipeline cannot import the trainer, and the trainer's order code derives them."""
 
 
 def connect(run_dir: str | Path, sql: str | None = None,

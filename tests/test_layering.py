@@ -61,3 +61,11 @@ def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "lazy.py"
     module.write_text("def f():\n    from pipeline.ingest import plan_ingest\n    import flows.cli\n")
     assert imported_modules(module) == {"pipeline.ingest", "flows.cli"}
+
+
+def test_no_flows_module_shares_a_name_with_a_stage_module() -> None:
+    """Prefect loads ``flows/pipeline.py`` by path for a deployment, and ``pipeline.X`` then found ``flows/X.py``
+    first: a ``flows/query.py`` crashed every served and deployed run (ImportError from ``pipeline.query``)."""
+    stage_modules = {path.stem for package in ("pipeline", "tokenization", "trainer", "core")
+                     for path in (REPO / package).glob("*.py")} - {"__init__"}
+    assert not stage_modules & {path.stem for path in (REPO / "flows").glob("*.py")}

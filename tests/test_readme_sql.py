@@ -16,8 +16,8 @@ import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 from core.rundir import RunPaths
-from flows.query import run_query
 from flows.recipe import load_recipe, manifest_paths, record_recipe
+from flows.run_sql import run_query
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.query import near_duplicate_pairs, token_mix
 from pipeline.stages import dedupe_stage

@@ -5,7 +5,7 @@ Nothing here logs or re-implements the order: each recorded launch is replayed t
 launch recorded, without reading a token. A launch's steps survive up to the step the next launch resumed from
 (a kill -9 replays the steps after the newest checkpoint, on whatever number of processes the resume has); the
 last launch's, up to the newest step in train_metrics or the checkpoints. Spike-guard skips and rollbacks come
-from the train_metrics rows that record them. ``flows.query`` registers both tables as DuckDB views.
+from the train_metrics rows that record them. ``flows.run_sql`` registers both tables as DuckDB views.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def surviving_launches(paths: RunPaths) -> list[Launch]:
 def consumed_table(run_dir: Path) -> pa.Table:
     """``consumed``: the rows every surviving step trained on (columns: CONSUMED_SCHEMA). QueryError names a
     history file that cannot be replayed."""
-    paths = RunPaths(Path(run_dir))
+    paths = RunPaths(run_dir)
     launches = surviving_launches(paths)
     spikes, rolled_back = _guard_events(paths)
     batches = []
@@ -160,7 +160,7 @@ def _newest_step(paths: RunPaths, segments: list[dict[str, Any]]) -> int:
 
 def row_losses_table(run_dir: Path) -> pa.Table:
     """``row_losses``: each surviving step's per-row losses (columns: ROW_LOSSES_SCHEMA); torn lines are skipped."""
-    paths = RunPaths(Path(run_dir))
+    paths = RunPaths(run_dir)
     folder = paths.metrics / ROW_LOSSES_FOLDER
     launches = {int(launch.record["segment"]): launch for launch in surviving_launches(paths)}
     columns: dict[str, list[Any]] = {name: [] for name in ROW_LOSSES_SCHEMA.names}

@@ -22,7 +22,7 @@ import torch
 
 from core.errors import QueryError
 from core.shards import read_shard_index
-from flows.query import run_query
+from flows.run_sql import run_query
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights
 from tests.trainer.test_resume import wait_for_step
 from trainer.data import YIELDED_ROWS_HOOK

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from core.errors import CheckpointError, ConfigError
-from flows.query import run_query
+from flows.run_sql import run_query
 from tests.trainer.conftest import SEQ_LEN, Corpus, MakeRunDir, write_corpus_shards
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights

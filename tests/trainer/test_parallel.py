@@ -17,7 +17,7 @@ import torch
 
 from core.atomic import sha256_file
 from core.errors import ConfigError
-from flows.query import run_query
+from flows.run_sql import run_query
 from pipeline.query import realised_mix
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from tests.trainer.test_resume import wait_for_step

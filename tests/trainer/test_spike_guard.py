@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
-from flows.query import run_query
+from flows.run_sql import run_query
 from tests.trainer.conftest import VOCAB_SIZE, MakeRunDir, exported_weights
 from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.loop import LoopCounters

@@ -2,7 +2,7 @@
 
 ``pipeline.query`` cannot import the trainer (the layering rule), and those two views are the trainer's own data
 order replayed (:mod:`trainer.consumed`), so they are joined here: ``tokenmill query`` and notebooks
-(``flows.query.connect(RUN_DIR)``) see them; ``pipeline.query.connect`` has the data views only.
+(``flows.run_sql.connect(RUN_DIR)``) see them; ``pipeline.query.connect`` has the data views only.
 """
 
 from __future__ import annotations
