@@ -31,10 +31,10 @@ TINY_ARGS = {
     "ingest_memory": ["--mb", "2"],
     "loader": ["--rows", "512", "--rounds", "1", "--batches-per-round", "5"],
     "minhash_impls": ["--mb", "0.5"],
-    "orchestration": ["--mb", "0.3", "--repeats", "1"],
+    "orchestration": ["--mb", "0.1", "--repeats", "1"],
     "peers": ["--mb", "1"],
     "tokenize": ["--max-mb", "1", "--rounds", "1"],
-    "train_hf_trainer": ["--steps", "6", "--warmup", "1", "--repeats", "1"],
+    "train_hf_trainer": ["--steps", "3", "--warmup", "1", "--repeats", "1"],
     "train_step": ["--rounds", "1", "--steps-per-round", "1"],
 }
 """Options, after ``--quick``, that make a benchmark tiny; a benchmark not listed runs with ``--quick`` alone."""
