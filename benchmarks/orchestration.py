@@ -10,9 +10,9 @@ each command a new process, with the CPU seconds of the command and its children
 - ``flow, running server``: the same with ``prefect server start`` running (its own Prefect home, a free
   port) and ``PREFECT_API_URL`` naming it: what ``tokenmill serve`` or a team's Prefect server gives.
 
-The first prepare, which does the work, is measured once: its wall time less the union of its stages' spans
-(``metrics/stage_times.jsonl``) is what a command with work pays around its stages (interpreter start,
-imports, server, flow and task runs, the summary).
+A prepare that does the work is measured once each way (temporary server, running server; a fresh run dir
+each): its wall time less the union of its stages' spans (``metrics/stage_times.jsonl``) is what a command with
+work pays around its stages (interpreter start, imports, server, flow and task runs, report, summary).
 
     python -m benchmarks.orchestration --quick
 
@@ -119,6 +119,9 @@ def main() -> dict[str, object]:
             if repeats > 1:  # the running server's first flow runs register the flows there: not counted
                 seal.unlink()
                 timed(command, ways["flow, running server"])
+            fresh = [*command[:-1], str(folder / "run-on-the-running-server")]
+            working = timed(fresh, ways["flow, running server"])
+            working_stages = stage_seconds(folder / "run-on-the-running-server" / "metrics" / "stage_times.jsonl")
             runs = {}
             for name, env in ways.items():
                 runs[name] = []
@@ -129,8 +132,9 @@ def main() -> dict[str, object]:
         finally:
             server.terminate()
             server.wait(timeout=60)
-    print(f"first prepare (temporary server): {first[0]:.2f} s wall, {first[1]:.2f} CPU-s; its stages "
-          f"{stages:.2f} s, around them {first[0] - stages:.2f} s")
+    for name, (wall, cpu), spans in (("temporary server", first, stages), ("running server", working, working_stages)):
+        print(f"prepare with work ({name}): {wall:.2f} s wall, {cpu:.2f} CPU-s; its stages {spans:.2f} s, "
+              f"around them {wall - spans:.2f} s")
     print(f"{'fully skipped prepare':<24} {'median s':>9} {'min s':>7} {'CPU-s':>7}   ({repeats} runs each)")
     for name, timings in runs.items():
         walls = [wall for wall, _ in timings]
