@@ -48,6 +48,31 @@ def _thread_counts_as_the_session_began() -> Iterator[None]:
             os.environ[name] = value
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A SeaweedFS S3 server for the session (started once, ~10 s), with the AWS variables pointing at it."""
+    from tests.s3_server import clear_instance_cache, running_s3_server, s3_environment
+
+    with running_s3_server(tmp_path_factory.mktemp("seaweedfs")) as endpoint, pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_environment(endpoint).items():
+            patch.setenv(name, value)
+        clear_instance_cache()
+        yield endpoint
+    clear_instance_cache()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket for one test: ``s3://<name>``."""
+    import re
+
+    import s3fs
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{os.getpid() % 1000}"
+    s3fs.S3FileSystem().mkdir(name)
+    return f"s3://{name}"
+
+
 def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email", "logging", "http")) -> Path:
     """Copy a few standard-library packages' .py files into ``target`` (a real, small corpus)."""
     for package in packages:
