@@ -142,13 +142,14 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 
 
 @app.command()
-def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+def query(run_dir: Annotated[str, typer.Argument(help="Run directory, or its URL in a bucket (s3://bucket/runs/NAME).")],
           sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],
           output_format: FormatOpt = OutputFormat.table) -> None:
     """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics,
     eval_results, train_segments, consumed (the rows each step trained on), row_losses.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
+    (or s3://bucket/runs/tiny, with the AWS variables set: docs/data.md "Run from object storage").
     """
     from flows.run_sql import run_query
 

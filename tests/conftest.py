@@ -62,15 +62,19 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
-    """A new, empty bucket for one test: ``s3://<name>``."""
+def s3_prefix(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """An empty prefix of the session's bucket for one test: ``s3://tokenmill-tests/<test name>``.
+
+    One bucket for all: SeaweedFS gives each bucket volumes of its own, and a few buckets exhaust a small server.
+    """
     import re
 
     import s3fs
 
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{os.getpid() % 1000}"
-    s3fs.S3FileSystem().mkdir(name)
-    return f"s3://{name}"
+    fs = s3fs.S3FileSystem()
+    if not fs.exists("tokenmill-tests"):
+        fs.mkdir("tokenmill-tests")
+    return "s3://tokenmill-tests/" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())
 
 
 def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email", "logging", "http")) -> Path:

@@ -37,7 +37,7 @@ def running_s3_server(folder: Path, startup_s: float = 60) -> Iterator[str]:
     ports = {flag: free_port() for flag in PORT_FLAGS}
     argv = [weed_binary(), "server", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
             *(f"-{flag}={port}" for flag, port in ports.items()), "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=16"]
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=64"]
     log_path = folder / "weed.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
@@ -51,7 +51,7 @@ def running_s3_server(folder: Path, startup_s: float = 60) -> Iterator[str]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the process group (weed ignores SIGINT for 20 s and more), SIGKILL after 2 s (its data is a temporary folder)."""
+    """SIGTERM the process group (weed takes 20 s and more over SIGINT), SIGKILL after 2 s (its data is temporary)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:

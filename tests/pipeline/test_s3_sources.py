@@ -63,16 +63,16 @@ def rejects(run: Path) -> list[tuple[str, str]]:
     return sorted(zip(table["uri"].to_pylist(), table["reason"].to_pylist(), strict=True))
 
 
-def test_ingest_from_a_bucket_equals_the_local_run_and_refresh_sees_new_objects(tmp_path: Path, s3_bucket: str):
+def test_ingest_from_a_bucket_equals_the_local_run_and_refresh_sees_new_objects(tmp_path: Path, s3_prefix: str):
     corpus = write_corpus(tmp_path / "corpus")
     fs = s3fs.S3FileSystem()
-    fs.put(f"{corpus}/", f"{s3_bucket}/corpus/", recursive=True)
-    assert sorted(fs.find(f"{s3_bucket}/corpus")) == sorted(
-        f"{s3_bucket.removeprefix('s3://')}/corpus/{p.relative_to(corpus).as_posix()}"
+    fs.put(f"{corpus}/", f"{s3_prefix}/corpus/", recursive=True)
+    assert sorted(fs.find(f"{s3_prefix}/corpus")) == sorted(
+        f"{s3_prefix.removeprefix('s3://')}/corpus/{p.relative_to(corpus).as_posix()}"
         for p in corpus.rglob("*") if p.is_file())
 
     local = ingest(write_manifest(tmp_path / "local.yaml", str(corpus)), tmp_path / "run-local")
-    manifest = write_manifest(tmp_path / "remote.yaml", f"{s3_bucket}/corpus")
+    manifest = write_manifest(tmp_path / "remote.yaml", f"{s3_prefix}/corpus")
     remote = ingest(manifest, tmp_path / "run-remote")
 
     assert remote.num_rows == local.num_rows > 50
@@ -83,8 +83,8 @@ def test_ingest_from_a_bucket_equals_the_local_run_and_refresh_sees_new_objects(
     assert all(version.startswith("ETag:") for _, version in plan["files"]["records"].values())
 
     # The nightly refresh: one new object is ingested; a changed one (new ETag and size) is seen and named.
-    fs.pipe(f"{s3_bucket}/corpus/code/new_module.py", b"def added_tonight():\n    return 'a new object'\n")
-    fs.pipe(f"{s3_bucket}/corpus/code/tool.py", (corpus / "code/tool.py").read_bytes() + b"\n# changed\n")
+    fs.pipe(f"{s3_prefix}/corpus/code/new_module.py", b"def added_tonight():\n    return 'a new object'\n")
+    fs.pipe(f"{s3_prefix}/corpus/code/tool.py", (corpus / "code/tool.py").read_bytes() + b"\n# changed\n")
     paths = RunPaths(tmp_path / "run-remote")
     with pytest.warns(UserWarning, match="tool.py changed after it was ingested"):
         new_parts = plan_ingest([manifest], paths, 64 << 10)
