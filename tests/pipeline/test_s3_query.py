@@ -13,6 +13,7 @@ import s3fs
 
 from core.errors import QueryError
 from pipeline.query import run_query
+from pipeline.run_mirror import mirror_root
 from tests.conftest import build_query_run
 
 VIEW_QUERIES = {
@@ -83,3 +84,34 @@ def subprocess_free_derived_query(url: str) -> None:
     from flows.run_sql import run_query as run_query_with_training_views
 
     run_query_with_training_views(url, "SELECT count(*) FROM consumed")
+
+
+def test_shards_and_report_commands_on_a_bucket_answer_as_on_the_local_run(
+        uploaded_run: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    run, url = uploaded_run
+    fs = s3fs.S3FileSystem()
+    fs.pipe(f"{url}/checkpoints/step-0000002/model.safetensors", b"w" * 1000)  # weights: never mirrored
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    runner = CliRunner()
+    for command in (["shards", "verify"], ["shards", "stats", "--format", "json"],
+                    ["shards", "sample", "--n", "2", "--no-decode", "--format", "json"]):
+        local, remote = runner.invoke(app, [*command, str(run)]), runner.invoke(app, [*command, url])
+        assert local.exit_code == remote.exit_code == 0, remote.output
+        assert remote.stdout.replace(str(mirror_root(url)), str(run)) == local.stdout, command
+    mirror = mirror_root(url)
+    assert not (mirror / "checkpoints/step-0000002/model.safetensors").exists()
+
+    remote = runner.invoke(app, ["report", url])
+    assert remote.exit_code == 0, remote.output
+    assert remote.stdout.strip() == f"wrote {mirror / 'report/index.html'}"
+    local = runner.invoke(app, ["report", str(run)])
+    assert local.exit_code == 0, local.output
+    assert (mirror / "report/report.md").read_text() == (run / "report/report.md").read_text()
+
+    fs.rm(f"{url}/dedupe/duplicates.parquet")  # the mirror follows the bucket: a key gone is gone locally
+    assert runner.invoke(app, ["shards", "verify", url]).exit_code == 0
+    assert not (mirror / "dedupe/duplicates.parquet").exists()
