@@ -6,11 +6,14 @@ Credentials and the endpoint come from the standard AWS environment or config fi
 ``storage_options`` holds only options that are no secret (:data:`ALLOWED_STORAGE_OPTIONS`), because a manifest
 is copied into ``run.yaml`` and shared. An object is identified by its key, size and ETag (:func:`list_objects`),
 as a local file is by its path, size and mtime. Objects are streamed (:meth:`ObjectPath.open`), never
-downloaded whole. Retries of transient errors (connection refused, 503 SlowDown) are botocore's and s3fs's own.
+downloaded whole. Transient errors (connection refused, 503 SlowDown) are retried with backoff by botocore and
+s3fs themselves (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``); :class:`RetryLog` logs each of those retries once, as a
+warning of the ``pipeline.objects`` logger, which they log only at debug level.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -95,6 +98,7 @@ class ObjectPath:
 
     def filesystem(self) -> tuple[Any, str]:
         """``(fsspec filesystem, path inside it)``; fsspec caches the filesystem, so this is cheap."""
+        RetryLog.install()
         try:
             import fsspec
         except ImportError:
@@ -128,6 +132,45 @@ class ObjectPath:
         fs, path = self.filesystem()
         with object_errors(self.url):
             return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+
+
+LOGGER = logging.getLogger(__name__)
+RETRY_LOGGERS = ("botocore.retryhandler", "botocore.retries.standard", "s3fs")
+"""Where botocore (legacy and standard retry modes) and s3fs say, at debug level, that a request is retried."""
+
+
+class RetryLog(logging.Filter):
+    """Turns each retry that botocore or s3fs logs at debug level into one warning of :data:`LOGGER`; drops the
+    rest of their debug records (unless the user asked for them: a logger set to DEBUG is left alone)."""
+
+    _installed = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cause = ""
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        for name in RETRY_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.getEffectiveLevel() > logging.DEBUG:
+                logger.setLevel(logging.DEBUG)
+                logger.addFilter(cls())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        message = record.getMessage()
+        if message.startswith("retry needed, "):  # legacy mode: the cause, just before the retry itself
+            self.cause = message.split(": ", 1)[-1]
+        elif message.startswith("Retry needed") or message.startswith("Retryable error: "):
+            cause = self.cause or message.split(": ", 1)[-1]
+            LOGGER.warning("object store: transient error (%s); retrying with backoff", " ".join(cause.split())[:200])
+            self.cause = ""
+        return False
 
 
 def object_version(info: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -126,3 +127,26 @@ def test_credentials_in_a_url_are_refused_and_endpoint_options_allowed(tmp_path:
                                     "storage_options": {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1"},
                                                         "region_name": "eu-west-1"}}]}))
     assert load_manifest(path).sources[0].storage_options["region_name"] == "eu-west-1"
+
+
+def test_connection_refused_is_retried_each_retry_logged_once_then_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    from tests.flows.prefect_server import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every connection is refused
+    for name, value in {"AWS_ENDPOINT_URL": closed, "AWS_MAX_ATTEMPTS": "3", "AWS_RETRY_MODE": "legacy",
+                        "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}.items():
+        monkeypatch.setenv(name, value)
+    caplog.set_level(logging.WARNING, logger="pipeline.objects")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(ObjectStoreError) as err:
+            plan_ingest([write_manifest(tmp_path / "m.yaml", "s3://any-bucket/corpus")], RunPaths(tmp_path / "r"), 1)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()  # the session's server is used again by the next test
+    message = str(err.value)
+    assert message.startswith("s3://any-bucket/corpus/code: cannot reach the object store") and "\n" not in message
+    assert "AWS_ENDPOINT_URL" in message
+    retries = [record.getMessage() for record in caplog.records if record.name == "pipeline.objects"]
+    assert len(retries) == 2, retries  # 3 attempts: 2 retries, each logged once
+    assert all("transient error" in line and closed in line for line in retries)
