@@ -151,7 +151,7 @@ def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path
     if re.match(r"^[a-z][a-z0-9+.-]*://", raw):
         raise ManifestError(
             f"{manifest_path}: sources[{source.name}].path {source.path!r} looks like a remote or hub "
-            f"name; {source.format} reads local paths only (save the dataset with save_to_disk and point at it)."
+            f"name; {source.format} reads local files only (save the dataset with save_to_disk and point at it)."
         )
     path = Path(raw)
     if not path.is_absolute():

@@ -36,10 +36,14 @@ class ObjectStoreError(TokenmillError):
     """A bucket or object that cannot be reached (missing, no permission, no credentials): one line, what to set."""
 
 
+NOT_OBJECT_STORES = frozenset({"file", "hf"})
+"""Schemes never read as object storage: local files, and the Hugging Face hub (tokenmill never downloads it)."""
+
+
 def is_remote(path: str) -> bool:
-    """Whether ``path`` is a URL read through fsspec (``s3://…``, ``gs://…``), not a local path."""
+    """Whether ``path`` is a URL read through fsspec (``s3://…``, ``gs://…``), not a local path or a hub name."""
     match = URL_SCHEME.match(path)
-    return match is not None and match.group(1) != "file"
+    return match is not None and match.group(1) not in NOT_OBJECT_STORES
 
 
 def check_storage_options(options: dict[str, Any]) -> dict[str, Any]:
