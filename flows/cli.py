@@ -150,7 +150,7 @@ def query(run_dir: RunDirArg,
     eval_results, train_segments, consumed (the rows each step trained on), row_losses.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
-    (or s3://bucket/runs/tiny, with the AWS variables set: docs/data.md "Run from object storage").
+    (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
     """
     from flows.run_sql import run_query
 

@@ -4,6 +4,7 @@ of sources and run dirs in a bucket. Started once per session; every port is a f
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,11 @@ from pathlib import Path
 from tests.flows.prefect_server import free_port
 
 ACCESS_KEY, SECRET_KEY = "tokenmill-test", "tokenmill-test-secret"
-"""Any key and secret do: a SeaweedFS without identities accepts every signed request."""
+"""The one identity the server knows (a SeaweedFS without identities would accept any key and secret, and wrong
+credentials could not be tested)."""
+IDENTITIES = {"identities": [{"name": "tokenmill-test",
+                              "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                              "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
               "s3.port", "s3.port.grpc", "iam.port", "debug.port")
 """Every port `weed server` opens here, each given a free one (its defaults, 8111, 6060, HTTP port + 10000 for
@@ -35,8 +40,10 @@ def running_s3_server(folder: Path, startup_s: float = 60) -> Iterator[str]:
     """``weed server`` with an S3 gateway in its own process group; yields the endpoint URL once a bucket can be
     made and written; stops the group after."""
     ports = {flag: free_port() for flag in PORT_FLAGS}
+    (folder / "s3.json").write_text(json.dumps(IDENTITIES))
     argv = [weed_binary(), "server", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
-            *(f"-{flag}={port}" for flag, port in ports.items()), "-s3.port.iceberg=0", "-s3.port.lance=0",
+            *(f"-{flag}={port}" for flag, port in ports.items()), f"-s3.config={folder / 's3.json'}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=64"]
     log_path = folder / "weed.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below

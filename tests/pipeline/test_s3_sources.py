@@ -150,3 +150,18 @@ def test_connection_refused_is_retried_each_retry_logged_once_then_one_line(
     retries = [record.getMessage() for record in caplog.records if record.name == "pipeline.objects"]
     assert len(retries) == 2, retries  # 3 attempts: 2 retries, each logged once
     assert all("transient error" in line and closed in line for line in retries)
+
+
+def test_wrong_credentials_are_one_line_naming_the_url_and_what_to_set(
+        tmp_path: Path, s3_prefix: str, monkeypatch: pytest.MonkeyPatch):
+    s3fs.S3FileSystem().pipe(f"{s3_prefix}/corpus/code/a.py", b"print('hello')\n")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(ObjectStoreError) as err:
+            plan_ingest([write_manifest(tmp_path / "m.yaml", f"{s3_prefix}/corpus")], RunPaths(tmp_path / "r"), 1)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    message = str(err.value)
+    assert message.startswith(f"{s3_prefix}/corpus/code: access denied") and "\n" not in message
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message and "not-the-secret" not in message
