@@ -31,7 +31,7 @@ from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
-from pipeline.objects import ObjectPath, list_objects
+from pipeline.objects import ObjectPath, ObjectStoreError, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
 
@@ -310,6 +310,8 @@ def largest_first(parts: list[IngestPart]) -> list[IngestPart]:
 
     def size(part: IngestPart) -> int:
         root = roots[part.manifest_path, part.source]
+        if isinstance(root, ObjectPath):
+            return part.num_bytes  # the sizes listed at plan time: no request per object only to order the work
         return sum(decompressed_size_estimate(root / rel) for rel in part.files)
 
     sizes = {part.part_id: size(part) for part in parts}
@@ -444,7 +446,10 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
 def _file_size(path: Path | ObjectPath, root: Path | ObjectPath) -> int:
     """The file's size for progress; 0 for what is not read (a link leading outside ``root``, a missing file)."""
     if isinstance(path, ObjectPath):
-        return path.size() if path.exists() else 0
+        try:
+            return path.size()
+        except ObjectStoreError:  # gone since it was planned: its part records a missing_file reject
+            return 0
     if not path.exists() or (path.is_symlink() and not _is_inside(path, root.resolve())):
         return 0
     return _stat_file(path, path.name).size

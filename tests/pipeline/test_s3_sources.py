@@ -165,3 +165,18 @@ def test_wrong_credentials_are_one_line_naming_the_url_and_what_to_set(
     message = str(err.value)
     assert message.startswith(f"{s3_prefix}/corpus/code: access denied") and "\n" not in message
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message and "not-the-secret" not in message
+
+
+def test_an_object_deleted_after_planning_is_one_missing_file_reject(tmp_path: Path, s3_prefix: str):
+    fs = s3fs.S3FileSystem()
+    for name in ("a.py", "b.py"):
+        fs.pipe(f"{s3_prefix}/corpus/code/{name}", f"def {name[0]}():\n    return '{name}'\n".encode())
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "code", "path": f"{s3_prefix}/corpus/code/",
+                                                                  "format": "text", "exclude": ["b.*"]}]}))
+    paths = RunPaths(tmp_path / "run")
+    [part] = plan_ingest([manifest], paths, 1 << 20)
+    assert part.files == ("a.py",)  # exclude applies to keys as to local paths
+    fs.rm(f"{s3_prefix}/corpus/code/a.py")
+    summary = ingest_part(part, 0.1, paths)
+    assert (summary["num_documents"], summary["rejects_by_reason"]) == (0, {"missing_file": 1})
