@@ -24,14 +24,14 @@ import pyarrow.parquet as pq
 
 from core.atomic import read_json
 from core.documents import doc_id_for
-from core.errors import ManifestError
+from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
-from pipeline.objects import ObjectPath, ObjectStoreError, list_objects
+from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
 

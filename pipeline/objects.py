@@ -13,12 +13,14 @@ warning of the ``pipeline.objects`` logger, which they log only at debug level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from core.errors import TokenmillError
+from core.errors import ObjectStoreError
 
 URL_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "requester_pays", "use_ssl",
@@ -26,14 +28,10 @@ ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "req
 """``storage_options`` keys a manifest may set (passed to the fsspec filesystem): none is a secret."""
 ALLOWED_CLIENT_KWARGS = frozenset({"endpoint_url", "region_name", "verify", "use_ssl"})
 """Keys of ``storage_options.client_kwargs`` a manifest may set (botocore client options, no credentials)."""
-SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session", "profile")
+SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 """A storage option whose name holds one of these is refused: credentials come from the AWS environment/config."""
 READ_BLOCK_BYTES = 4 << 20
 """Bytes fetched per ranged GET when streaming an object (s3fs's default, 50 MB, would be held per open file)."""
-
-
-class ObjectStoreError(TokenmillError):
-    """A bucket or object that cannot be reached (missing, no permission, no credentials): one line, what to set."""
 
 
 NOT_OBJECT_STORES = frozenset({"file", "hf"})
@@ -50,12 +48,24 @@ def check_storage_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` when every key is allowed and none looks secret; ValueError naming the key otherwise."""
     for key, value in options.items():
         _check_option(key, ALLOWED_STORAGE_OPTIONS)
-        if key == "client_kwargs":
-            if not isinstance(value, dict):
-                raise ValueError("storage_options.client_kwargs must be a mapping, e.g. {endpoint_url: http://…}")
-            for inner in value:
-                _check_option(f"client_kwargs.{inner}", {f"client_kwargs.{k}" for k in ALLOWED_CLIENT_KWARGS})
+        if key in ("client_kwargs", "config_kwargs") and not isinstance(value, dict):
+            raise ValueError(f"storage_options.{key} must be a mapping, e.g. client_kwargs: {{endpoint_url: http://…}}")
+        for inner, inner_value in (value.items() if isinstance(value, dict) else []):
+            allowed = ALLOWED_CLIENT_KWARGS if key == "client_kwargs" else {inner}  # botocore Config: no credentials
+            _check_option(f"{key}.{inner}", {f"{key}.{name}" for name in allowed})
+            _check_url_value(f"{key}.{inner}", inner_value)
+        _check_url_value(key, value)
     return options
+
+
+def _check_url_value(key: str, value: Any) -> None:
+    """A URL option (an endpoint) must not carry credentials either."""
+    if isinstance(value, str) and "://" in value:
+        try:
+            check_url(value)
+        except ValueError:
+            raise ValueError(f"storage_options.{key} holds credentials (user info before @); set them in the AWS "
+                             "environment or config instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)") from None
 
 
 def _check_option(key: str, allowed: frozenset[str] | set[str]) -> None:
@@ -198,21 +208,18 @@ def list_objects(root: ObjectPath) -> list[tuple[str, int, str]]:
                   for key, entry in found.items() if key.startswith(prefix) and not key.endswith("/"))
 
 
-class object_errors:
-    """Turn what a store answers for a missing bucket, bad or absent credentials into one ObjectStoreError line."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, _tb: Any) -> bool:
-        if err is None or isinstance(err, ObjectStoreError):
-            return False
-        line = describe_object_error(self.url, err)
+@contextlib.contextmanager
+def object_errors(url: str) -> Iterator[None]:
+    """Turn what a store answers for a missing bucket, bad or absent credentials, an unreachable endpoint into one
+    ObjectStoreError line naming ``url`` (:func:`describe_object_error`); other errors pass unchanged."""
+    try:
+        yield
+    except ObjectStoreError:
+        raise
+    except Exception as err:
+        line = describe_object_error(url, err)
         if line is None:
-            return False
+            raise
         raise ObjectStoreError(line) from None
 
 

@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from pipeline.objects import ObjectPath, ObjectStoreError, object_errors, object_version
+from core.errors import ObjectStoreError
+from pipeline.objects import ObjectPath, object_errors, object_version
 
 SKIPPED_PREFIXES = ("checkpoints/", "model/", "eval/models/")
 """Keys not mirrored (weights); their small JSON files are, so the report still lists the checkpoints."""

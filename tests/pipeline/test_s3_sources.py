@@ -15,11 +15,10 @@ import s3fs
 import yaml
 import zstandard
 
-from core.errors import ManifestError
+from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
-from pipeline.objects import ObjectStoreError
 from tests.conftest import STDLIB
 
 DOC_FILES = sorted(path for path in Path("/usr/share/doc").glob("*/copyright") if path.is_file())[:40]
@@ -106,7 +105,9 @@ def test_a_missing_bucket_is_one_line_naming_the_url(tmp_path: Path, s3_endpoint
 @pytest.mark.parametrize(("options", "named"), [({"key": "AKIA"}, "storage_options.key"),
                                                 ({"client_kwargs": {"aws_secret_access_key": "x"}},
                                                  "client_kwargs.aws_secret_access_key"),
-                                                ({"session_token": "x"}, "storage_options.session_token")])
+                                                ({"session_token": "x"}, "storage_options.session_token"),
+                                                ({"endpoint_url": "http://AKIA:xyz@127.0.0.1:1"},
+                                                 "storage_options.endpoint_url holds credentials")])
 def test_a_secret_in_a_manifest_is_refused(tmp_path: Path, options: dict, named: str):
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "s", "path": "s3://b/p/", "format": "text",
