@@ -1,24 +1,29 @@
-"""What Prefect costs a command: a fully skipped ``tokenmill prepare`` with a temporary server and with a running one.
+"""What Prefect costs a command: ``tokenmill prepare`` with work, and fully skipped with and without its flow.
 
 A re-run that finds every stage done does almost no stage work (listing the corpus, reading the stage
-markers), so its wall time is the orchestration's fixed cost: importing Prefect and the flows, the server
-(tokenmill's temporary one boots in parallel with those imports, or the user's is already running), and the
-flow and task runs reported to it. Both ways are measured side by side on the same small run, each command a
-new process, with the CPU seconds of the command and its children (the temporary server is one):
+markers), so its wall time is the fixed cost of deciding that. Measured side by side on the same small run,
+each command a new process, with the CPU seconds of the command and its children (the temporary server is one):
 
-- ``temporary server``: no ``PREFECT_API_URL``, as the quick start runs;
-- ``running server``: ``prefect server start`` once (its own Prefect home, a free port), then
-  ``PREFECT_API_URL`` names it: what ``tokenmill serve`` or a team's Prefect server gives each command.
+- ``sealed (no flow)``: the command's seal holds (flows.up_to_date): no Prefect import, no server, no flow;
+- ``flow, temporary server``: the seal removed first, so the flow runs and each stage skips, with no
+  ``PREFECT_API_URL`` (tokenmill's temporary server boots in parallel with the imports), as before seals;
+- ``flow, running server``: the same with ``prefect server start`` running (its own Prefect home, a free
+  port) and ``PREFECT_API_URL`` naming it: what ``tokenmill serve`` or a team's Prefect server gives.
+
+A prepare that does the work is measured once each way (temporary server, running server; a fresh run dir
+each): its wall time less the union of its stages' spans (``metrics/stage_times.jsonl``) is what a command with
+work pays around its stages (interpreter start, imports, server, flow and task runs, report, summary).
 
     python -m benchmarks.orchestration --quick
 
-The JSON line: ours = median seconds of the skipped prepare with the temporary server, baseline = the same with
-a running server.
+The JSON line: ours = median seconds of the sealed skipped prepare, baseline = the same through the flow with
+the temporary server (what a skipped re-run cost before seals).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import socket
@@ -105,23 +110,50 @@ def main() -> dict[str, object]:
         own = {key: value for key, value in os.environ.items() if key not in ("PREFECT_API_URL", "PREFECT_HOME")}
         own["XDG_CACHE_HOME"] = str(folder / "cache")  # tokenmill's Prefect home (and its database) starts empty
         first = timed(command, own)
+        stages = stage_seconds(folder / "run" / "metrics" / "stage_times.jsonl")
+        seal = folder / "run" / "stages" / "sealed" / "prepare.json"
         server, url = start_server(folder / "prefect-home")
         try:
-            ways = {"temporary server": own, "running server": {**own, "PREFECT_API_URL": url}}
+            ways = {"sealed (no flow)": own, "flow, temporary server": own,
+                    "flow, running server": {**own, "PREFECT_API_URL": url}}
             if repeats > 1:  # the running server's first flow runs register the flows there: not counted
-                timed(command, ways["running server"])
-            runs = {name: [timed(command, env) for _ in range(repeats)] for name, env in ways.items()}
+                seal.unlink()
+                timed(command, ways["flow, running server"])
+            fresh = [*command[:-1], str(folder / "run-on-the-running-server")]
+            working = timed(fresh, ways["flow, running server"])
+            working_stages = stage_seconds(folder / "run-on-the-running-server" / "metrics" / "stage_times.jsonl")
+            runs = {}
+            for name, env in ways.items():
+                runs[name] = []
+                for _ in range(repeats):
+                    if name.startswith("flow"):
+                        seal.unlink()  # each flow run writes it again
+                    runs[name].append(timed(command, env))
         finally:
             server.terminate()
             server.wait(timeout=60)
-    print(f"first prepare (temporary server): {first[0]:.2f} s wall, {first[1]:.2f} CPU-s")
+    for name, (wall, cpu), spans in (("temporary server", first, stages), ("running server", working, working_stages)):
+        print(f"prepare with work ({name}): {wall:.2f} s wall, {cpu:.2f} CPU-s; its stages {spans:.2f} s, "
+              f"around them {wall - spans:.2f} s")
     print(f"{'fully skipped prepare':<24} {'median s':>9} {'min s':>7} {'CPU-s':>7}   ({repeats} runs each)")
     for name, timings in runs.items():
         walls = [wall for wall, _ in timings]
         print(f"{name:<24} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "
               f"{statistics.median(cpu for _, cpu in timings):>7.2f}")
     medians = {name: statistics.median(wall for wall, _ in timings) for name, timings in runs.items()}
-    return print_result("orchestration_skipped_prepare", medians["temporary server"], medians["running server"], "s")
+    return print_result("orchestration_skipped_prepare", medians["sealed (no flow)"],
+                        medians["flow, temporary server"], "s")
+
+
+def stage_seconds(stage_times: Path) -> float:
+    """Seconds in which at least one stage ran: the union of the spans in ``metrics/stage_times.jsonl``."""
+    spans = sorted((row["start_unix_s"], row["end_unix_s"])
+                   for row in map(json.loads, stage_times.read_text(encoding="utf-8").splitlines()))
+    total, reached = 0.0, float("-inf")
+    for start, end in spans:
+        total += max(0.0, end - max(start, reached))
+        reached = max(reached, end)
+    return total
 
 
 if __name__ == "__main__":

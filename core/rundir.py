@@ -199,6 +199,14 @@ class RunPaths:
         """Stage completion markers (``<stage>.json``, ``<stage>/<unit>.json``): see :meth:`done_summary`."""
         return self.root / "stages"
 
+    @property
+    def seals(self) -> Path:
+        """``stages/sealed/``: what a finished command recorded to skip its flow next time (flows.up_to_date)."""
+        return self.stages / "sealed"
+
+    def command_seal(self, command: str) -> Path:
+        return self.seals / f"{command}.json"
+
     # ---- writes: every file of a run is written through these --------------------------------------------
 
     def atomic_write(self, path: Path, size_hint_bytes: int | None = None) -> AbstractContextManager[Path]:
@@ -373,31 +381,33 @@ SMALL_FILE_BYTES = 1 << 20
 """Files up to this size are identified by their sha256 in :func:`file_stats`, larger ones by their stat."""
 
 
-def file_stats(root: Path, top: Path, skipped: frozenset[Path] = frozenset()) -> list[tuple[str, int, str]]:
+def file_stats(root: Path, top: Path, skipped: frozenset[Path] = frozenset(),
+               *, hash_small: bool = True) -> list[tuple[str, int, str]]:
     """``(path relative to root, size, identity)`` of every file under ``top`` (a file or a folder), sorted.
 
     For skip-if-unchanged checks over outputs too large to hash each time (checkpoints, shards): a file up to
     SMALL_FILE_BYTES is identified by its sha256 (a recipe or an index rewritten with the same bytes is
     unchanged), a larger one by its mtime and inode (an atomic rewrite is a new inode, so it shows even within
     the file system's timestamp granularity). Paths in ``skipped`` (files or folders) are left out; symlinks
-    are not followed (a hostile run dir may loop); a missing ``top`` gives no entries.
+    are not followed (a hostile run dir may loop); a missing ``top`` gives no entries. ``hash_small=False``
+    identifies every file by its stat (any rewrite counts as a change).
     """
     if top.is_symlink() or not top.is_dir():
         exists = top.is_file() or top.is_symlink()
-        return [_file_stat(root, top)] if exists and top not in skipped else []
+        return [_file_stat(root, top, hash_small)] if exists and top not in skipped else []
     entries = []
     for folder, subfolders, files in os.walk(top):  # a link to a folder is listed among subfolders, not entered
         links = [name for name in subfolders if Path(folder, name).is_symlink()]
         subfolders[:] = sorted(name for name in subfolders if Path(folder, name) not in skipped and name not in links)
-        entries.extend(_file_stat(root, Path(folder, name)) for name in sorted([*files, *links])
+        entries.extend(_file_stat(root, Path(folder, name), hash_small) for name in sorted([*files, *links])
                        if Path(folder, name) not in skipped)
     return entries
 
 
-def _file_stat(root: Path, path: Path) -> tuple[str, int, str]:
+def _file_stat(root: Path, path: Path, hash_small: bool) -> tuple[str, int, str]:
     stat = path.lstat()
     if path.is_symlink():
         return path.relative_to(root).as_posix(), stat.st_size, f"link:{os.readlink(path)}"
-    small = stat.st_size <= SMALL_FILE_BYTES and S_ISREG(stat.st_mode)  # never open a FIFO or a device
+    small = hash_small and stat.st_size <= SMALL_FILE_BYTES and S_ISREG(stat.st_mode)  # never open a FIFO or a device
     identity = sha256_file(path) if small else f"{stat.st_mtime_ns}:{stat.st_ino}"
     return path.relative_to(root).as_posix(), stat.st_size, identity

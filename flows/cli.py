@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -84,7 +85,7 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
     """
-    _run_flow("data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    _run_flow("run", "data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -93,7 +94,7 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     Example: tokenmill prepare configs/tiny.yaml
     """
-    _run_flow("prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    _run_flow("prepare", "prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -106,7 +107,7 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
 
     run = _checked_recipe(recipe, run_dir)
     read_shard_index(run.paths.root)  # no shards yet: one line now, not after a server start; no run dir left
-    _run_flow("train_model", run)
+    _run_flow("train", "train_model", run)
 
 
 @app.command(name="eval")
@@ -302,7 +303,7 @@ def local_run_dir(run_dir: str) -> Path:
     return local
 
 
-def _run_flow(flow_name: str, run: ResolvedRun, **options: Any) -> None:
+def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) -> None:
     """What ``run``, ``prepare`` and ``train`` share: lock the checked run's dir, run the flow, print it.
 
     ``flow_name`` names the function of :mod:`flows.pipeline` (imported only now: it imports Prefect), called
@@ -310,16 +311,31 @@ def _run_flow(flow_name: str, run: ResolvedRun, **options: Any) -> None:
 
     The lock is taken before Prefect starts, so a second process gets one clean line, not a failed flow; the
     flows take it again (it nests within a process). Inside it, the Prefect server comes up
-    (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server).
+    (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server). Unless nothing
+    changed since ``command`` last finished here (:mod:`flows.up_to_date`): then its summary is printed again
+    and neither Prefect nor a server starts.
     """
+    from core.eval_results import failed_results
+    from flows.up_to_date import sealed_summary, write_seal
+
     STATE["run_dir"] = run.paths.root
     with run.paths.lock():
+        sealed = sealed_summary(run, command)
+        if sealed is not None:
+            if not STATE["quiet"]:
+                sys.stderr.write(f"{command}: nothing changed since it last finished on this run dir, every stage is "
+                                 "up to date: skipped without a flow run\n")
+            _print_summary(sealed)
+            return
         flows_module = _import_flows_with_a_server()
         from flows.progress import live_progress
 
         with live_progress():
             summary = getattr(flows_module, flow_name)(run, **options)
         _print_summary(summary)
+        if not failed_results(run.paths):  # a failed evaluation result is retried by the next run
+            with contextlib.suppress(OSError, TokenmillError):  # no seal (a full disk): the next run takes the flow
+                write_seal(run, command, json.loads(json.dumps(summary, default=str)))
 
 
 def _import_flows_with_a_server() -> ModuleType:
@@ -448,7 +464,8 @@ def kept_in_run_dir(run_dir: Path) -> str:
 
     paths = RunPaths(run_dir)
     complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]
-    stages = {entry.stem for entry in paths.stages.iterdir()} if paths.stages.is_dir() else set()
+    markers = paths.stages.iterdir() if paths.stages.is_dir() else []
+    stages = {entry.stem for entry in markers if entry != paths.seals}
     kept = [f"checkpoint step {complete[-1]}"] if complete else []
     kept.append(f"{len(stages)} finished stage(s)" if stages else "no finished stage")
     return " and ".join(kept)

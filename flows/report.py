@@ -112,11 +112,12 @@ def report_is_current(paths: RunPaths, inputs: str | None = None) -> bool:
 def report_inputs_fingerprint(paths: RunPaths) -> str:
     """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, and the code's version.
 
-    That is every file but ``report/``, the lock, the report's own marker and ``metrics/stage_times.jsonl``:
-    that log grows with every stage call, skipped ones included, so counting it would re-render the report
-    on every re-run; a stage call that did work also changed the files it wrote. 7 ms on the quick start's run.
+    That is every file but ``report/``, the lock, the report's own marker, the commands' seals (written after
+    the report) and ``metrics/stage_times.jsonl``: that log grows with every stage call, skipped ones included,
+    so counting it would re-render the report on every re-run; a stage call that did work also changed the
+    files it wrote. 7 ms on the quick start's run.
     """
-    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE), paths.stage_times})
+    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE), paths.stage_times, paths.seals})
     return fingerprint(REPORT_STAGE, file_stats(paths.root, paths.root, skipped))
 
 

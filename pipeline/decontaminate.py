@@ -129,7 +129,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     paths.write_json(state_path, {"settings": settings,
                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
     paths.mark_done("decontaminate", run_fingerprint, summary)
-    return summary
+    return {**summary, "skipped": False}
 
 
 def build_reference(parts: list[DocsPart], removed: pa.Array, config: DecontaminateConfig,

@@ -352,6 +352,34 @@ def test_quick_start_runs_the_whole_path_into_runs_tiny(quick_start: QuickStart)
     assert "<html" in report[:1000].lower() and "data:image/png;base64," in report, "the report embeds its plots"
 
 
+def summary_text(result: Finished) -> str:
+    """The summary JSON a command prints last on stdout (Prefect's console may log before it)."""
+    return result.stdout[result.stdout.index("{\n"):]
+
+
+def test_a_rerun_of_the_quick_start_finds_nothing_to_do_without_a_flow(quick_start: QuickStart,
+                                                                       prefect_home: Path) -> None:
+    """The quick start's `tokenmill run` again (the first test after it: its seal is the working run's): nothing
+    changed, so it prints the summary a skipped flow prints, checked against one with the seal removed, and calls
+    no stage. The flow's skipped run seals the run dir again."""
+    *_, run = readme_command(QUICK_START).text.split(" && ")
+    run_dir, env = quick_start.run_dir, user_env(prefect_home)
+    stage_calls = (run_dir / "metrics" / "stage_times.jsonl").read_text().count  # every stage call adds a row
+    calls = stage_calls("\n")
+    sealed = run_shell(run, cwd=quick_start.checkout, env=env)
+    assert sealed.returncode == 0, sealed.tail()
+    assert "run: nothing changed since it last finished on this run dir" in sealed.stderr, sealed.tail()
+    assert stage_calls("\n") == calls, "a sealed re-run called a stage"
+    (run_dir / "stages" / "sealed" / "run.json").unlink()
+    flowed = run_shell(run, cwd=quick_start.checkout, env=env)
+    assert flowed.returncode == 0 and "nothing changed since" not in flowed.stderr, flowed.tail()
+    assert stage_calls("\n") > calls, "the flow called its stages, which skipped"
+    assert summary_text(sealed) == summary_text(flowed)
+    assert json.loads(summary_text(flowed))["prepare"]["parts_ingested"] == 0
+    again = run_shell(run, cwd=quick_start.checkout, env=env)
+    assert "nothing changed since" in again.stderr and summary_text(again) == summary_text(flowed), again.tail()
+
+
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     """CI runs the README's test command on a fresh machine, and its setup is the quick start's plus extras."""
     ci_lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and line[0] != "#"]

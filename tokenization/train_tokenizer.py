@@ -100,6 +100,7 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig | None, given_pat
         _check_fits_model(summary["vocab_size"], Path(model_folder))
     if done is None:
         paths.mark_done("tokenizer", stage_fingerprint, summary)
+        summary = {**summary, "skipped": False}
     return summary
 
 

@@ -55,7 +55,7 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     summary = {"model_type": config.model_type, "files": sorted(files),
                "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
     paths.mark_done(STAGE, stage_fingerprint, summary)
-    return summary
+    return {**summary, "skipped": False}
 
 
 def source_files(source: Path, model: ModelConfig) -> dict[str, Path]:

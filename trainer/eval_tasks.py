@@ -89,7 +89,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
                          "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
     summary = {"tasks": task_fps, "num_items": num_items, "include": [str(folder) for folder in folders]}
     paths.mark_done(STAGE, run_fp, summary, **record)
-    return summary
+    return {**summary, "skipped": False}
 
 
 def _inputs_fingerprint(settings: str, folders: list[Path], data_files: list[Path]) -> str:

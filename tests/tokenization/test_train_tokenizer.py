@@ -146,7 +146,7 @@ def test_prepare_copies_a_given_tokenizer(tmp_path: Path, tokenizer) -> None:
     paths = RunPaths(tmp_path / "run")
     summary = prepare_tokenizer(paths, TokenizerConfig(path="given.json"), given)
     assert summary == {"tokenizer_sha256": sha256_file(given), "vocab_size": VOCAB_SIZE, "trained": False,
-                       "sample_bytes": 0}
+                       "sample_bytes": 0, "skipped": False}
     assert paths.tokenizer.read_bytes() == given.read_bytes()
 
 
