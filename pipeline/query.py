@@ -72,8 +72,9 @@ def connect(run_dir: str | Path, sql: str | None = None,
             derived: Mapping[str, DerivedView] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, unable to touch any file.
 
-    ``run_dir`` may be a URL (``s3://bucket/runs/NAME``): the views are then read through fsspec
-    (:mod:`pipeline.remote_run`), and DuckDB is confined just the same.
+    ``run_dir`` may be a URL (``s3://bucket/runs/NAME``): the data views are then read through fsspec
+    (:mod:`pipeline.remote_run`), a statement naming eval_results, train_segments or a derived view runs on the
+    run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
 
     Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
@@ -83,11 +84,18 @@ def connect(run_dir: str | Path, sql: str | None = None,
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
-    if is_remote(str(run_dir)):
+    mirrored = [*(derived or {}), TRAIN_SEGMENTS_VIEW, "eval_results"]
+    if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
         from pipeline.remote_run import remote_run_tables  # fsspec: only a run dir in a bucket needs it
 
-        tables = remote_run_tables(str(run_dir), sql, [*(derived or {}), TRAIN_SEGMENTS_VIEW, "eval_results"])
+        tables = remote_run_tables(str(run_dir), sql, mirrored)
         tables.update({name: schema.empty_table() for name, (_, schema) in (derived or {}).items()})
+    elif is_remote(str(run_dir)):
+        # Views built by code that reads files (the trainer's replayed order, eval results): from the run's
+        # local, deletable mirror (pipeline.run_mirror), fetched or brought up to date first.
+        from pipeline.run_mirror import mirror_run
+
+        tables = _local_tables(mirror_run(str(run_dir)), sql, derived)
     else:
         tables = _local_tables(Path(run_dir), sql, derived)
     con = duckdb.connect(":memory:")

@@ -33,8 +33,9 @@ DOCS_PART = re.compile(r"docs/(part-[0-9]{5,})\.parquet")
 def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict[str, ds.Dataset | pa.Table]:
     """Every view's data of the run at ``url``, by the name :func:`pipeline.query.connect` registers it under.
 
-    ``unsupported``: views not yet readable from a bucket (the trainer's derived views, eval_results,
-    train_segments); a statement naming one is refused (QueryError) rather than answered from an empty view.
+    ``unsupported``: views not read from a bucket here (the trainer's derived views, eval_results,
+    train_segments: :func:`pipeline.query.connect` answers those on the run's mirror); a statement naming one is
+    refused (QueryError) rather than answered from an empty view.
     """
     lowered = (sql or "").lower()
     named = [name for name in unsupported if sql is not None and name in lowered]

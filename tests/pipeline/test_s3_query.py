@@ -75,15 +75,19 @@ def test_a_run_in_a_bucket_is_confined_like_a_local_one(uploaded_run: tuple[Path
     with pytest.raises(QueryError, match=r"stray\.arrow"):
         run_query(url, "SELECT count(*) FROM sequences")
     assert run_query(url, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
-    with pytest.raises(QueryError, match="consumed"):
-        subprocess_free_derived_query(url)
 
 
-def subprocess_free_derived_query(url: str) -> None:
-    """A view the trainer derives is refused on a bucket, not answered from an empty table."""
-    from flows.run_sql import run_query as run_query_with_training_views
-
-    run_query_with_training_views(url, "SELECT count(*) FROM consumed")
+def test_views_built_from_files_come_from_the_mirror(uploaded_run: tuple[Path, str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    run, url = uploaded_run
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    segment = {"segment": 0, "start_step": 0, "start_sample": 0, "num_processes": 1, "world_size": 1,
+               "micro_batch_size": 8, "grad_accum_steps": 1, "seed": 7, "shards": [{"num_rows": 2}]}
+    (run / "metrics/train_segments.jsonl").write_text(json.dumps(segment) + "\n")
+    s3fs.S3FileSystem().put(str(run / "metrics/train_segments.jsonl"), f"{url}/metrics/train_segments.jsonl")
+    sql = "SELECT seed, num_train_rows FROM train_segments"
+    assert run_query(url, sql).to_pylist() == run_query(run, sql).to_pylist() == [{"seed": 7, "num_train_rows": 2}]
+    assert (mirror_root(url) / "metrics/train_segments.jsonl").is_file()
 
 
 def test_shards_and_report_commands_on_a_bucket_answer_as_on_the_local_run(
