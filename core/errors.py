@@ -15,6 +15,11 @@ class ManifestError(TokenmillError):
     """A corpus manifest (``data_manifests/*.yaml``) is invalid or names paths that cannot be used."""
 
 
+class ObjectStoreError(TokenmillError):
+    """A bucket or object cannot be reached (missing, no permission, no credentials, endpoint down): one line
+    naming the URL and what to set."""
+
+
 class SourceReadError(TokenmillError):
     """An input file cannot be read at all (not a single record could be recovered from it)."""
 

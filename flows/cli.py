@@ -43,6 +43,7 @@ RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run directory
 DaskOpt = Annotated[str | None, typer.Option("--dask-address",
                                               help="Run the data stages on this Dask scheduler (tcp://host:port).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output format: table, csv or json.")]
+RunDirArg = Annotated[str, typer.Argument(help="Run directory, or its URL in a bucket (s3://bucket/runs/NAME).")]
 
 
 def _show_version(value: bool) -> None:
@@ -143,13 +144,14 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 
 
 @app.command()
-def query(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+def query(run_dir: RunDirArg,
           sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],
           output_format: FormatOpt = OutputFormat.table) -> None:
     """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics,
     eval_results, train_segments, consumed (the rows each step trained on), row_losses.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
+    (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
     """
     from flows.run_sql import run_query
 
@@ -220,26 +222,27 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+def report(run_dir: RunDirArg) -> None:
     """Write the run report (report/index.html: loss curves, data funnel, source mix, histograms, tables).
 
     Skipped when no file of the run changed since it was written. Example: tokenmill report runs/tiny
     """
     from flows.report import report_is_current, write_report
 
-    paths = RunPaths(run_dir)
+    paths = RunPaths(local_run_dir(run_dir))
     current = report_is_current(paths)
     typer.echo(f"{'up to date' if current else 'wrote'} {write_report(paths)}")
 
 
 @shards_app.command("verify")
-def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+def shards_verify(run_dir: RunDirArg) -> None:
     """Check every shard against the index (sha256, schema, metadata, token ids < vocab); exit 1 on any fault.
 
     Example: tokenmill shards verify runs/tiny
     """
     from core.shards import read_shard_index, verify_shards
 
+    run_dir = local_run_dir(run_dir)
     faults = verify_shards(run_dir)
     for fault in faults:
         typer.echo(f"FAULT {fault}")
@@ -250,7 +253,7 @@ def shards_verify(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
 
 
 @shards_app.command("stats")
-def shards_stats(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+def shards_stats(run_dir: RunDirArg,
                  output_format: FormatOpt = OutputFormat.table) -> None:
     """Per split and source: shards, rows, tokens, documents, EOS and padding share, document-length histogram.
 
@@ -258,12 +261,12 @@ def shards_stats(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]
     """
     from pipeline.shard_stats import shard_stats
 
-    rows = shard_stats(run_dir, histogram="dict" if output_format is OutputFormat.json else "text")
+    rows = shard_stats(local_run_dir(run_dir), histogram="dict" if output_format is OutputFormat.json else "text")
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
 @shards_app.command("sample")
-def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+def shards_sample(run_dir: RunDirArg,
                   n: Annotated[int, typer.Option("--n", min=1, help="Rows to sample.")] = 5,
                   seed: Annotated[int, typer.Option(min=0, max=MAX_SEED,
                                                     help="Sampling seed (same seed, same rows).")] = 0,
@@ -277,13 +280,27 @@ def shards_sample(run_dir: Annotated[Path, typer.Argument(help="Run directory.")
     """
     from tokenization.sample import sample_rows
 
-    rows = sample_rows(run_dir, n, seed=seed, split=split, source=source, decode=decode)
+    rows = sample_rows(local_run_dir(run_dir), n, seed=seed, split=split, source=source, decode=decode)
     if output_format is OutputFormat.table:
         from flows.sample_view import write_sample_rows
 
         write_sample_rows(rows, sys.stdout)
         return
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+
+
+def local_run_dir(run_dir: str) -> Path:
+    """``run_dir`` as a local folder: a URL (``s3://…``) becomes its local mirror (:mod:`pipeline.run_mirror`),
+    fetched or brought up to date first, for the commands that memory-map, hash or write files."""
+    from pipeline.objects import is_remote
+
+    if not is_remote(run_dir):
+        return Path(run_dir)
+    from pipeline.run_mirror import mirror_run
+
+    local = mirror_run(run_dir)
+    typer.echo(f"reading {run_dir} through its local mirror {local}", err=True)
+    return local
 
 
 def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) -> None:

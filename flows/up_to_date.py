@@ -91,7 +91,7 @@ def inputs_fingerprint(run: ResolvedRun, command: str) -> str:
     manifests = manifest_paths(run.recipe, run.base)
     with warnings.catch_warnings():  # the full path says them (once, when the seal was written)
         warnings.simplefilter("ignore")
-        sources = {name: [str(manifest_path), [(f.rel, f.size, f.mtime_ns)
+        sources = {name: [str(manifest_path), [(f.rel, f.size, f.version)
                                                for f in list_source_files(source, manifest_path, paths.root)]]
                    for name, (manifest_path, source) in sorted(collect_sources(manifests).items())}
     recipe = run.recipe.model_dump(mode="json")

@@ -24,13 +24,14 @@ import pyarrow.parquet as pq
 
 from core.atomic import read_json
 from core.documents import doc_id_for
-from core.errors import ManifestError
+from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
+from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
 
@@ -73,11 +74,12 @@ class IngestPart:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A file of a source as listed at plan time; size and mtime tell a later plan that it changed."""
+    """A file of a source as listed at plan time; its size and version tell a later plan that it changed."""
 
     rel: str
     size: int
-    mtime_ns: int
+    version: int | str
+    """A local file's mtime in ns; an object's ETag (:func:`pipeline.objects.object_version`)."""
 
 
 
@@ -118,9 +120,11 @@ def collect_sources(manifest_paths: list[Path]) -> dict[str, tuple[Path, SourceC
     return sources
 
 
-def source_root(source: SourceConfig, manifest_path: Path) -> Path:
-    """Folder that uris are relative to: the source folder, or the parent of a single file/dataset."""
+def source_root(source: SourceConfig, manifest_path: Path) -> Path | ObjectPath:
+    """Folder that uris are relative to: the source folder, or the parent of a single file/dataset (or object)."""
     path = resolve_source_path(source, manifest_path)
+    if isinstance(path, ObjectPath):
+        return path if path.is_dir() else path.parent
     return path if path.is_dir() and source.format != "hf_disk" else path.parent
 
 
@@ -144,6 +148,8 @@ def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path |
     Raises ManifestError when the source path is not a regular file or folder, or lies inside ``run_dir``.
     """
     path = resolve_source_path(source, manifest_path)
+    if isinstance(path, ObjectPath):
+        return _list_source_objects(path, source)
     _check_source_path(path, source, manifest_path, run_dir)
     if not path.is_dir() or source.format == "hf_disk":
         return [_stat_file(path, path.name)]
@@ -171,6 +177,22 @@ def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path |
             if include.fullmatch(rel) and not any(x.fullmatch(rel) for x in excludes):
                 files += _listed_file(path / rel, rel, path, source.name)
     return sorted(files, key=lambda file: file.rel)
+
+
+def _list_source_objects(root: ObjectPath, source: SourceConfig) -> list[SourceFile]:
+    """The objects under a ``s3://`` prefix matched as local files are: ``glob`` minus ``exclude`` on the key
+    relative to the prefix (an excluded folder excludes every key under it); versioned by ETag."""
+    include = glob_regex(source.glob)
+    excludes = [glob_regex(pattern) for pattern in source.exclude]
+    listed = list_objects(root)
+    if len(listed) == 1 and listed[0][0] == root.name and not root.is_dir():
+        return [SourceFile(*listed[0])]
+    files = []
+    for rel, size, version in listed:
+        folders = ["/".join(rel.split("/")[:depth]) for depth in range(1, rel.count("/") + 1)]
+        if include.fullmatch(rel) and not any(x.fullmatch(name) for x in excludes for name in [*folders, rel]):
+            files.append(SourceFile(rel, size, version))
+    return files
 
 
 def _check_source_path(path: Path, source: SourceConfig, manifest_path: Path, run_dir: Path | None) -> None:
@@ -280,7 +302,7 @@ def largest_first(parts: list[IngestPart]) -> list[IngestPart]:
     in plan order a big part planned last (a ``.jsonl.gz`` file of its own: 9 MB on disk, 35 MB of text)
     ran alone on one core while the other idled. Part ids, files and outputs do not depend on the order.
     """
-    roots: dict[tuple[str, str], Path] = {}
+    roots: dict[tuple[str, str], Path | ObjectPath] = {}
     for part in parts:
         if (part.manifest_path, part.source) not in roots:
             manifest_path = Path(part.manifest_path)
@@ -288,6 +310,8 @@ def largest_first(parts: list[IngestPart]) -> list[IngestPart]:
 
     def size(part: IngestPart) -> int:
         root = roots[part.manifest_path, part.source]
+        if isinstance(root, ObjectPath):
+            return part.num_bytes  # the sizes listed at plan time: no request per object only to order the work
         return sum(decompressed_size_estimate(root / rel) for rel in part.files)
 
     sizes = {part.part_id: size(part) for part in parts}
@@ -301,7 +325,7 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
                 and part_finished(paths, part["part_id"]) for rel in part["files"]}
     for file in listed:
         recorded = known.get(file.rel)
-        if recorded is None or recorded == [file.size, file.mtime_ns]:
+        if recorded is None or recorded == [file.size, file.version]:
             continue
         if file.rel in ingested:
             warnings.warn(
@@ -310,11 +334,11 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
                 stacklevel=3,
             )
         else:
-            known[file.rel] = [file.size, file.mtime_ns]
+            known[file.rel] = [file.size, file.version]
     next_id = 1 + max((part["part_id"] for part in plan["parts"]), default=-1)
     for group in group_files([file for file in listed if file.rel not in known], part_size_bytes):
         plan["parts"].append({"part_id": next_id, "source": name, "files": [file.rel for file in group]})
-        known.update({file.rel: [file.size, file.mtime_ns] for file in group})
+        known.update({file.rel: [file.size, file.version] for file in group})
         next_id += 1
 
 
@@ -387,8 +411,8 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
                         "restore the source or start a new run dir.")
 
 
-def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path, val_fraction: float,
-                paths: RunPaths, on_progress: Callable[[int, int], None],
+def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path | ObjectPath,
+                val_fraction: float, paths: RunPaths, on_progress: Callable[[int, int], None],
                 signatures: SignatureCollector) -> dict[str, Any]:
     name = part_file_name(part.part_id)
     reasons: Counter[str] = Counter()
@@ -419,8 +443,13 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
             "num_bytes": sum(sizes.values())}
 
 
-def _file_size(path: Path, root: Path) -> int:
+def _file_size(path: Path | ObjectPath, root: Path | ObjectPath) -> int:
     """The file's size for progress; 0 for what is not read (a link leading outside ``root``, a missing file)."""
+    if isinstance(path, ObjectPath):
+        try:
+            return path.size()
+        except ObjectStoreError:  # gone since it was planned: its part records a missing_file reject
+            return 0
     if not path.exists() or (path.is_symlink() and not _is_inside(path, root.resolve())):
         return 0
     return _stat_file(path, path.name).size

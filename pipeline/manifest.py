@@ -6,7 +6,7 @@ import hashlib
 import re
 import sysconfig
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -14,6 +14,7 @@ from core.config import FrozenConfig, describe_validation_error, load_yaml_mappi
 from core.errors import ManifestError
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
+from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
 HF_FORMATS = ("hf_disk", "hf_local")
@@ -57,7 +58,11 @@ class SourceConfig(FrozenConfig):
     name: str = Field(pattern=NAME_PATTERN)
     """Source name: a shard folder (``source=<name>``) and the ``source`` column."""
     path: str
-    """File or folder, relative to the manifest's folder; may start with ``${PYTHON_STDLIB}``."""
+    """File or folder, relative to the manifest's folder; may start with ``${PYTHON_STDLIB}``; or an object or
+    prefix in a bucket, ``s3://bucket/prefix/`` (any fsspec URL; jsonl, parquet and text formats)."""
+    storage_options: dict[str, Any] = {}
+    """Options of the fsspec filesystem of a ``s3://`` path, no secrets: ``endpoint_url``, ``region_name``,
+    ``client_kwargs.endpoint_url``, ``anon``, … Credentials come from the AWS environment or config."""
     format: SourceFormat
     """How to read the files: jsonl (plain/.gz/.zst), parquet, text (one document per file), hf_disk (a
     ``save_to_disk`` folder), hf_local (json/jsonl/parquet/csv files through ``datasets.load_dataset``)."""
@@ -75,6 +80,16 @@ class SourceConfig(FrozenConfig):
     """Mixture weight of this source in training batches."""
     on_error: Literal["fail", "skip"] = "fail"
     """A file that cannot be read at all: stop with an error (fail) or record one reject and go on (skip)."""
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secret_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return check_storage_options(options)
+
+    @field_validator("path")
+    @classmethod
+    def _no_credentials_in_url(cls, path: str) -> str:
+        return check_url(path) if is_remote(path) else path
 
     @field_validator("glob")
     @classmethod
@@ -118,16 +133,25 @@ def load_manifest(path: str | Path) -> CorpusManifest:
         raise ManifestError(str(err)) from None
 
 
-def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path:
-    """Absolute path of a source: placeholders expanded, relative paths taken from the manifest's folder."""
+def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path | ObjectPath:
+    """Absolute path of a source: placeholders expanded, relative paths taken from the manifest's folder; an
+    :class:`ObjectPath` for a URL (``s3://…``) of a jsonl, parquet or text source (checked to exist)."""
     raw = source.path
     for placeholder, expand in PATH_PLACEHOLDERS.items():
         if raw.startswith(placeholder):
             raw = expand() + raw[len(placeholder) :]
+    if is_remote(raw) and source.format not in HF_FORMATS:
+        remote = ObjectPath(raw, dict(source.storage_options))
+        if not remote.exists():
+            raise ManifestError(
+                f"{manifest_path}: sources[{source.name}].path {source.path!r}: no object or prefix there; check the "
+                "bucket and prefix, and AWS_ENDPOINT_URL (or storage_options.endpoint_url) for a store other than AWS."
+            )
+        return remote
     if re.match(r"^[a-z][a-z0-9+.-]*://", raw):
         raise ManifestError(
             f"{manifest_path}: sources[{source.name}].path {source.path!r} looks like a remote or hub "
-            "name; tokenmill reads local files only (save the dataset with save_to_disk and point at it)."
+            f"name; {source.format} reads local files only (save the dataset with save_to_disk and point at it)."
         )
     path = Path(raw)
     if not path.is_absolute():
@@ -208,7 +232,8 @@ def _source_settings(manifests: list[CorpusManifest]) -> dict[str, tuple[str, di
     for manifest in manifests:
         filters = {f"filters.{key}": value for key, value in manifest.filters.model_dump(mode="json").items()}
         for source in manifest.sources:
-            own = source.model_dump(mode="json", exclude={"name", *TRAINING_SIDE_KEYS})
+            # storage_options say where the store answers (an endpoint), not what is read: moving is no change
+            own = source.model_dump(mode="json", exclude={"name", "storage_options", *TRAINING_SIDE_KEYS})
             settings[source.name] = (manifest.name, {**own, **filters})
     return settings
 

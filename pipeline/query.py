@@ -32,6 +32,7 @@ from core.eval_results import all_rows, result_files
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
 from core.shards import SHARD_LAYOUT, scan_shard_files
+from pipeline.objects import is_remote
 
 VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics", "eval_results",
          "train_segments")
@@ -71,6 +72,10 @@ def connect(run_dir: str | Path, sql: str | None = None,
             derived: Mapping[str, DerivedView] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, unable to touch any file.
 
+    ``run_dir`` may be a URL (``s3://bucket/runs/NAME``): the data views are then read through fsspec
+    (:mod:`pipeline.remote_run`), a statement naming eval_results, train_segments or a derived view runs on the
+    run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
+
     Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
     ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
@@ -79,7 +84,32 @@ def connect(run_dir: str | Path, sql: str | None = None,
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
-    run_dir = Path(run_dir)
+    mirrored = [*(derived or {}), TRAIN_SEGMENTS_VIEW, "eval_results"]
+    if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
+        from pipeline.remote_run import remote_run_tables  # fsspec: only a run dir in a bucket needs it
+
+        tables = remote_run_tables(str(run_dir), sql, mirrored)
+        tables.update({name: schema.empty_table() for name, (_, schema) in (derived or {}).items()})
+    elif is_remote(str(run_dir)):
+        # Views built by code that reads files (the trainer's replayed order, eval results): from the run's
+        # local, deletable mirror (pipeline.run_mirror), fetched or brought up to date first.
+        from pipeline.run_mirror import mirror_run
+
+        tables = _local_tables(mirror_run(str(run_dir)), sql, derived)
+    else:
+        tables = _local_tables(Path(run_dir), sql, derived)
+    con = duckdb.connect(":memory:")
+    # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    for name, data in tables.items():
+        con.register(name, data)
+    con.execute(DOCUMENTS_VIEW_SQL)
+    return con
+
+
+def _local_tables(run_dir: Path, sql: str | None,
+                  derived: Mapping[str, DerivedView] | None) -> dict[str, ds.Dataset | pa.Table]:
     if not run_dir.is_dir():
         raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote "
                          "(runs/<name> by default).")
@@ -89,14 +119,7 @@ def connect(run_dir: str | Path, sql: str | None = None,
                          read_segments=sql is None or TRAIN_SEGMENTS_VIEW in sql.lower())
     for name, (build, schema) in (derived or {}).items():
         tables[name] = build(run_dir) if sql is None or name in sql.lower() else schema.empty_table()
-    con = duckdb.connect(":memory:")
-    # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-    for name, data in tables.items():
-        con.register(name, data)
-    con.execute(DOCUMENTS_VIEW_SQL)
-    return con
+    return tables
 
 
 def run_query(run_dir: str | Path, sql: str, derived: Mapping[str, DerivedView] | None = None) -> pa.Table:
@@ -313,19 +336,29 @@ def _parquet_dataset(run_dir: Path, files: list[Path], schema: pa.Schema) -> ds.
 
 def _jsonl_rows(run_dir: Path, path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file (none when absent); a torn last line (a writer killed mid-line) is skipped."""
+    if not path.exists():
+        return []
+    return jsonl_objects(_checked_files(run_dir, [path])[0].read_text(encoding="utf-8", errors="replace"))
+
+
+def jsonl_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of JSONL text; a torn or odd line is skipped."""
     rows = []
-    if path.exists():
-        for line in _checked_files(run_dir, [path])[0].read_text(encoding="utf-8", errors="replace").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                row = json.loads(line)
-                if isinstance(row, dict):
-                    rows.append(row)
+    for line in text.splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            row = json.loads(line)
+            if isinstance(row, dict):
+                rows.append(row)
     return rows
 
 
 def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table:
     """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
-    rows = _jsonl_rows(run_dir, path)
+    return metrics_table(_jsonl_rows(run_dir, path), path, empty_schema)
+
+
+def metrics_table(rows: list[dict[str, Any]], path: Path | str, empty_schema: pa.Schema) -> pa.Table:
+    """The rows of a metrics file as a table (``empty_schema`` when none); QueryError naming ``path``."""
     if not rows:
         return empty_schema.empty_table()
     try:
@@ -379,15 +412,19 @@ def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
     by the largest shard: ``row_in_shard`` slices one arange; split, source and shard_path are one-value
     dictionaries over one array of zero indices, so they cost a byte per row, not a string.
     """
-    if not shard_files:
+    shards = {path.relative_to(run_dir).as_posix(): _open_shard(run_dir, path) for path in shard_files}
+    return sequences_of(shards, run_dir)
+
+
+def sequences_of(shards: dict[str, pa.Table], run_dir: Path | str) -> pa.Table:
+    """``sequences`` from ``{shard path relative to the run dir: its checked rows}`` (see :func:`_sequences_table`)."""
+    if not shards:
         return EMPTY_SEQUENCES_SCHEMA.empty_table()
-    shards = [_open_shard(run_dir, path) for path in shard_files]
-    max_rows = max(table.num_rows for table in shards)
+    max_rows = max(table.num_rows for table in shards.values())
     row_numbers = pa.array(np.arange(max_rows, dtype=np.int64))
     zeros = pa.array(np.zeros(max_rows, dtype=np.int8))
     tables = []
-    for path, table in zip(shard_files, shards, strict=True):
-        relpath = path.relative_to(run_dir).as_posix()
+    for relpath, table in shards.items():
         split, source = (folder.split("=", 1)[1] for folder in relpath.split("/")[1:3])
         indices = zeros.slice(0, table.num_rows)
         for name, values in (("row_in_shard", row_numbers.slice(0, table.num_rows)),
@@ -410,8 +447,13 @@ def _open_shard(run_dir: Path, shard: Path) -> pa.Table:
     Fully validated (list offsets within their buffers, ...): DuckDB trusts the Arrow data it scans, and a
     damaged file must fail here with its name, not inside the scan. That reads the offsets, not the tokens.
     """
+    return checked_shard(lambda: pa.memory_map(str(shard)), shard, run_dir)
+
+
+def checked_shard(open_shard: Callable[[], Any], shard: Path | str, run_dir: Path | str) -> pa.Table:
+    """The rows of the shard ``open_shard()`` opens (a memory map or a stream), checked as :func:`_open_shard` says."""
     try:
-        table = ipc.open_file(pa.memory_map(str(shard))).read_all().replace_schema_metadata(None)
+        table = ipc.open_file(open_shard()).read_all().replace_schema_metadata(None)
         table.validate(full=True)
     except (pa.ArrowException, OSError) as err:
         raise QueryError(f"{shard}: not a readable Arrow IPC shard ({_first_line(err)}); it is damaged or "

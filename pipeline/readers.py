@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from core.errors import SourceReadError
 from pipeline.manifest import FilterConfig, SourceConfig
+from pipeline.objects import ObjectPath
 from pipeline.records import Record, Reject, backslash_escaped, is_utf8, parse_json_line, too_long
 from pipeline.streams import (
     TOO_LONG_RAW_BYTES,
@@ -36,13 +36,14 @@ from pipeline.streams import (
     iter_lines,
     open_regular,
     record_byte_limit,
+    stream_size,
 )
 from pipeline.table_readers import read_hf_disk, read_hf_local, read_parquet
 
 DEFAULT_MAX_CHARS = FilterConfig().max_chars
 
 
-def read_file(path: Path, rel: str, source: SourceConfig,
+def read_file(path: Path | ObjectPath, rel: str, source: SourceConfig,
               max_chars: int = DEFAULT_MAX_CHARS) -> Iterator[Record | Reject]:
     """Yield every record of one source file in file order; ``rel`` (posix, relative) builds the uris.
 
@@ -69,7 +70,7 @@ def read_file(path: Path, rel: str, source: SourceConfig,
         yield storable(Reject(err.uri, "unreadable_file", err.detail, err.raw))
 
 
-def refusal(path: Path, rel: str, source: SourceConfig) -> Reject | None:
+def refusal(path: Path | ObjectPath, rel: str, source: SourceConfig) -> Reject | None:
     """The reject for a path no reader may open, or None: the rule for every file and folder of a source.
 
     ``outside_source``: the path resolves (through symbolic links) outside the source folder, which is
@@ -87,6 +88,9 @@ def refusal(path: Path, rel: str, source: SourceConfig) -> Reject | None:
     parts = PurePosixPath(rel).parts
     if PurePosixPath(rel).is_absolute() or ".." in parts:
         return Reject(rel, "outside_source", "the planned path is absolute or climbs out with '..'; not read", None)
+    if isinstance(path, ObjectPath):  # a key under the prefix: no links, no special files
+        return None if path.exists() else Reject(rel, "missing_file", "planned for this part, but no longer in the "
+                                                 "bucket (deleted or renamed); nothing was read", None)
     folder = path
     for _ in parts:
         folder = folder.parent
@@ -142,11 +146,12 @@ def escape_file_name(name: str) -> str:
     return data.decode("utf-8", "backslashreplace")
 
 
-def _read_text(path: Path, rel: str, source: SourceConfig, max_bytes: int) -> Iterator[Record | Reject]:
+def _read_text(path: Path | ObjectPath, rel: str, source: SourceConfig,
+               max_bytes: int) -> Iterator[Record | Reject]:
     """One document per file, UTF-8 (a leading BOM is dropped); a file above ``max_bytes`` is read no further."""
     try:
         with open_regular(path) as handle:
-            num_bytes = os.fstat(handle.fileno()).st_size
+            num_bytes = stream_size(handle)
             data = handle.read(TOO_LONG_RAW_BYTES if num_bytes > max_bytes else num_bytes + 1)
             if num_bytes < len(data) <= max_bytes:  # it grew while being read: read on, up to the limit
                 data += handle.read(max_bytes + 1 - len(data))
@@ -163,7 +168,8 @@ def _read_text(path: Path, rel: str, source: SourceConfig, max_bytes: int) -> It
     yield Record(rel, text.removeprefix("\ufeff"), None, data)
 
 
-def _read_jsonl(path: Path, rel: str, source: SourceConfig, max_bytes: int) -> Iterator[Record | Reject]:
+def _read_jsonl(path: Path | ObjectPath, rel: str, source: SourceConfig,
+                max_bytes: int) -> Iterator[Record | Reject]:
     """One JSON object per line; blank lines carry no record and are skipped."""
     for line_no, line, num_bytes in iter_lines(path, rel, max_bytes):
         if num_bytes > len(line):

@@ -20,6 +20,8 @@ from typing import BinaryIO
 
 import zstandard
 
+from pipeline.objects import ObjectPath
+
 CHUNK_BYTES = 1 << 20
 """Bytes read (or decompressed) per step from a jsonl file."""
 RAW_FILE_LIMIT_BYTES = 16 << 20
@@ -64,19 +66,22 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "special file")
 
 
-def describe_error(err: BaseException, path: Path, rel: str) -> str:
+def describe_error(err: BaseException, path: Path | ObjectPath, rel: str) -> str:
     """One-line exception text with the absolute path replaced by ``rel`` (outputs hold no absolute paths)."""
     text = getattr(err, "strerror", None) if isinstance(err, OSError) and err.strerror else str(err)
     text = " ".join((text or type(err).__name__).split())
     return text.replace(str(path.resolve()), rel).replace(str(path), rel)
 
 
-def open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path | ObjectPath) -> BinaryIO:
     """``path`` opened for reading, only if it is a regular file (checked on the open file: no race).
 
     Opened non-blocking, so a FIFO put in its place after the last check cannot hang the open; raises
-    ``OSError`` ("not a regular file") for anything but a regular file.
+    ``OSError`` ("not a regular file") for anything but a regular file. An object is streamed through fsspec
+    (every object is a regular file).
     """
+    if isinstance(path, ObjectPath):
+        return path.open()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
@@ -89,7 +94,7 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def raw_file_bytes(path: Path) -> bytes | None:
+def raw_file_bytes(path: Path | ObjectPath) -> bytes | None:
     """The file's bytes for an unreadable_file reject, when small enough to copy."""
     try:
         with open_regular(path) as handle:
@@ -135,7 +140,7 @@ def _prefix(pieces: list[bytes]) -> list[bytes]:
     return kept
 
 
-def iter_lines(path: Path, rel: str, max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
+def iter_lines(path: Path | ObjectPath, rel: str, max_bytes: int) -> Iterator[tuple[int, bytes, int]]:
     """``(1-based line number, line bytes without \\n, its size in bytes)``; a corrupt or cut stream raises
     after its good lines.
 
@@ -170,13 +175,21 @@ def iter_lines(path: Path, rel: str, max_bytes: int) -> Iterator[tuple[int, byte
         yield (line_no + 1, *buffer.take())
 
 
-def decompressed_size_estimate(path: Path) -> int:
+def stream_size(handle: BinaryIO) -> int:
+    """Size in bytes of an open file or object (an fsspec file has no file descriptor)."""
+    size = getattr(handle, "size", None)
+    return int(size) if isinstance(size, int) else os.fstat(handle.fileno()).st_size
+
+
+def decompressed_size_estimate(path: Path | ObjectPath) -> int:
     """About how many bytes ``path`` decompresses to, from what its format records, without decompressing.
 
     gzip: the trailer's ISIZE (the size modulo 4 GiB, of the last member); zstd: the first frame's content
     size when its header records it; otherwise (plain files, folders, unknown sizes, unreadable files) the
     size on disk. Never less than the size on disk: it only orders work, a wrong guess costs no correctness.
     """
+    if isinstance(path, ObjectPath):
+        return path.size()  # no ranged reads of every object's trailer only to order the work
     try:
         size = path.stat().st_size if path.is_file() else 0
         kind = _stream_kind(path)
@@ -199,7 +212,7 @@ def _stream_kind(path: Path) -> str:
     return "zstd" if name.endswith((".zst", ".zstd")) else "text"
 
 
-def _decompressed_chunks(path: Path) -> Iterator[bytes]:
+def _decompressed_chunks(path: Path | ObjectPath) -> Iterator[bytes]:
     kind = _stream_kind(path)
     with open_regular(path) as handle:
         if kind == "gzip":

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.manifest import SourceConfig
+from pipeline.objects import ObjectPath
 from pipeline.records import Record, Reject, parse_json_line, source_id_text, too_long
 from pipeline.streams import (
     TOO_LONG_RAW_BYTES,
@@ -33,7 +34,8 @@ BATCH_ROWS = 1024
 """Rows per record batch read from parquet and hf_disk sources."""
 
 
-def read_parquet(path: Path, rel: str, source: SourceConfig, max_bytes: int) -> Iterator[Record | Reject]:
+def read_parquet(path: Path | ObjectPath, rel: str, source: SourceConfig,
+                 max_bytes: int) -> Iterator[Record | Reject]:
     """One Parquet file, ``BATCH_ROWS`` rows at a time (only the text and id columns are read)."""
     try:
         with open_regular(path) as handle:

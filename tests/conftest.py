@@ -48,6 +48,35 @@ def _thread_counts_as_the_session_began() -> Iterator[None]:
             os.environ[name] = value
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A SeaweedFS S3 server for the session (started once, ~10 s), with the AWS variables pointing at it."""
+    from tests.s3_server import clear_instance_cache, running_s3_server, s3_environment
+
+    with running_s3_server(tmp_path_factory.mktemp("seaweedfs")) as endpoint, pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_environment(endpoint).items():
+            patch.setenv(name, value)
+        clear_instance_cache()
+        yield endpoint
+    clear_instance_cache()
+
+
+@pytest.fixture
+def s3_prefix(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """An empty prefix of the session's bucket for one test: ``s3://tokenmill-tests/<test name>``.
+
+    One bucket for all: SeaweedFS gives each bucket volumes of its own, and a few buckets exhaust a small server.
+    """
+    import re
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    if not fs.exists("tokenmill-tests"):
+        fs.mkdir("tokenmill-tests")
+    return "s3://tokenmill-tests/" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())
+
+
 def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email", "logging", "http")) -> Path:
     """Copy a few standard-library packages' .py files into ``target`` (a real, small corpus)."""
     for package in packages:

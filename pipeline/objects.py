@@ -1,0 +1,244 @@
+"""Object storage (``s3://`` and every other fsspec URL): source objects listed and opened like local files.
+
+A source ``path`` with a URL scheme is read through fsspec (``s3fs`` for S3: ``pip install 'tokenmill[s3]'``).
+Credentials and the endpoint come from the standard AWS environment or config files (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ``~/.aws/config``); a manifest's
+``storage_options`` holds only options that are no secret (:data:`ALLOWED_STORAGE_OPTIONS`), because a manifest
+is copied into ``run.yaml`` and shared. An object is identified by its key, size and ETag (:func:`list_objects`),
+as a local file is by its path, size and mtime. Objects are streamed (:meth:`ObjectPath.open`), never
+downloaded whole. Transient errors (connection refused, 503 SlowDown) are retried with backoff by botocore and
+s3fs themselves (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``); :class:`RetryLog` logs each of those retries once, as a
+warning of the ``pipeline.objects`` logger, which they log only at debug level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from core.errors import ObjectStoreError
+
+URL_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "requester_pays", "use_ssl",
+                                     "client_kwargs", "config_kwargs", "default_block_size"})
+"""``storage_options`` keys a manifest may set (passed to the fsspec filesystem): none is a secret."""
+ALLOWED_CLIENT_KWARGS = frozenset({"endpoint_url", "region_name", "verify", "use_ssl"})
+"""Keys of ``storage_options.client_kwargs`` a manifest may set (botocore client options, no credentials)."""
+SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+"""A storage option whose name holds one of these is refused: credentials come from the AWS environment/config."""
+READ_BLOCK_BYTES = 4 << 20
+"""Bytes fetched per ranged GET when streaming an object (s3fs's default, 50 MB, would be held per open file)."""
+
+
+NOT_OBJECT_STORES = frozenset({"file", "hf"})
+"""Schemes never read as object storage: local files, and the Hugging Face hub (tokenmill never downloads it)."""
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is a URL read through fsspec (``s3://…``, ``gs://…``), not a local path or a hub name."""
+    match = URL_SCHEME.match(path)
+    return match is not None and match.group(1) not in NOT_OBJECT_STORES
+
+
+def check_storage_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` when every key is allowed and none looks secret; ValueError naming the key otherwise."""
+    for key, value in options.items():
+        _check_option(key, ALLOWED_STORAGE_OPTIONS)
+        if key in ("client_kwargs", "config_kwargs") and not isinstance(value, dict):
+            raise ValueError(f"storage_options.{key} must be a mapping, e.g. client_kwargs: {{endpoint_url: http://…}}")
+        for inner, inner_value in (value.items() if isinstance(value, dict) else []):
+            allowed = ALLOWED_CLIENT_KWARGS if key == "client_kwargs" else {inner}  # botocore Config: no credentials
+            _check_option(f"{key}.{inner}", {f"{key}.{name}" for name in allowed})
+            _check_url_value(f"{key}.{inner}", inner_value)
+        _check_url_value(key, value)
+    return options
+
+
+def _check_url_value(key: str, value: Any) -> None:
+    """A URL option (an endpoint) must not carry credentials either."""
+    if isinstance(value, str) and "://" in value:
+        try:
+            check_url(value)
+        except ValueError:
+            raise ValueError(f"storage_options.{key} holds credentials (user info before @); set them in the AWS "
+                             "environment or config instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)") from None
+
+
+def _check_option(key: str, allowed: frozenset[str] | set[str]) -> None:
+    if any(word in key.lower() for word in SECRET_WORDS):
+        raise ValueError(f"storage_options.{key} looks like a secret; a manifest is copied into run.yaml and "
+                         "shared, so credentials come from the AWS environment or config instead "
+                         "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    if key not in allowed:
+        raise ValueError(f"storage_options.{key} is not one of the allowed options {sorted(allowed)}")
+
+
+def check_url(url: str) -> str:
+    """``url`` when it carries no credentials (``s3://KEY:SECRET@bucket/…``); ValueError otherwise."""
+    if "@" in url.split("://", 1)[1].split("/", 1)[0]:
+        raise ValueError(f"{url.split('@')[-1]}: a URL with user info (KEY:SECRET@) holds credentials; set them in "
+                         "the AWS environment or config instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+    return url
+
+
+@dataclass(frozen=True)
+class ObjectPath:
+    """An object (or a prefix) in a bucket: the few ``Path`` operations the readers use, over fsspec."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __truediv__(self, rel: str) -> ObjectPath:
+        return ObjectPath(f"{self.url.rstrip('/')}/{rel}", self.storage_options)
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def name(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> ObjectPath:
+        return ObjectPath(self.url.rstrip("/").rsplit("/", 1)[0], self.storage_options)
+
+    def resolve(self) -> ObjectPath:
+        """Itself: an object store has no links to resolve."""
+        return self
+
+    def filesystem(self) -> tuple[Any, str]:
+        """``(fsspec filesystem, path inside it)``; fsspec caches the filesystem, so this is cheap."""
+        RetryLog.install()
+        try:
+            import fsspec
+        except ImportError:
+            raise ObjectStoreError(f"{self.url}: reading object storage needs fsspec and s3fs; "
+                                   "pip install 'tokenmill[s3]'") from None
+        try:
+            return fsspec.core.url_to_fs(self.url, **self.storage_options)
+        except ImportError as err:
+            raise ObjectStoreError(f"{self.url}: no fsspec filesystem for this URL ({err}); "
+                                   "pip install 'tokenmill[s3]' for s3://") from None
+
+    def info(self) -> dict[str, Any]:
+        """The object's (or prefix's) fsspec info; ObjectStoreError, one line, when it cannot be reached."""
+        fs, path = self.filesystem()
+        with object_errors(self.url):
+            return fs.info(path)
+
+    def is_dir(self) -> bool:
+        return self.info()["type"] == "directory"
+
+    def exists(self) -> bool:
+        fs, path = self.filesystem()
+        with object_errors(self.url):
+            return fs.exists(path)
+
+    def size(self) -> int:
+        return int(self.info().get("size") or 0)
+
+    def open(self) -> BinaryIO:
+        """A streaming, seekable handle (ranged GETs of READ_BLOCK_BYTES): never the whole object in memory."""
+        fs, path = self.filesystem()
+        with object_errors(self.url):
+            return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+
+
+LOGGER = logging.getLogger(__name__)
+RETRY_LOGGERS = ("botocore.retryhandler", "botocore.retries.standard", "s3fs")
+"""Where botocore (legacy and standard retry modes) and s3fs say, at debug level, that a request is retried."""
+
+
+class RetryLog(logging.Filter):
+    """Turns each retry that botocore or s3fs logs at debug level into one warning of :data:`LOGGER`; drops the
+    rest of their debug records (unless the user asked for them: a logger set to DEBUG is left alone)."""
+
+    _installed = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cause = ""
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        for name in RETRY_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.getEffectiveLevel() > logging.DEBUG:
+                logger.setLevel(logging.DEBUG)
+                logger.addFilter(cls())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        message = record.getMessage()
+        if message.startswith("retry needed, "):  # legacy mode: the cause, just before the retry itself
+            self.cause = message.split(": ", 1)[-1]
+        elif message.startswith("Retry needed") or message.startswith("Retryable error: "):
+            cause = self.cause or message.split(": ", 1)[-1]
+            LOGGER.warning("object store: transient error (%s); retrying with backoff", " ".join(cause.split())[:200])
+            self.cause = ""
+        return False
+
+
+def object_version(info: dict[str, Any]) -> str:
+    """What tells a changed object apart at the same key: its ETag (else its modification time), as text."""
+    for key in ("ETag", "etag", "LastModified", "mtime", "last_modified"):
+        if info.get(key) is not None:
+            return f"{key}:{str(info[key]).strip(chr(34))}"
+    return ""
+
+
+def list_objects(root: ObjectPath) -> list[tuple[str, int, str]]:
+    """``(key relative to root, size, version)`` of every object under ``root`` (or of ``root`` itself)."""
+    fs, path = root.filesystem()
+    with object_errors(root.url):
+        info = fs.info(path)
+        if info["type"] != "directory":
+            return [(root.name, int(info.get("size") or 0), object_version(info))]
+        found = fs.find(path, detail=True, withdirs=False)
+    prefix = path.rstrip("/") + "/"
+    return sorted((key[len(prefix):], int(entry.get("size") or 0), object_version(entry))
+                  for key, entry in found.items() if key.startswith(prefix) and not key.endswith("/"))
+
+
+@contextlib.contextmanager
+def object_errors(url: str) -> Iterator[None]:
+    """Turn what a store answers for a missing bucket, bad or absent credentials, an unreachable endpoint into one
+    ObjectStoreError line naming ``url`` (:func:`describe_object_error`); other errors pass unchanged."""
+    try:
+        yield
+    except ObjectStoreError:
+        raise
+    except Exception as err:
+        line = describe_object_error(url, err)
+        if line is None:
+            raise
+        raise ObjectStoreError(line) from None
+
+
+def describe_object_error(url: str, err: BaseException) -> str | None:
+    """One line naming ``url`` and what to set, for the errors a user fixes by configuration; None for others."""
+    name = type(err).__name__
+    detail = " ".join(str(err).split())[:200] or name
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+        return (f"{url}: no credentials for the object store ({detail}); set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for a store other than AWS.")
+    if isinstance(err, PermissionError) or "AccessDenied" in detail or "InvalidAccessKeyId" in detail \
+            or "SignatureDoesNotMatch" in detail:
+        return (f"{url}: access denied ({detail}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) "
+                "to an identity that may read it.")
+    if isinstance(err, FileNotFoundError) or "NoSuchBucket" in detail:
+        return (f"{url}: no such bucket or object ({detail}); check the URL, and AWS_ENDPOINT_URL (or the source's "
+                "storage_options.endpoint_url) for a store other than AWS.")
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError") or \
+            isinstance(err, ConnectionError):
+        return (f"{url}: cannot reach the object store ({detail}), after retries; check AWS_ENDPOINT_URL "
+                "(or storage_options.endpoint_url) and that the store is up.")
+    return None

@@ -1,0 +1,114 @@
+"""Read-only SQL over a run dir in a bucket (``s3://bucket/runs/NAME``): the run's artifacts as Arrow data, via fsspec.
+
+:func:`pipeline.query.connect` calls this instead of reading local files, then confines DuckDB exactly as for a
+local run (file access off, configuration locked): DuckDB never sees a URL or the filesystem, only the Arrow
+datasets and tables registered here, so a statement cannot read another key of the bucket. Only keys under the
+run's prefix are listed, and shards only at ``shards/split=<split>/source=<name>/part-NNNNN.arrow``; any other
+``.arrow`` key under ``shards/`` is refused, naming it, as locally. Parquet is read by pyarrow through
+``PyFileSystem(FSSpecHandler(fs))`` (ranged reads, only the columns and row groups a query needs); shards are read
+whole into memory (an object cannot be memory-mapped).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+from core.atomic import TEMP_PREFIX
+from core.errors import QueryError
+from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
+from core.shards import SHARD_LAYOUT
+from pipeline import query
+from pipeline.objects import ObjectPath, object_errors
+
+SHARD_KEY = re.compile(r"shards/split=(train|val)/source=[A-Za-z0-9][A-Za-z0-9_.\-]*/part-[0-9]{5,}\.arrow")
+"""The only ``.arrow`` keys read as shards (``core.shards.SHARD_LAYOUT``)."""
+DOCS_PART = re.compile(r"docs/(part-[0-9]{5,})\.parquet")
+
+
+def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict[str, ds.Dataset | pa.Table]:
+    """Every view's data of the run at ``url``, by the name :func:`pipeline.query.connect` registers it under.
+
+    ``unsupported``: views not read from a bucket here (the trainer's derived views, eval_results,
+    train_segments: :func:`pipeline.query.connect` answers those on the run's mirror); a statement naming one is
+    refused (QueryError) rather than answered from an empty view.
+    """
+    lowered = (sql or "").lower()
+    named = [name for name in unsupported if sql is not None and name in lowered]
+    if named:
+        raise QueryError(f"{url}: the view(s) {', '.join(named)} are not read from object storage yet; query a "
+                         "local copy of the run dir for them (the other views work on the bucket).")
+    root = ObjectPath(url.rstrip("/"))
+    fs, base = root.filesystem()
+    with object_errors(url):
+        keys = sorted(key[len(base) + 1:] for key in fs.find(base) if key.startswith(base + "/"))
+    if not keys:
+        raise QueryError(f"{url}: no run dir there (no objects under that prefix); give the prefix a tokenmill run "
+                         "was uploaded to, e.g. s3://bucket/runs/NAME.")
+    arrow_fs = PyFileSystem(FSSpecHandler(fs))
+    present = set(keys)
+
+    def parquet(rels: list[str], schema: pa.Schema) -> ds.Dataset | pa.Table:
+        if not rels:
+            return schema.empty_table()
+        try:
+            return ds.dataset([f"{base}/{rel}" for rel in rels], format="parquet", filesystem=arrow_fs)
+        except (pa.ArrowException, OSError) as err:
+            raise QueryError(f"{url}/{rels[0]}: not readable as Parquet ({err}); re-upload the run dir.") from None
+
+    def text(rel: str) -> str:
+        with object_errors(f"{url}/{rel}"):
+            return fs.cat(f"{base}/{rel}").decode("utf-8", "replace") if rel in present else ""
+
+    read_shards = sql is None or query.SEQUENCES_VIEW in lowered
+    return {
+        "_docs": parquet(_finished_parts(keys, present), DOCUMENTS_SCHEMA),
+        "duplicates": parquet([rel for rel in ["dedupe/duplicates.parquet"] if rel in present], DUPLICATES_SCHEMA),
+        "rejects": parquet([rel for rel in keys if re.fullmatch(r"rejects/[^/]+\.parquet", rel)], REJECTS_SCHEMA),
+        "shards": parquet([rel for rel in ["shards/index.parquet"] if rel in present], SHARD_INDEX_SCHEMA),
+        "train_metrics": query.metrics_table(query.jsonl_objects(text("metrics/train.jsonl")),
+                                             f"{url}/metrics/train.jsonl", query.TRAIN_METRICS_SCHEMA),
+        "eval_metrics": query.metrics_table(query.jsonl_objects(text("metrics/eval.jsonl")),
+                                            f"{url}/metrics/eval.jsonl", query.EVAL_METRICS_SCHEMA),
+        "eval_results": query.EVAL_RESULTS_SCHEMA.empty_table(),
+        "train_segments": query.TRAIN_SEGMENTS_SCHEMA.empty_table(),
+        "sequences": _sequences(url, base, fs, _shard_keys(url, keys) if read_shards else []),
+    }
+
+
+def _finished_parts(keys: list[str], present: set[str]) -> list[str]:
+    """``docs/part-NNNNN.parquet`` keys whose ingest marker was uploaded too (as :func:`document_part_files`)."""
+    parts = []
+    for rel in keys:
+        match = DOCS_PART.fullmatch(rel)
+        if match and (f"stages/ingest/{match.group(1)}.json" in present or f"docs/{match.group(1)}.json" in present):
+            parts.append(rel)
+    return parts
+
+
+def _shard_keys(url: str, keys: list[str]) -> list[str]:
+    """The shard keys; QueryError naming the first ``.arrow`` key under ``shards/`` outside the layout."""
+    shards = []
+    for rel in keys:
+        name = rel.rsplit("/", 1)[-1]
+        if not rel.startswith("shards/") or not rel.endswith(".arrow") or name.startswith(TEMP_PREFIX):
+            continue
+        if not SHARD_KEY.fullmatch(rel):
+            raise QueryError(f"{url}: {rel!r} is not a shard tokenmill writes; shards live only at {SHARD_LAYOUT} "
+                             "inside the run dir: remove or move it.")
+        shards.append(rel)
+    return shards
+
+
+def _sequences(url: str, base: str, fs: Any, shard_keys: list[str]) -> pa.Table:
+    shards = {}
+    for rel in shard_keys:
+        def open_shard(rel: str = rel) -> pa.BufferReader:
+            with object_errors(f"{url}/{rel}"):
+                return pa.BufferReader(fs.cat(f"{base}/{rel}"))
+        shards[rel] = query.checked_shard(open_shard, f"{url}/{rel}", url)
+    return query.sequences_of(shards, url)
