@@ -42,3 +42,26 @@ def site_packages_texts(max_bytes: int) -> list[tuple[str, str]]:
         if total >= max_bytes:
             break
     return found
+
+
+def stdlib_docstring_texts(max_bytes: int, min_words: int = 0, max_words: int = 10**9) -> list[str]:
+    """Real English prose on every machine: the docstrings of each top-level standard-library module, one text per
+    module (module, class and function docstrings in source order, blank-line separated), in path order."""
+    import ast
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        nodes = [tree, *(node for node in ast.walk(tree)
+                          if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))]
+        text = "\n\n".join(doc for node in nodes if (doc := ast.get_docstring(node)))
+        if min_words <= len(text.split()) <= max_words:
+            texts.append(text)
+            total += len(text.encode("utf-8"))
+            if total >= max_bytes:
+                break
+    return texts
