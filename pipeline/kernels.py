@@ -205,25 +205,28 @@ def whitespace_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
 
 
 @functools.cache
-def _unicode_simplify_table() -> dict[int, str]:
-    """``str.translate`` table of :func:`simplify_unicode`: every punctuation (P*), symbol (S*), control (Cc) and
-    whitespace character to a space, every decimal digit (Nd) to ``0`` (built on first use, ~0.3 s)."""
-    table = {}
+def _code_point_map() -> np.ndarray:
+    """uint32 per code point: a space for punctuation (P*), symbols (S*), controls (Cc) and whitespace, ``0`` for
+    decimal digits (Nd), itself otherwise (4.5 MB, built on first use in ~0.5 s; ingest's fork server builds it
+    once for all its workers)."""
+    mapped = np.arange(0x110000, dtype=np.uint32)
     for code in range(0x110000):
         character = chr(code)
         category = unicodedata.category(character)
         if category[0] in "PS" or category == "Cc" or character.isspace():
-            table[code] = " "
+            mapped[code] = ord(" ")
         elif category == "Nd":
-            table[code] = "0"
-    return table
+            mapped[code] = ord("0")
+    return mapped
 
 
 def simplify_unicode(text: str) -> str:
-    """The normalised words of ``text`` joined by spaces: ``str.casefold()`` (``Straße`` and ``STRASSE`` are one
-    word, as are final and medial sigma), punctuation/symbols/controls/whitespace as separators, decimal digits
-    as ``0``. The same words the ASCII byte tables give an ASCII text."""
-    return " ".join(text.casefold().translate(_unicode_simplify_table()).split())
+    """``text`` case-folded (``Straße`` and ``STRASSE`` become one word, as do final and medial sigma), with
+    punctuation, symbols, controls and whitespace as spaces and decimal digits as ``0``: the ASCII byte tables
+    then split it into the same words they give an ASCII text. One table lookup over the UTF-32 code points
+    (``str.translate`` with a dict measured 17 MB/s, this ~100 MB/s)."""
+    codes = np.frombuffer(text.casefold().encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return _code_point_map()[codes].tobytes().decode("utf-32-le", "surrogatepass")
 
 
 def word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
