@@ -25,7 +25,10 @@ LANGUAGES = ("en", "de", "fr", "es", "it", "nl", "pl", "pt", "sv", "ru", "uk", "
 
 def lingua_detector() -> Callable[[str], tuple[str, float]]:
     """lingua over all its 75 languages (high-accuracy mode): ``text -> (ISO 639-1 code, confidence)``."""
-    from lingua import LanguageDetectorBuilder
+    try:
+        from lingua import LanguageDetectorBuilder
+    except ImportError:
+        raise SystemExit("benchmarks.language_id compares with lingua: pip install -e '.[peers]'") from None
 
     detector = LanguageDetectorBuilder.from_all_languages().build()
 
@@ -62,9 +65,11 @@ def measure(name: str, build: Callable[[], Callable[[str], tuple[str, float]]],
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pages", type=int, default=40, help="manual pages per language (at most)")
+    parser.add_argument("--quick", action="store_true", help="8 pages per language (seconds, plus lingua's load)")
+    parser.add_argument("--pages", type=int, default=None, help="manual pages per language, at most (default 40)")
     args = parser.parse_args(argv)
-    pages = {language: [text[:SAMPLE_CHARS] for _, text in man_page_texts(language, args.pages)]
+    num_pages = args.pages or (8 if args.quick else 40)
+    pages = {language: [text[:SAMPLE_CHARS] for _, text in man_page_texts(language, num_pages)]
              for language in LANGUAGES}
     pages = {language: texts for language, texts in pages.items() if texts}
     print("pages per language:", {language: len(texts) for language, texts in pages.items()})
