@@ -370,3 +370,14 @@ def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, mon
     wanted = np.array([3, 250, 1_999])
     assert (near_dedupe.part_signature_rows(docs_part, paths, config, wanted) == expected[wanted]).all()
     assert blocks == [200, 200, 200]  # the row groups of rows 3, 250 and 1999 only, not all ten
+
+
+def test_changing_the_words_changes_the_dedupe_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run deduped on other words (an older WORDS_VERSION) is deduped again, not skipped."""
+    from pipeline.dedupe import dedupe_fingerprint
+
+    parts = [near_dedupe.DocsPart(0, Path("part-00000.parquet"), "abc")]
+    now = dedupe_fingerprint(parts, DedupeConfig())
+    monkeypatch.setattr(minhash, "WORDS_VERSION", "ascii-words-fnv1a-2")
+    assert dedupe_fingerprint(parts, DedupeConfig()) != now
+    assert near_dedupe.signature_cache_metadata("abc", NearDedupeConfig())["words"] == "ascii-words-fnv1a-2"
