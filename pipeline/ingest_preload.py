@@ -4,9 +4,10 @@
 modules (Arrow, numba, DuckDB, the readers and filters) and numba's machine code for the compiled loops
 are then pages the workers share instead of ~200 MB each. numba loads a loop's machine code on its first
 call (compiling it if no cache exists yet), so the loops are called here once, on a few words, one of them
-non-ASCII: that builds the normalised words' code point tables (~0.8 s, 4.5 MB) once for all workers. The
-language model (fastText lid.176.ftz: 0.03 s, 6 MB measured) is loaded too, so a manifest with
-``filters.language`` costs the workers nothing more; loading it does not turn the filter on.
+non-ASCII: that builds the normalised words' code point tables (4.5 MB) once for all workers. The language
+model (fastText lid.176.ftz, ~6 MB) is loaded too, so a manifest with ``filters.language`` costs the workers
+nothing more; loading it does not turn the filter on. Both together: importing this module went from 1.17 to
+1.73 s and 270 to 279 MB RSS (measured on a shared 2-core machine).
 """
 
 from __future__ import annotations
