@@ -258,7 +258,8 @@ def _hash_code_point(state: np.uint64, code: np.uint32) -> np.uint64:
 def _normalised_word_hashes(data: np.ndarray, offsets: np.ndarray, separators: np.ndarray, byte_map: np.ndarray,
                             code_map: np.ndarray, folds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # ASCII bytes go through the byte tables as in _word_hashes; a multi-byte character is decoded and mapped
-    # through code_map (and folds). Arrow strings are valid UTF-8, so a lead byte is followed by its bytes.
+    # through code_map (and folds). Arrow strings are valid UTF-8; binary input may not be, so a sequence never
+    # reads past its text and a decoded value past U+10FFFF never indexes code_map.
     num_docs = len(offsets) - 1
     hashes = np.empty((offsets[num_docs] - offsets[0] + num_docs) // 2 + 1, dtype=np.uint64)
     word_offsets = np.zeros(num_docs + 1, dtype=np.int64)
@@ -293,8 +294,11 @@ def _normalised_word_hashes(data: np.ndarray, offsets: np.ndarray, separators: n
             else:
                 skip = 3
                 code = np.uint32(byte & 0x07)
+            skip = min(skip, stop - position - 1)  # a sequence cut off by the text's end (invalid UTF-8)
             for offset in range(1, skip + 1):
                 code = (code << np.uint32(6)) | np.uint32(data[position + offset] & 0x3F)
+            if code >= 0x110000:  # only from invalid UTF-8 (binary input): the replacement character
+                code = np.uint32(0xFFFD)
             target = code_map[code]
             num_mapped = 1
             if target != SEPARATOR_CODE and target & MULTI_CODE:

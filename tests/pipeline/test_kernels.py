@@ -107,6 +107,16 @@ def test_copies_differing_in_punctuation_case_and_spacing_have_the_same_words() 
     assert all(own == words[-1] for own in words) and len(words[-1]) == 10
 
 
+def test_invalid_utf8_binary_input_stays_inside_its_text() -> None:
+    """Binary input is not checked UTF-8: cut-off and over-long sequences read nothing past their text."""
+    raw = [b"ok \xf0\x9f", b"\xff\xfe\xfd word", b"\xe2", b"caf\xc3\xa9 \xf8\x88\x80\x80\x80 x"]
+    hashes, offsets = minhash.word_hashes(pa.array(raw, pa.binary()))
+    assert len(offsets) == len(raw) + 1 and offsets[-1] == len(hashes)
+    again, _ = minhash.word_hashes(pa.array(raw, pa.large_binary()))
+    assert np.array_equal(hashes, again)
+    assert hashes[offsets[3]] == reference_word_hashes("café")[0]
+
+
 def test_whitespace_word_hashes_match_the_reference(stdlib_sample: list[str]) -> None:
     texts = stdlib_sample[:10] + random_texts(100, seed=1) + EDGE_CASES
     hashes, offsets = minhash.whitespace_word_hashes(pa.array(texts, pa.large_string()))
