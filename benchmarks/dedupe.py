@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.corpus import stdlib_texts
+from benchmarks.corpus import stdlib_docstring_texts, stdlib_texts
 
 NGRAM = 5
 NUM_PERM = 128
@@ -101,6 +101,45 @@ def add_header(text: str, family: int) -> str:
     return f"# Mirrored from https://example.org/m/{family}.py on 2024-05-0{family % 9 + 1}\n# Do not edit.\n{text}"
 
 
+def change_punctuation(text: str, rng: np.random.Generator) -> str:
+    """Punctuation as another copy has it: about half the commas dropped, ";" and ":" as ",", "--" as an em dash,
+    parentheses as commas."""
+    text = re.sub(r",", lambda _: "," if rng.random() < 0.5 else "", text)
+    return text.replace(";", ",").replace(":", ",").replace("--", "—").replace(" (", ", ").replace(")", ",")
+
+
+def curl_quotes(text: str) -> str:
+    """Typographic quotes for straight ones: ``"x"`` as “x”, ``'x'`` as ‘x’, apostrophes as ’."""
+    text = re.sub(r'"([^"\n]*)"', "“\\1”", text)
+    return re.sub(r"(?<!\w)'([^'\n]*)'", "‘\\1’", text).replace("'", "’")
+
+
+def change_case(text: str, rng: np.random.Generator) -> str:
+    """Every line upper-cased, title-cased or lower-cased at random (a shouted or re-cased copy)."""
+    styles = (str.upper, str.title, str.lower)
+    return "\n".join(styles[rng.integers(3)](line) for line in text.split("\n"))
+
+
+def change_spacing(text: str) -> str:
+    """Space moved around punctuation: ``a, b.`` as ``a ,b .`` and lines re-wrapped with non-breaking spaces."""
+    text = re.sub(r"([,.;:!?]) ", r" \1", text)
+    return text.replace("\n\n", "\u2029").replace("\n", "\u00a0").replace("\u2029", "\n\n")
+
+
+def plant_prose_families(originals: list[str], rng: np.random.Generator, first_family: int) -> list[PlantedDoc]:
+    """Each prose original with copies that differ only in punctuation, quotes, case or spacing (the same
+    normalised words), one with all of those plus 1% word edits, and a 10% word edit (a negative)."""
+    docs = []
+    for family, text in enumerate(originals, start=first_family):
+        variants = [("original", text), ("punctuation", change_punctuation(text, rng)), ("quotes", curl_quotes(text)),
+                    ("case", change_case(text, rng)), ("spacing", change_spacing(text)),
+                    ("typography", change_spacing(curl_quotes(change_case(change_punctuation(
+                        edit_words(text, 0.01, rng), rng), rng)))),
+                    ("prose-edit10%", edit_words(text, 0.10, rng))]
+        docs.extend(PlantedDoc(f"f{family:04d}-{kind}", family, kind, body) for kind, body in variants)
+    return docs
+
+
 def plant_families(originals: list[str], rng: np.random.Generator, edit_rates: tuple[float, ...] = EDIT_RATES
                    ) -> list[PlantedDoc]:
     """Each original with an exact copy, a whitespace change, word edits at each rate, shuffled
@@ -123,10 +162,19 @@ def hard_negatives(bodies: list[str], first_family: int) -> list[PlantedDoc]:
 # ---- ground truth -------------------------------------------------------------------------------
 
 
+_NORMALISED_WORD = re.compile(r"[^\W_]+")
+
+
+def normalised_words(text: str) -> list[str]:
+    """Case-folded runs of letters and digits (``\\w`` without ``_``), every digit as ``0``: the words tokenmill's
+    MinHash compares, written independently of it (they differ only on combining marks, which ``\\w`` excludes)."""
+    return _NORMALISED_WORD.findall(re.sub(r"\d", "0", text.casefold()))
+
+
 def shingle_set(text: str, ngram: int = NGRAM) -> set[int]:
-    """Hashes of the word ``ngram``-grams (ASCII-lower-cased, split on ASCII whitespace, as tokenmill's
-    MinHash sees them); a text shorter than ``ngram`` words is one shingle of all its words."""
-    words = text.encode("utf-8").lower().split()
+    """Hashes of the normalised-word ``ngram``-grams (:func:`normalised_words`); a text shorter than ``ngram``
+    words is one shingle of all its words."""
+    words = normalised_words(text)
     return {hash(tuple(words[i : i + ngram])) for i in range(max(len(words) - ngram + 1, 1))}
 
 
@@ -311,18 +359,23 @@ def warm_up(folder: Path, planted: list[PlantedDoc]) -> None:
     run_datasketch([doc.text for doc in planted])
 
 
-def planted_benchmark(num_families: int, rng: np.random.Generator) -> list[PlantedDoc]:
+def planted_benchmark(num_families: int, rng: np.random.Generator, num_prose_families: int = 0) -> list[PlantedDoc]:
     """Families of ``num_families`` distinct stdlib files (300-5000 words), then ``num_families // 2`` hard
-    negatives (distinct 20-80-word files behind one 110-word licence header: Jaccard ~0.4-0.7)."""
+    negatives (distinct 20-80-word files behind one 110-word licence header: Jaccard ~0.4-0.7), then
+    ``num_prose_families`` of real prose (stdlib docstrings) with punctuation, quote, case and spacing edits."""
     originals = choose_distinct(stdlib_texts(10**9, min_words=300, max_words=5000), num_families, rng)
     small = choose_distinct(stdlib_texts(10**9, min_words=20, max_words=80), max(num_families // 2, 10), rng)
-    return plant_families(originals, rng) + hard_negatives(small, len(originals))
+    docs = plant_families(originals, rng) + hard_negatives(small, len(originals))
+    if num_prose_families:
+        prose = choose_distinct(stdlib_docstring_texts(10**9, min_words=300, max_words=5000), num_prose_families, rng)
+        docs += plant_prose_families(prose, rng, first_family=len(originals) + len(small))
+    return docs
 
 
 def build_corpus(bulk_bytes: int, num_families: int, seed: int = 0) -> tuple[list[PlantedDoc], list[str]]:
     """(planted subset, bulk texts): families + hard negatives, and the stdlib replicated with edits."""
     rng = np.random.default_rng(seed)
-    planted = planted_benchmark(num_families, rng)
+    planted = planted_benchmark(num_families, rng, num_prose_families=num_families // 2)
     base = stdlib_texts(10**9)
     bulk, total, replica = [], 0, 0
     while total < bulk_bytes:

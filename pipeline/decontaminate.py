@@ -205,7 +205,7 @@ def document_ngrams(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.n
     Documents shorter than ``ngram`` words have none (they cannot share a long n-gram with anything).
     """
     from pipeline import minhash  # numba's compiled loops: loaded only when there is text to check
-    words, word_offsets = minhash.word_hashes(texts)
+    words, word_offsets = minhash.whitespace_word_hashes(texts)
     ngrams, offsets = minhash.shingle_hashes(words, word_offsets, ngram)
     short = np.diff(word_offsets) < ngram
     if not short.any():
@@ -288,7 +288,7 @@ def _reject_rows(parts: list[DocsPart], chosen: dict[int, tuple[int, int, str]],
 
 
 def _reject_row(document: dict[str, Any], position: int, owner: str, ngram: int) -> dict[str, Any]:
-    words = document["text"].encode("utf-8").split()  # the words of minhash.word_hashes, in their own case
+    words = document["text"].encode("utf-8").split()  # the words of minhash.whitespace_word_hashes, in their own case
     shared = b" ".join(words[position : position + ngram]).decode("utf-8", "replace")
     if len(shared) > MAX_DETAIL_NGRAM_CHARS:
         shared = shared[:MAX_DETAIL_NGRAM_CHARS] + "…"

@@ -88,9 +88,10 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
 
 
 def dedupe_fingerprint(parts: list[DocsPart], config: DedupeConfig) -> str:
-    """The dedupe stage's one fingerprint: its rules, its settings (not decontaminate's), the parts' fingerprints."""
+    """The dedupe stage's one fingerprint: its rules, its settings (not decontaminate's), the MinHash implementation
+    and words (a run deduped on other words is deduped again), the parts' fingerprints."""
     settings = config.model_dump(exclude={"decontaminate"})  # a later stage's settings; not dedupe's
-    return fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION,
+    return fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION, minhash.WORDS_VERSION,
                        [(part.part_id, part.fingerprint) for part in parts])
 
 

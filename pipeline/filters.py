@@ -229,6 +229,20 @@ def _check_duplicate_lines(document: MeasuredText, filters: FilterConfig) -> str
     return None
 
 
+def _check_language(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if filters.language is None:
+        return None
+    from pipeline.language import detect_language  # fastText: loaded only by a manifest that asks for it
+
+    code, score = detect_language(document.text)
+    allowed = filters.language.allowed
+    if code in allowed and score >= filters.language.min_score:
+        return None
+    # key=value first, so SQL can take them apart: regexp_extract(detail, 'language=(\S+)', 1)
+    return (f"language={code} score={score:.3f}; filters.language allowed={','.join(allowed)} "
+            f"min_score={filters.language.min_score}")
+
+
 @dataclass(frozen=True)
 class QualityFilter:
     """One quality filter: a row of :data:`QUALITY_FILTERS`."""
@@ -257,10 +271,14 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
                   "more non-space symbols per letter/digit than filters.max_symbol_ratio"),
     QualityFilter("duplicate_lines", ("max_duplicate_line_fraction",), _check_duplicate_lines,
                   "more of the text in repeated lines than filters.max_duplicate_line_fraction"),
+    QualityFilter("language", ("language",), _check_language,
+                  "identified language not in filters.language.allowed, or its score below filters.language.min_score "
+                  "(detail: language=<code> score=<0..1>)"),
 )
 """The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
 ``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
-zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary."""
+zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; language
+identification, the costliest, runs last and only on documents every other row kept."""
 
 REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
                                   **{row.reason: row.meaning for row in QUALITY_FILTERS}}
@@ -271,7 +289,8 @@ per quality filter. Reasons may be added, never renamed."""
 def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
     """``(reason, detail)`` of the first row of :data:`QUALITY_FILTERS` the normalised ``text`` fails, else None.
 
-    Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines.
+    Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines,
+    language (only when ``filters.language`` is set).
     """
     document = MeasuredText(text)
     for quality_filter in QUALITY_FILTERS:

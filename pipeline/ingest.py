@@ -392,7 +392,9 @@ def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPath
 
 def _part_fingerprint(part: IngestPart, manifest: CorpusManifest, source: SourceConfig, val_fraction: float) -> str:
     settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
-    return fingerprint("ingest_part", list(part.files), settings, manifest.filters.model_dump(), val_fraction)
+    # exclude_none: a manifest without filters.language fingerprints as it did before the key existed
+    filters = manifest.filters.model_dump(exclude_none=True)
+    return fingerprint("ingest_part", list(part.files), settings, filters, val_fraction)
 
 
 def _finished_summary(part: IngestPart, part_fingerprint: str, paths: RunPaths) -> dict[str, Any] | None:

@@ -24,6 +24,28 @@ HF_FORMATS = ("hf_disk", "hf_local")
 PATH_PLACEHOLDERS = {"${PYTHON_STDLIB}": lambda: sysconfig.get_paths()["stdlib"]}
 
 
+class LanguageFilterConfig(FrozenConfig):
+    """A manifest's ``filters.language``: keep documents identified as one of ``allowed`` with at least
+    ``min_score`` (fastText's ``lid.176``, :mod:`pipeline.language`); others are rejected as ``language``."""
+
+    allowed: list[str] = Field(min_length=1)
+    """ISO 639 codes of the languages to keep, as ``lid.176`` names them (``en``, ``de``, ``zh``, ``ceb``, ...)."""
+    min_score: float = Field(default=0.65, ge=0.0, le=1.0)
+    """Least probability (0..1) of the detected language; below it a document is rejected even in an allowed
+    language (mixed-language, code or boilerplate text). 0.65 as in FineWeb's language filter."""
+
+    @field_validator("allowed")
+    @classmethod
+    def _known_codes(cls, codes: list[str]) -> list[str]:
+        from pipeline.language import LANGUAGE_CODES
+
+        unknown = [code for code in codes if code not in LANGUAGE_CODES]
+        if unknown:
+            raise ValueError(f"unknown language code(s) {unknown}; use lower-case ISO 639 codes as fastText's lid.176 "
+                             "names them (en, de, fr, es, zh, ja, pt, ...; docs/data.md lists all 176)")
+        return codes
+
+
 class FilterConfig(FrozenConfig):
     """A manifest's ``filters:``: the thresholds of the quality filters, each read by one row of
     ``pipeline.filters.QUALITY_FILTERS`` (whose reason its docstring names), and PII redaction, which never rejects."""
@@ -45,6 +67,8 @@ class FilterConfig(FrozenConfig):
     1.0: off)."""
     redact_pii: bool = False
     """Replace e-mail addresses with ``<EMAIL>`` and IPv4/IPv6 addresses with ``<IP>`` before hashing."""
+    language: LanguageFilterConfig | None = None
+    """Language identification (``language`` rejects); None (the default): off, no model is loaded."""
 
     @model_validator(mode="after")
     def _word_length_bounds_ordered(self) -> FilterConfig:

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - rensa is a declared dependency; numpy 
 
 MINHASH_SEED = 0x70CE
 """Fixed seed: signatures must be identical across runs and machines (they are cached and compared)."""
-WORDS_VERSION = "ascii-words-fnv1a-2"
+WORDS_VERSION = "normalised-words-fnv1a-3"
 """How texts become words (:func:`word_hashes`); stored beside cached signatures with the implementation."""
 NUMPY_IMPLEMENTATION = "numpy-multiply-shift-1"
 IMPLEMENTATION = f"rensa-rminhash-{RMinHash.ALGORITHM_VERSION}" if RMinHash is not None else NUMPY_IMPLEMENTATION
@@ -55,15 +55,26 @@ def _fmix64(values: np.ndarray) -> np.ndarray:
 
 
 def word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """ASCII-lower-cased words (split on ASCII whitespace) as uint64 hashes, flat, with int64 per-document offsets.
+    """Normalised words as uint64 hashes, flat, with int64 per-document offsets: the words near dedupe compares.
 
-    The same words as Python's ``text.encode().lower().split()``: ASCII-only case folding and splitting
-    (non-ASCII bytes are kept as they are), in one compiled pass over the UTF-8 bytes
-    (:mod:`pipeline.kernels`; 3x the Arrow split + dictionary + Python-hash path it replaced).
+    Case-folded (Unicode), separated by any whitespace, punctuation or symbol, every digit read as ``0``
+    (as datatrove's ``simplify_text`` and text-dedup normalise before shingling), so copies that differ only
+    in punctuation, quotes, case or spacing have the same shingles. ASCII texts take one compiled pass over
+    their bytes; others are rewritten in Python first (:func:`pipeline.kernels.word_hashes`).
     """
     from pipeline import kernels  # numba (~0.5 s to import): not paid by a run that has nothing to hash
 
     return kernels.word_hashes(texts)
+
+
+def whitespace_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """The words of ``text.encode().lower().split()`` as uint64 hashes, with per-document offsets.
+
+    Decontamination's words: its reject detail quotes the shared n-gram by whitespace-word position.
+    """
+    from pipeline import kernels
+
+    return kernels.whitespace_word_hashes(texts)
 
 
 def shingle_hashes(hashes: np.ndarray, offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,16 @@ EVAL_PASSAGE = ("Grace Hopper found a moth trapped in relay seventy of the Mark 
                 "logbook as the first actual case of a bug being found")
 
 
+def letters(number: int) -> str:
+    """``number`` in base 26 with letters: distinct words that stay distinct when near dedupe reads digits as 0."""
+    digits = ""
+    while True:
+        number, digit = divmod(number, 26)
+        digits = chr(97 + digit) + digits
+        if not number:
+            return digits
+
+
 def split_of(text: str) -> str:
     return split_for(content_hash(normalise_text(text)), VAL_FRACTION)
 
@@ -155,8 +165,12 @@ def test_refresh_rejects_new_val_documents_quoting_train_documents_packed_earlie
     words = trained["text"].split()
     quote = " ".join(words[len(words) // 2 : len(words) // 2 + NGRAM])
     not_trained = " ".join(EVAL_PASSAGE.split()[3:16]).upper()  # only in zz_quotes_eval.py, rejected above
-    new_files = {"zzz_val_quote_a.py": f"a = 1\n{quote}", "zzz_val_quote_b.py": f"{quote}\nb = 2",
-                 "zzz_val_near_miss.py": " ".join(quote.split()[:-1]), "zzz_val_untrained.py": not_trained}
+    # Distinct tails: without them the two quoting files are near-duplicates (on normalised words) of each other.
+    tail_a, tail_b, tail_c = (" ".join(f"{prefix}{chr(97 + i)}" for i in range(26)) for prefix in ("alpha", "beta",
+                                                                                                  "gamma"))
+    new_files = {"zzz_val_quote_a.py": f"a = 1\n{quote}\n{tail_a}", "zzz_val_quote_b.py": f"{quote}\nb = 2\n{tail_b}",
+                 "zzz_val_near_miss.py": " ".join(quote.split()[:-1]),
+                 "zzz_val_untrained.py": f"{not_trained}\n{tail_c}"}
     for name, body in new_files.items():
         (corpus["folder"] / name).write_text(train_text(body, split="val"), encoding="utf-8")
     prepare(corpus, paths)
@@ -192,7 +206,7 @@ def test_boilerplate_ngrams_shared_by_many_train_documents_do_not_contaminate(co
     folder = corpus["folder"]
     (folder / "zz_header_val.py").write_text(train_text(f"{header}\nvalue = 'val'", split="val"), encoding="utf-8")
     for number in range(4):  # distinct bodies, so dedupe keeps all four
-        body = " ".join(f"word{(number * 7919 + i * 104729) % 1000003}" for i in range(200))
+        body = " ".join(f"word{letters((number * 7919 + i * 104729) % 1000003)}" for i in range(200))
         (folder / f"zz_header_{number}.py").write_text(train_text(f"{header}\n{body}"), encoding="utf-8")
     paths = RunPaths(tmp_path / "run")
     prepare(corpus, paths)
@@ -210,7 +224,8 @@ def test_refresh_keeps_new_val_documents_that_share_only_boilerplate_with_earlie
                                                                                         tmp_path: Path) -> None:
     header = ("# This file is part of the example project and is distributed under the terms of the example "
               "licence, version two, without any warranty of any kind, express or implied.")
-    bodies = [" ".join(f"word{(number * 7919 + i * 104729) % 1000003}" for i in range(200)) for number in range(4)]
+    bodies = [" ".join(f"word{letters((number * 7919 + i * 104729) % 1000003)}" for i in range(200))
+              for number in range(4)]
     for number, body in enumerate(bodies):  # distinct bodies, so dedupe keeps all four
         (corpus["folder"] / f"zz_header_{number}.py").write_text(train_text(f"{header}\n{body}"), encoding="utf-8")
     paths = RunPaths(tmp_path / "run")

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from benchmarks.dedupe import normalised_words
 from core.documents import DUPLICATES_FILE, iter_documents
 from core.rundir import RunPaths
 from core.schemas import DUPLICATES_SCHEMA
@@ -53,8 +54,8 @@ def edit_words(text: str, every: int) -> str:
 
 
 def shingle_jaccard(a: str, b: str, ngram: int = 5) -> float:
-    def shingles(text: str) -> set[tuple[bytes, ...]]:
-        words = text.encode("utf-8").lower().split()  # as minhash.word_hashes splits
+    def shingles(text: str) -> set[tuple[str, ...]]:
+        words = normalised_words(text)  # as minhash.word_hashes splits
         return {tuple(words[i : i + ngram]) for i in range(max(len(words) - ngram + 1, 1))}
 
     left, right = shingles(a), shingles(b)
@@ -211,7 +212,7 @@ def test_documents_kept_earlier_are_never_removed_by_chained_clusters(tmp_path: 
     # Unigram sets: J(A,B) = 70/130 = 0.54 (not duplicates), J(A,C) = J(B,C) = 85/115 = 0.74 (duplicates).
     folder = tmp_path / "corpus"
     folder.mkdir()
-    words = [f"w{i}" for i in range(130)]
+    words = [f"w{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(130)]  # no digits: all read as 0
     (folder / "a.txt").write_text(" ".join(words[0:100]), encoding="utf-8")
     (folder / "b.txt").write_text(" ".join(words[30:130]), encoding="utf-8")
     manifest = write_manifest(tmp_path)
@@ -369,3 +370,14 @@ def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, mon
     wanted = np.array([3, 250, 1_999])
     assert (near_dedupe.part_signature_rows(docs_part, paths, config, wanted) == expected[wanted]).all()
     assert blocks == [200, 200, 200]  # the row groups of rows 3, 250 and 1999 only, not all ten
+
+
+def test_changing_the_words_changes_the_dedupe_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run deduped on other words (an older WORDS_VERSION) is deduped again, not skipped."""
+    from pipeline.dedupe import dedupe_fingerprint
+
+    parts = [near_dedupe.DocsPart(0, Path("part-00000.parquet"), "abc")]
+    now = dedupe_fingerprint(parts, DedupeConfig())
+    monkeypatch.setattr(minhash, "WORDS_VERSION", "ascii-words-fnv1a-2")
+    assert dedupe_fingerprint(parts, DedupeConfig()) != now
+    assert near_dedupe.signature_cache_metadata("abc", NearDedupeConfig())["words"] == "ascii-words-fnv1a-2"

@@ -65,9 +65,12 @@ FAILING_EXAMPLES = [
     ("+--------+--------+\n| a      | b      |\n+--------+--------+\n" * 3, FilterConfig(), "symbol_ratio"),
     ("\u2500\u2500\u2500\u2500 \u2502 box \u2502 \u2500\u2500\u2500\u2500", FilterConfig(), "symbol_ratio"),
     ("BUY NOW at the lowest price ever!\n" * 30 + "unsubscribe", FilterConfig(), "duplicate_lines"),
+    ("Der schnelle braune Fuchs springt über den faulen Hund und läuft dann weiter in den Wald.",
+     FilterConfig(language={"allowed": ["en"]}), "language"),
 ]
 """``(text, filters, reason)``: a document each quality filter rejects."""
-CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines")
+CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines",
+               "language")
 """The documented order of the quality filters (README, ``check_filters``): the first failing one is the reason."""
 NON_FILTER_FIELDS = {"redact_pii"}
 """``FilterConfig`` fields no quality filter reads: redaction replaces text, it never rejects."""
@@ -252,4 +255,7 @@ def test_data_docs_table_gives_each_key_its_default_and_reason() -> None:
     for key, default in FilterConfig().model_dump().items():
         written, reason = table[key]
         assert reason == reason_of.get(key), key
-        assert (written == str(default).lower() if isinstance(default, bool) else float(written) == default), key
+        if default is None:  # an optional filter, off by default
+            assert written == "null", key
+        else:
+            assert (written == str(default).lower() if isinstance(default, bool) else float(written) == default), key

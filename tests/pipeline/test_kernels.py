@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import unicodedata
 
 import numpy as np
 import pyarrow as pa
@@ -25,15 +26,37 @@ def fmix64(value: int) -> int:
     return value ^ (value >> 33)
 
 
-def reference_word_hashes(text: str) -> list[int]:
-    """FNV-1a 64 of each word of ``text.encode().lower().split()``, then MurmurHash3's finaliser."""
+def fnv1a_words(words: list[bytes]) -> list[int]:
+    """FNV-1a 64 of each word's bytes, then MurmurHash3's finaliser."""
     hashes = []
-    for word in text.encode("utf-8").lower().split():
+    for word in words:
         state = 0xCBF29CE484222325
         for byte in word:
             state = (state ^ byte) * 0x100000001B3 & MASK
         hashes.append(fmix64(state))
     return hashes
+
+
+def reference_normalised_words(text: str) -> list[str]:
+    """Character by character: case-folded; punctuation, symbols, controls and whitespace end a word; digits are 0."""
+    words, word = [], []
+    for character in text.casefold():
+        category = unicodedata.category(character)
+        if category[0] in "PS" or category == "Cc" or character.isspace():
+            if word:
+                words.append("".join(word))
+            word = []
+        else:
+            word.append("0" if category == "Nd" else character)
+    return [*words, "".join(word)] if word else words
+
+
+def reference_word_hashes(text: str) -> list[int]:
+    return fnv1a_words([word.encode("utf-8") for word in reference_normalised_words(text)])
+
+
+def reference_whitespace_word_hashes(text: str) -> list[int]:
+    return fnv1a_words(text.encode("utf-8").lower().split())
 
 
 def reference_shingles(words: list[int], ngram: int) -> list[int]:
@@ -60,12 +83,46 @@ def stdlib_sample() -> list[str]:
     return [path.read_text(encoding="utf-8") for path in sorted(root.glob("*.py"))[:40]]
 
 
+EDGE_CASES = ["", "   ", "one", "Two WORDS", "\x00nul\x00 byte", "don't \u201cquote\u201d",
+              "\u00c9T\u00c9 \u00e9t\u00e9!", "\u0130stanbul STRASSE Stra\u00dfe",
+              "2024-05-01 \u0663\u0664 \uff11\uff12",
+              "a\u00a0b\u3000c\u2028d", "x_y\u00a9z \u20ac5 \U0001f600ok", "\u4e2d\u6587\u3002\u6587\u5b57\uff0c",
+              "\u0928\u092e\u0938\u094d\u0924\u0947"]
+
+
 def test_word_hashes_match_the_reference(stdlib_sample: list[str]) -> None:
-    texts = stdlib_sample + random_texts(300, seed=1) + ["", "   ", "one", "Two WORDS", "\x00nul\x00 byte"]
+    texts = stdlib_sample + random_texts(300, seed=1) + EDGE_CASES
     hashes, offsets = minhash.word_hashes(pa.array(texts, pa.large_string()))
     assert offsets.dtype == np.int64 and len(offsets) == len(texts) + 1
     for index, text in enumerate(texts):
         assert hashes[offsets[index] : offsets[index + 1]].tolist() == reference_word_hashes(text), repr(text[:60])
+
+
+def test_copies_differing_in_punctuation_case_and_spacing_have_the_same_words() -> None:
+    variants = ["It's 10:30, \"Mr. Smith\" said -- don't wait!",
+                "it\u2019s 10.30 \u201cmr smith\u201d said\u2014don\u2019t wait",
+                "IT'S 99:99 MR.SMITH SAID (DON'T) WAIT...", "it s 10 30 mr smith said don t wait"]
+    hashes, offsets = minhash.word_hashes(pa.array(variants))
+    words = [hashes[offsets[i] : offsets[i + 1]].tolist() for i in range(len(variants))]
+    assert all(own == words[-1] for own in words) and len(words[-1]) == 10
+
+
+def test_invalid_utf8_binary_input_stays_inside_its_text() -> None:
+    """Binary input is not checked UTF-8: cut-off and over-long sequences read nothing past their text."""
+    raw = [b"ok \xf0\x9f", b"\xff\xfe\xfd word", b"\xe2", b"caf\xc3\xa9 \xf8\x88\x80\x80\x80 x"]
+    hashes, offsets = minhash.word_hashes(pa.array(raw, pa.binary()))
+    assert len(offsets) == len(raw) + 1 and offsets[-1] == len(hashes)
+    again, _ = minhash.word_hashes(pa.array(raw, pa.large_binary()))
+    assert np.array_equal(hashes, again)
+    assert hashes[offsets[3]] == reference_word_hashes("café")[0]
+
+
+def test_whitespace_word_hashes_match_the_reference(stdlib_sample: list[str]) -> None:
+    texts = stdlib_sample[:10] + random_texts(100, seed=1) + EDGE_CASES
+    hashes, offsets = minhash.whitespace_word_hashes(pa.array(texts, pa.large_string()))
+    for index, text in enumerate(texts):
+        expected = reference_whitespace_word_hashes(text)
+        assert hashes[offsets[index] : offsets[index + 1]].tolist() == expected, repr(text[:60])
 
 
 @pytest.mark.parametrize("ngram", [1, 3, 5, 13])
