@@ -70,16 +70,18 @@ def write_seal(run: ResolvedRun, command: str, summary: dict[str, Any]) -> None:
 def as_skipped(summary: Any) -> Any:
     """``summary`` as a re-run that skips every stage returns it: no parts ingested, every stage ``skipped``.
 
-    A skipped stage returns its recorded summary with ``"skipped": True`` in place of the ``False`` it returned
-    when it did the work; tests/flows/test_up_to_date.py holds this equal to a skipped flow's own summary.
+    A skipped stage returns its recorded summary (its marker's, written with sorted keys) with ``"skipped": True``
+    last, in place of the ``False`` it returned when it did the work; tests/test_readme_commands.py holds this
+    equal to a skipped flow's own summary.
     """
     if isinstance(summary, list):
         return [as_skipped(item) for item in summary]
     if not isinstance(summary, dict):
         return summary
+    if "skipped" in summary:  # a stage's summary: as its marker holds it
+        recorded = json.loads(json.dumps({k: v for k, v in summary.items() if k != "skipped"}, sort_keys=True))
+        return {**recorded, "skipped": True}
     skipped = {key: as_skipped(value) for key, value in summary.items()}
-    if "skipped" in skipped:
-        skipped["skipped"] = True
     if "parts_ingested" in skipped:
         skipped["parts_ingested"] = 0
     return skipped

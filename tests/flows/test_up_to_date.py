@@ -16,7 +16,7 @@ from flows.recipe import ResolvedRun, resolve_run
 from flows.up_to_date import as_skipped, sealed_summary, write_seal
 from tests.flows.conftest import write_small_recipe
 
-SUMMARY = {"run_dir": "r", "parts_ingested": 3, "dedupe": {"num_near_duplicates": 2, "skipped": False},
+SUMMARY = {"run_dir": "r", "parts_ingested": 3, "dedupe": {"skipped": False, "num_near_duplicates": 2, "b": 1, "a": 0},
            "tokenizer": {"vocab_size": 512, "skipped": False}, "eval_tasks": {"tasks": {}}, "num_shards": 4}
 
 
@@ -32,9 +32,11 @@ def sealed_run(tmp_path: Path) -> ResolvedRun:
 def test_the_seal_gives_the_skipped_summary_in_the_flows_key_order(tmp_path: Path) -> None:
     run = sealed_run(tmp_path)
     summary = sealed_summary(run, "prepare")
-    assert summary == {**SUMMARY, "parts_ingested": 0, "dedupe": {"num_near_duplicates": 2, "skipped": True},
+    assert summary == {**SUMMARY, "parts_ingested": 0, "dedupe": {"num_near_duplicates": 2, "b": 1, "a": 0,
+                                                                  "skipped": True},
                        "tokenizer": {"vocab_size": 512, "skipped": True}}
-    assert list(summary) == list(SUMMARY)
+    assert list(summary) == list(SUMMARY), "the flow's order"
+    assert list(summary["dedupe"]) == ["a", "b", "num_near_duplicates", "skipped"], "as the stage's marker holds it"
     assert sealed_summary(run, "run") is None, "each command has its own seal"
     assert as_skipped(summary) == summary
 
