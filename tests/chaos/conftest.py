@@ -248,10 +248,12 @@ def table_rows(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 def file_bytes(run_dir: Path, patterns: tuple[str, ...]) -> dict[str, bytes]:
     """``{relative path: bytes}`` of the files matching ``patterns`` (globs relative to the run dir); temporary
-    files of unfinished writes are left out (:func:`temp_leftovers` looks for those)."""
+    files of unfinished writes are left out (:func:`temp_leftovers` looks for those), and so are the commands'
+    seals (``stages/sealed/``: they name files by mtime and inode, not by content)."""
     return {path.relative_to(run_dir).as_posix(): path.read_bytes()
             for pattern in patterns for path in sorted(run_dir.glob(pattern))
-            if path.is_file() and not path.name.startswith(TEMP_PREFIX)}
+            if path.is_file() and not path.name.startswith(TEMP_PREFIX)
+            and not path.relative_to(run_dir).as_posix().startswith("stages/sealed/")}
 
 
 DATA_ARTIFACTS = ("run.yaml", "docs/*", "rejects/*", "dedupe/*.parquet", "dedupe/state.json", "tokenizer/*",
