@@ -35,7 +35,8 @@ shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run
                               "Example: tokenmill shards verify runs/tiny", invoke_without_command=True)
 app.add_typer(shards_app, name="shards")
 
-STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False}
+STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False,
+                         "temporary_server": False}
 
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
@@ -137,8 +138,9 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     with run.paths.lock():
         flows_module = _import_flows_with_a_server()
         from flows.progress import live_progress
+        from flows.settings import heartbeats_unless_temporary
 
-        with live_progress():
+        with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = flows_module.evaluate_model(run, checkpoint=checkpoint, task=task)
         _print_summary(summary)
 
@@ -327,10 +329,12 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                                  "up to date: skipped without a flow run\n")
             _print_summary(sealed)
             return
-        flows_module = _import_flows_with_a_server()
+        ingests = command in ("run", "prepare") and options.get("dask_address") is None
+        flows_module = _import_flows_with_a_server(_start_ingest_workers if ingests else None)
         from flows.progress import live_progress
+        from flows.settings import heartbeats_unless_temporary
 
-        with live_progress():
+        with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = getattr(flows_module, flow_name)(run, **options)
         _print_summary(summary)
         if not failed_results(run.paths):  # a failed evaluation result is retried by the next run
@@ -338,22 +342,40 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                 write_seal(run, command, json.loads(json.dumps(summary, default=str)))
 
 
-def _import_flows_with_a_server() -> ModuleType:
+def _import_flows_with_a_server(start_workers: Callable[[], None] | None = None) -> ModuleType:
     """Import :mod:`flows.pipeline` (and so Prefect) with a Prefect server ready for its flows.
 
     With no server configured, tokenmill's temporary server is started first, so it boots while Prefect and
     the flows are imported (flows.server.start_temporary_server); with a Prefect home of the user's own,
     Prefect starts one when it needs it, guarded the same way (flows.server.guard_temporary_server).
+
+    ``start_workers`` (a flow that will ingest) is called where its imports cost the least on 2 cores: at
+    once when no server boots, beside Prefect's imports; after them when one does, so that the server's boot
+    (~3.9 CPU-s, the longest path) has a core of its own, and the workers' imports fill the wait for it.
     """
     server = start_temporary_server()
+    STATE["temporary_server"] = server is not None
+    if start_workers is not None and server is None:
+        start_workers()
     import flows.pipeline
 
     _configure_console(say_errors_once=True, temporary_server=server is not None)
     if server is not None:
+        if start_workers is not None:
+            start_workers()
         server.wait_until_ready()
     else:
         guard_temporary_server()
     return flows.pipeline
+
+
+def _start_ingest_workers() -> None:
+    """Start the fork server of the ingest workers (flows.stage_processes), which imports what they need."""
+    if (os.cpu_count() or 1) > 1:
+        from flows.stage_processes import start_fork_server
+        from pipeline import INGEST_PRELOAD
+
+        start_fork_server(INGEST_PRELOAD)
 
 
 def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:

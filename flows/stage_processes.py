@@ -48,8 +48,7 @@ class StageProcesses:
 
     def __init__(self, max_workers: int, preload: tuple[str, ...] = ()) -> None:
         """``preload``: modules the fork server imports before forking (import-time work is shared)."""
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(preload))
+        context = start_fork_server(preload)
         self._messages = context.Queue()
         self._executor = ProcessPoolExecutor(max_workers, mp_context=context, initializer=_start_worker,
                                              initargs=(self._messages, os.getpid()))
@@ -85,7 +84,7 @@ class StageProcesses:
         self._router.join()
         self._messages.close()
         self._messages.join_thread()
-        _stop_fork_server()
+        stop_fork_server()
 
     def _route(self) -> None:
         while (message := self._messages.get()) is not None:
@@ -103,11 +102,35 @@ _OPEN: dict[str, StageProcesses] = {}
 """The pool of this process while a flow holds :func:`stage_processes` open."""
 
 
-def _stop_fork_server() -> None:
-    """Stop this process's fork server once its workers are gone (``ForkServer._stop``, private: hence getattr)."""
+def start_fork_server(preload: tuple[str, ...]) -> multiprocessing.context.ForkServerContext:
+    """Start this process's fork server now (if none runs), importing ``preload``; returns its context.
+
+    It returns at once: the server imports ``preload`` in its own process, so a command calls this before it
+    imports Prefect and the flows, and the two import side by side (~1.7 s each on 2 cores). A pool opened
+    later with the same ``preload`` forks its workers from this server. SIGINT is blocked while it starts, and
+    so stays blocked in the server and its workers (a blocked mask is inherited): a Ctrl-C reaches the
+    command, which stops them, instead of printing a KeyboardInterrupt from the middle of the server's imports.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return context
+
+
+def stop_fork_server() -> None:
+    """Stop this process's fork server (``ForkServer._stop``, private: hence getattr), without waiting for it.
+
+    The stop closes the server's "alive" pipe (it then exits), then waits for it to exit: up to its whole
+    preload when it is still importing (a server started early for parts that turned out to be done), and
+    ~0.3 s of interpreter teardown otherwise. The wait happens in a daemon thread; the process is reaped there.
+    """
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None:
-        stop()
+        threading.Thread(target=stop, name="fork-server-stop", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -119,7 +142,11 @@ def stage_processes(max_workers: int | None = None, preload: tuple[str, ...] = (
     opens none: starting the fork server costs about a second of imports, more than one part gains.
     """
     workers = (os.cpu_count() or 1) if max_workers is None else max_workers
-    if workers < 2 or "pool" in _OPEN:
+    if "pool" in _OPEN:
+        yield
+        return
+    if workers < 2:
+        stop_fork_server()  # one started early (start_fork_server) for work that turned out to be done
         yield
         return
     _OPEN["pool"] = pool = StageProcesses(workers, preload)
