@@ -224,5 +224,5 @@ def check_model_file(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str, .
 
 
 def label_names(labels: tuple[str, ...]) -> str:
-    """Labels as a message shows them: without ``__label__``."""
-    return ", ".join(re.sub(f"^{LABEL_PREFIX}", "", label) for label in labels)
+    """Labels as a message shows them: sorted, without ``__label__``."""
+    return ", ".join(sorted(re.sub(f"^{LABEL_PREFIX}", "", label) for label in labels))
