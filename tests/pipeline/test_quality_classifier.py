@@ -28,7 +28,7 @@ from flows.up_to_date import sealed_summary, write_seal
 from pipeline.fasttext_file import NotAFastTextModel, read_model_info
 from pipeline.ingest import ingest_part, parts_to_ingest, plan_ingest
 from pipeline.language import model_path
-from pipeline.manifest import load_manifest
+from pipeline.manifest import load_manifest, portable_manifest
 from pipeline.quality_classifier import (
     ClassifierTrainingConfig,
     QualityClassifier,
@@ -228,6 +228,8 @@ def test_a_pinned_sha256_that_matches_loads(trained: Trained, tmp_path: Path) ->
     (tmp_path / "m.yaml").unlink()
     pinned = load_manifest(write_manifest(tmp_path, trained.corpus, {"path": str(trained.model), "sha256": sha256}))
     assert pinned.filters.quality_classifier.model_file() == trained.model
+    recorded = portable_manifest(pinned).filters.quality_classifier  # as run.yaml holds it: no absolute path
+    assert recorded.path.startswith("sha256:") and recorded.sha256 == sha256
 
 
 def test_the_quantized_language_model_reads_as_a_classifier_and_word_lengths_are_checked(tmp_path: Path) -> None:
