@@ -188,13 +188,24 @@ def cut_short(trained: Trained, target: Path) -> None:
     target.write_bytes(trained.model.read_bytes()[:4000])
 
 
+def word_vectors(trained: Trained, target: Path) -> None:
+    """A real fastText model that is no classifier: skipgram vectors of a slice of the training examples."""
+    import fasttext_new
+
+    text = target.with_suffix(".txt")
+    text.write_text(trained.negative.read_text(encoding="utf-8")[:20000], encoding="utf-8")
+    fasttext_new.train_unsupervised(input=str(text), model="skipgram", dim=8, epoch=1, minCount=1, bucket=1000, minn=0,
+                                    maxn=0, thread=1, verbose=0).save_model(str(target))
+
+
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda trained, target: shutil.copy(STDLIB / "argparse.py", target), "does not start with fastText's magic"),
     (lambda trained, target: target.write_bytes(b""), "the file is empty"),
     (cut_short, "at byte"),  # cut short at byte N, or a word at byte N runs to the end
     (lambda trained, target: target.write_bytes(trained.model.read_bytes() + b"\0"), "1 bytes after the end"),
     (lambda trained, target: None, "cannot be read"),
-], ids=["python-source", "empty", "cut-short", "trailing-byte", "missing"])
+    (word_vectors, "is a fastText model of word vectors, not a classifier"),
+], ids=["python-source", "empty", "cut-short", "trailing-byte", "missing", "word-vectors"])
 def test_a_file_that_is_not_a_fasttext_model_is_one_line_naming_the_path(trained: Trained, tmp_path: Path,
                                                                          make, needle: str) -> None:
     make(trained, tmp_path / "model.bin")
