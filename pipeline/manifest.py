@@ -202,7 +202,7 @@ def checked_classifier(config: QualityClassifierConfig, manifest_path: str | Pat
         model_file = Path(manifest_path).resolve().parent / model_file
     try:
         stat = model_file.stat()
-        labels, sha256 = check_model_file(model_file, stat.st_size, stat.st_mtime_ns)
+        labels, sha256 = check_model_file(model_file, stat.st_size, stat.st_mtime_ns, stat.st_ino)
     except (OSError, ValueError) as err:
         why = f"cannot be read ({err.strerror or err})" if isinstance(err, OSError) else str(err)
         raise ManifestError(f"{key}.path {config.path!r} (resolved to {model_file}) {why}; give a model written by "

@@ -208,8 +208,9 @@ def loaded_classifier(path: Path, sha256: str) -> QualityClassifier:
 
 
 @functools.lru_cache(maxsize=16)
-def check_model_file(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str, ...], str]:
-    """``(labels, sha256)`` of the fastText classifier at ``path`` (cached by size and mtime).
+def check_model_file(path: Path, size: int, mtime_ns: int, inode: int) -> tuple[tuple[str, ...], str]:
+    """``(labels, sha256)`` of the fastText classifier at ``path`` (cached by size, mtime and inode: a manifest is
+    loaded by every ingest part, the file is walked and hashed once per process while it stays the same).
 
     Raises ValueError with what is wrong (not a fastText model, cut short, word vectors rather than a
     classifier); the caller names the file and key.
