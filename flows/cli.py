@@ -34,6 +34,10 @@ app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language 
 shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run.\n\n"
                               "Example: tokenmill shards verify runs/tiny", invoke_without_command=True)
 app.add_typer(shards_app, name="shards")
+classifier_app = typer.Typer(help="Train a fastText quality classifier for filters.quality_classifier.\n\n"
+                                  "Example: tokenmill classifier train good/ bad.jsonl --out model.bin",
+                             invoke_without_command=True)
+app.add_typer(classifier_app, name="classifier")
 
 STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False,
                          "temporary_server": False}
@@ -64,6 +68,11 @@ def _help_without_a_command(ctx: typer.Context) -> None:
 
 @shards_app.callback()
 def _shards(ctx: typer.Context) -> None:
+    _help_without_a_command(ctx)
+
+
+@classifier_app.callback()
+def _classifier(ctx: typer.Context) -> None:
     _help_without_a_command(ctx)
 
 
@@ -289,6 +298,30 @@ def shards_sample(run_dir: RunDirArg,
         write_sample_rows(rows, sys.stdout)
         return
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
+
+
+ExamplesArg = "Examples: a folder (one document per file; *.jsonl files one per line), a .jsonl file, or a text file " \
+              "(one per line)."
+
+
+@classifier_app.command("train")
+def classifier_train(
+        positive: Annotated[Path, typer.Argument(help=f"Documents to keep. {ExamplesArg}")],
+        negative: Annotated[Path, typer.Argument(help=f"Documents to reject. {ExamplesArg}")],
+        out: Annotated[Path, typer.Option("--out", help="The model file to write (fastText .bin).")],
+        text_field: Annotated[str, typer.Option("--text-field", help="Text field of .jsonl examples.")] = "text",
+        epoch: Annotated[int, typer.Option("--epoch", min=1, help="Passes over the examples.")] = 25,
+        seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED,
+                                          help="Training seed (same examples and seed, same model).")] = 0) -> None:
+    """Train a fastText classifier of POSITIVE against NEGATIVE examples; use it as filters.quality_classifier.
+
+    Prints the examples per label and the accuracy on the 10% held out. Example: tokenmill classifier train
+    good/ bad.jsonl --out model.bin
+    """
+    from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier
+
+    config = ClassifierTrainingConfig(text_field=text_field, epoch=epoch, seed=seed)
+    typer.echo(train_classifier(positive, negative, out, config).line())
 
 
 def local_run_dir(run_dir: str) -> Path:

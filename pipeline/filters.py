@@ -243,6 +243,20 @@ def _check_language(document: MeasuredText, filters: FilterConfig) -> str | None
             f"min_score={filters.language.min_score}")
 
 
+def _check_quality_classifier(document: MeasuredText, filters: FilterConfig) -> str | None:
+    config = filters.quality_classifier
+    if config is None:
+        return None
+    from pipeline.quality_classifier import loaded_classifier  # fastText: loaded only by a manifest that asks
+
+    model_file = config.model_file()
+    assert config.sha256 is not None  # filled in by load_manifest with the model file
+    score = loaded_classifier(model_file, config.sha256).score(document.text, config.label)
+    if score >= config.min_score:
+        return None
+    return f"score={score:.3f}; filters.quality_classifier label={config.label} min_score={config.min_score}"
+
+
 @dataclass(frozen=True)
 class QualityFilter:
     """One quality filter: a row of :data:`QUALITY_FILTERS`."""
@@ -274,11 +288,15 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
     QualityFilter("language", ("language",), _check_language,
                   "identified language not in filters.language.allowed, or its score below filters.language.min_score "
                   "(detail: language=<code> score=<0..1>)"),
+    QualityFilter("quality_classifier", ("quality_classifier",), _check_quality_classifier,
+                  "the fastText classifier of filters.quality_classifier gave its label a probability below "
+                  "filters.quality_classifier.min_score (detail: score=<0..1>)"),
 )
 """The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
 ``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
-zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; language
-identification, the costliest, runs last and only on documents every other row kept."""
+zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; the
+model-based ones (language identification, the quality classifier) run last, only on documents every other row
+kept."""
 
 REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
                                   **{row.reason: row.meaning for row in QUALITY_FILTERS}}
@@ -290,7 +308,7 @@ def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
     """``(reason, detail)`` of the first row of :data:`QUALITY_FILTERS` the normalised ``text`` fails, else None.
 
     Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines,
-    language (only when ``filters.language`` is set).
+    language and quality_classifier (only when ``filters.language`` / ``filters.quality_classifier`` is set).
     """
     document = MeasuredText(text)
     for quality_filter in QUALITY_FILTERS:
