@@ -121,6 +121,13 @@ def start_fork_server(preload: tuple[str, ...]) -> multiprocessing.context.ForkS
     return context
 
 
+def _fork_server_running() -> bool:
+    """Whether this process has a fork server that no :func:`stop_fork_server` is stopping."""
+    stopping = _STOPPING.get("thread")
+    return ((stopping is None or not stopping.is_alive())
+            and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None)
+
+
 def stop_fork_server() -> None:
     """Stop this process's fork server (``ForkServer._stop``, private: hence getattr), without waiting for it.
 
@@ -130,7 +137,12 @@ def stop_fork_server() -> None:
     """
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None:
-        threading.Thread(target=stop, name="fork-server-stop", daemon=True).start()
+        _STOPPING["thread"] = stopping = threading.Thread(target=stop, name="fork-server-stop", daemon=True)
+        stopping.start()
+
+
+_STOPPING: dict[str, threading.Thread] = {}
+"""The thread of the last :func:`stop_fork_server` (a later pool must not count on a server it is stopping)."""
 
 
 @contextlib.contextmanager
@@ -138,15 +150,17 @@ def stage_processes(max_workers: int | None = None, preload: tuple[str, ...] = (
     """Open a pool of ``max_workers`` (default: all cores) for :func:`run_stage_call` until the block ends.
 
     ``preload``: the modules the stage calls need, imported once by the fork server (see the module doc).
-    With fewer than two workers (one core, one part), or when a pool is already open (a nested flow), it
-    opens none: starting the fork server costs about a second of imports, more than one part gains.
+    When a pool is already open (a nested flow) it opens none. One worker (one core, one part) gets a pool
+    only from a fork server started early (:func:`start_fork_server`): its imports are paid, and the part
+    leaves the flow's process free; starting one for it would cost about a second of imports, more than one
+    part gains. With no worker (every part done) it stops a fork server started early.
     """
     workers = (os.cpu_count() or 1) if max_workers is None else max_workers
     if "pool" in _OPEN:
         yield
         return
-    if workers < 2:
-        stop_fork_server()  # one started early (start_fork_server) for work that turned out to be done
+    if workers < 1 or (workers == 1 and not _fork_server_running()):
+        stop_fork_server()
         yield
         return
     _OPEN["pool"] = pool = StageProcesses(workers, preload)

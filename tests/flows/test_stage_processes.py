@@ -108,8 +108,18 @@ def test_a_fork_server_started_early_serves_the_pool_then_stops_and_ctrl_c_does_
 def test_a_fork_server_started_early_for_work_that_turned_out_done_is_stopped() -> None:
     start_fork_server(("json",))
     early = fork_server_pid()
-    with stage_processes(1):  # every part already ingested: no pool
+    with stage_processes(0):  # every part already ingested: no pool
         assert run_stage_call(count_up, 1)[0] == os.getpid()
+    assert wait_until_gone(early)
+
+
+def test_one_part_gets_a_worker_only_from_a_fork_server_started_early() -> None:
+    with stage_processes(1):  # starting a fork server for one part costs more than the part gains
+        assert run_stage_call(count_up, 1)[0] == os.getpid()
+    start_fork_server(("json",))
+    early = fork_server_pid()
+    with stage_processes(1):  # its imports are paid: the part leaves the flow's process free
+        assert psutil.Process(run_stage_call(count_up, 1)[0]).ppid() == early
     assert wait_until_gone(early)
 
 
