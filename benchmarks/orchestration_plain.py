@@ -15,7 +15,7 @@ import os
 import sys
 
 from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
-from pipeline import INGEST_PRELOAD
+from pipeline.worker_preload import INGEST_PRELOAD
 
 
 def prepare(recipe: str, run_dir: str) -> None:

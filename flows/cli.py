@@ -406,7 +406,7 @@ def _start_ingest_workers() -> None:
     """Start the fork server of the ingest workers (flows.stage_processes), which imports what they need."""
     if (os.cpu_count() or 1) > 1:
         from flows.stage_processes import start_fork_server
-        from pipeline import INGEST_PRELOAD
+        from pipeline.worker_preload import INGEST_PRELOAD
 
         start_fork_server(INGEST_PRELOAD)
 

@@ -27,7 +27,6 @@ from core.documents import doc_id_for
 from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
-from pipeline import INGEST_PRELOAD
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
@@ -35,6 +34,7 @@ from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_m
 from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
+from pipeline.worker_preload import INGEST_PRELOAD
 
 if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
