@@ -221,10 +221,10 @@ class RetryLog(logging.Filter):
     them: a logger set to DEBUG is left alone).
 
     botocore logs one ``Response received to retry, sleeping for N seconds`` per retry in every mode (legacy,
-    standard, adaptive), after the request (``Sending http request``) and the cause (an exception, or a legacy
-    ``retry needed: …`` line); s3fs logs one ``Retryable error`` per retry of its own (a body cut mid-read, a
-    SlowDown that outlived botocore's retries). One filter on all four loggers, its state per thread: s3fs runs
-    every request on one event-loop thread.
+    standard, adaptive), after the call (``Making request for``, once before its attempts) and the cause (an
+    exception, or a legacy ``retry needed: …`` line); s3fs logs one ``Retryable error`` per retry of its own (a
+    body cut mid-read, a SlowDown that outlived botocore's retries). One filter on all four loggers, its state per
+    thread: s3fs runs every request on one event-loop thread.
     """
 
     _installed = False
@@ -249,12 +249,10 @@ class RetryLog(logging.Filter):
         if record.levelno > logging.DEBUG:
             return True
         state, text = self.state, str(record.msg)
-        if text.startswith("Sending http request") and record.args:
-            request = record.args[0] if isinstance(record.args, tuple) else record.args
-            target = f"{getattr(request, 'method', '')} {str(getattr(request, 'url', ''))[:160]}".strip()
-            if target != getattr(state, "request", None):
-                state.request, state.attempt = target, 0
-            state.cause = ""
+        if text.startswith("Making request for") and isinstance(record.args, tuple) and len(record.args) == 2:
+            request = record.args[1] if isinstance(record.args[1], dict) else {}  # once per call, before attempts
+            state.request = f"{request.get('method', '')} {str(request.get('url', ''))[:160]}".strip()
+            state.attempt, state.cause = 0, ""
         elif text.startswith("Fetch: "):  # s3fs, before a ranged GET of an open object
             state.s3fs_request = "GET " + record.getMessage().removeprefix("Fetch: ")
         elif text.startswith("Exception received when sending HTTP request") and record.exc_info:
@@ -263,7 +261,7 @@ class RetryLog(logging.Filter):
             state.cause = record.getMessage().split(": ", 1)[-1]
         elif text.startswith("Response received to retry"):
             state.attempt = getattr(state, "attempt", 0) + 1
-            self._warn(getattr(state, "cause", "") or "a retryable answer (throttled or unavailable)",
+            self._warn(getattr(state, "cause", "") or "an HTTP answer worth a retry: throttled, or 5xx",
                        getattr(state, "request", "a request"), f"retry {state.attempt}",
                        float(record.args[0]) if record.args else 0.0)
         elif text.startswith("Retryable error") or (text.startswith("Client error") and "SlowDown" in
