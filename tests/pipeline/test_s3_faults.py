@@ -1,5 +1,6 @@
 """Object store faults (a real SeaweedFS server, killed and started again on the same data and ports): an ingest
-from a bucket survives the store going away mid-object, and rides out a short outage on retries."""
+from a bucket survives the store going away mid-object, and rides out a short outage on retries; a run mirror cut
+short mid-object is completed by the next one."""
 
 from __future__ import annotations
 
@@ -10,20 +11,25 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import s3fs
 import yaml
 
+from core.atomic import TEMP_PREFIX
 from core.errors import ObjectStoreError
 from core.rundir import RunPaths
 from pipeline.ingest import ingest_part, part_finished, plan_ingest
-from tests.conftest import STDLIB
+from pipeline.run_mirror import mirror_root, mirror_run
+from tests.conftest import STDLIB, build_query_run
 from tests.s3_server import SeaweedServer, clear_instance_cache, s3_environment
 
 BUCKET = "tokenmill-faults"
 BIG_OBJECT_BYTES = 10 << 20
 """More than two READ_BLOCK_BYTES (4 MiB) blocks: the store is killed before the second block's GET."""
 PART_SIZE_BYTES = 64 << 10
+MIRROR_OBJECT_BYTES = 24 << 20
+"""A run-dir object big enough that its download is under way when the watcher kills the store."""
 DOC_FILES = sorted(path for path in Path("/usr/share/doc").glob("*/copyright") if path.is_file())[:40]
 
 
@@ -207,3 +213,46 @@ class _EventOnRecord(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.event.set()
+
+
+def test_a_mirror_cut_mid_object_leaves_no_partial_file_and_the_next_mirror_completes(
+        tmp_path: Path, restartable_s3: SeaweedServer, monkeypatch: pytest.MonkeyPatch):
+    server = restartable_s3
+    run = build_query_run(tmp_path / "run")
+    (run / "metrics/big.bin").write_bytes(np.random.default_rng(0).bytes(MIRROR_OBJECT_BYTES))  # ~0.1 s to fetch
+    url = f"s3://{BUCKET}/runs/mirrored"
+    s3fs.S3FileSystem().put(f"{run}/", f"{url}/", recursive=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    clear_instance_cache()
+    partial = mirror_root(url) / "metrics" / f"{TEMP_PREFIX}big.bin"
+    stop_watching = threading.Event()
+
+    def kill_once_the_download_has_begun() -> None:  # polls the file the download writes: no guessed sleep
+        while not stop_watching.is_set():
+            if partial.exists() and partial.stat().st_size > 0:
+                server.kill()
+                return
+            stop_watching.wait(0.001)
+
+    watcher = threading.Thread(target=kill_once_the_download_has_begun)
+    watcher.start()
+    try:
+        with pytest.raises(ObjectStoreError) as err:
+            mirror_run(url)
+    finally:
+        stop_watching.set()
+        watcher.join()
+    assert server.process is None, "the store was not killed mid-download"
+    assert str(err.value).startswith(f"{url}/metrics/big.bin: ") and "\n" not in str(err.value)
+    local = {str(path.relative_to(run)): path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    held = {str(path.relative_to(mirror_root(url))): path.read_bytes()
+            for path in mirror_root(url).rglob("*") if path.is_file()}
+    assert held.items() <= local.items(), sorted(set(held) - set(local))  # what is there is whole; no partial file
+
+    server.start()
+    clear_instance_cache()
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+    mirrored = mirror_run(url)
+    assert {str(path.relative_to(mirrored)): path.read_bytes()
+            for path in mirrored.rglob("*") if path.is_file()} == local
