@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def write_corpus(folder: Path, num_bytes: int) -> tuple[Path, int, int]:
-    """``(manifest, bytes of text, number of files)``: odd texts as ``text/NNNNN.py``, even ones as records of
-    ``records/NNN.jsonl.gz`` files of up to RECORDS_PER_FILE texts."""
+def write_corpus(folder: Path, num_bytes: int) -> dict[str, Corpus]:
+    """Standard-library texts, ``num_bytes`` in all, by kind: odd ones as ``text/NNNNN.py`` (one object per
+    document), even ones as records of ``records/NNN.jsonl.gz`` objects of up to RECORDS_PER_FILE texts."""
     texts = stdlib_texts(num_bytes)
     (folder / "text").mkdir(parents=True)
     (folder / "records").mkdir()
@@ -78,12 +79,24 @@ def write_corpus(folder: Path, num_bytes: int) -> tuple[Path, int, int]:
     for number, text in enumerate(texts):
         if number % 2:
             (folder / f"text/{number:05d}.py").write_text(text, encoding="utf-8")
-    manifest = folder / "corpus.yaml"
-    manifest.write_text(yaml.safe_dump({"name": "bench", "sources": [
-        {"name": "records", "path": str(folder / "records"), "format": "jsonl", "id_field": "id"},
-        {"name": "files", "path": str(folder / "text"), "format": "text", "glob": "*.py"}]}), encoding="utf-8")
-    num_files = sum(1 for path in folder.rglob("*") if path.is_file()) - 1
-    return manifest, sum(len(text.encode()) for text in texts), num_files
+    sources = {"jsonl.gz": {"name": "records", "path": str(folder / "records"), "format": "jsonl", "id_field": "id"},
+               ".py files": {"name": "files", "path": str(folder / "text"), "format": "text", "glob": "*.py"}}
+    corpora = {}
+    for parity, (kind, source) in enumerate(sources.items()):
+        manifest = folder / f"{source['name']}.yaml"
+        manifest.write_text(yaml.safe_dump({"name": source["name"], "sources": [source]}), encoding="utf-8")
+        corpora[kind] = Corpus(manifest, sum(len(text.encode()) for text in texts[parity::2]),
+                               sum(1 for _ in Path(source["path"]).iterdir()))
+    return corpora
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One kind of source: its local manifest, bytes of text and number of files (objects)."""
+
+    manifest: Path
+    num_bytes: int
+    num_files: int
 
 
 def ingest_seconds(manifest: Path, run_dir: Path) -> float:
@@ -100,7 +113,7 @@ def bucket_manifest(local_manifest: Path, url: str) -> Path:
     manifest = yaml.safe_load(local_manifest.read_text(encoding="utf-8"))
     for source in manifest["sources"]:
         source["path"] = f"{url}/{Path(source['path']).name}"
-    path = local_manifest.with_name("bucket.yaml")
+    path = local_manifest.with_name(f"bucket-{local_manifest.name}")
     path.write_text(yaml.safe_dump(manifest), encoding="utf-8")
     return path
 
@@ -117,19 +130,28 @@ def shard_bytes(run_dir: Path) -> int:
     return sum(path.stat().st_size for path in (run_dir / "shards").rglob("*.arrow"))
 
 
-def measure_ingest(scratch: Path, fs: object, mb: float, repeats: int) -> dict[str, float]:
-    """Median MB/s of ingest from disk and from the bucket (rounds alternate), and the number of files."""
-    local_manifest, num_bytes, num_files = write_corpus(scratch / "corpus", int(mb * 1_000_000))
+def measure_ingest(scratch: Path, fs: object, mb: float, repeats: int) -> dict[str, dict[str, float]]:
+    """Per kind of source and in all: MB/s of ingest from disk and from the bucket (median round; rounds
+    alternate), and the number of files."""
+    corpora = write_corpus(scratch / "corpus", int(mb * 1_000_000))
     url = f"s3://{BUCKET}/corpus"
     fs.put(f"{scratch / 'corpus'}/", f"{url}/", recursive=True)
-    remote_manifest = bucket_manifest(local_manifest, url)
-    seconds: dict[str, list[float]] = {"disk": [], "bucket": []}
-    ingest_seconds(local_manifest, scratch / "run-warm-up")  # untimed: imports, the language model, page cache
-    for round_no in range(repeats):
-        seconds["disk"].append(ingest_seconds(local_manifest, scratch / f"run-disk-{round_no}"))
-        seconds["bucket"].append(ingest_seconds(remote_manifest, scratch / f"run-bucket-{round_no}"))
-    return {"files": num_files,
-            **{side: num_bytes / 1e6 / statistics.median(values) for side, values in seconds.items()}}
+    seconds: dict[str, dict[str, list[float]]] = {kind: {"disk": [], "bucket": []} for kind in corpora}
+    for kind, corpus in corpora.items():
+        ingest_seconds(corpus.manifest, scratch / f"warm-up-{corpus.num_files}")  # untimed: imports, page cache
+        remote_manifest = bucket_manifest(corpus.manifest, url)
+        for round_no in range(repeats):
+            seconds[kind]["disk"].append(ingest_seconds(corpus.manifest, scratch / f"disk-{kind}-{round_no}"))
+            seconds[kind]["bucket"].append(ingest_seconds(remote_manifest, scratch / f"bucket-{kind}-{round_no}"))
+    medians = {kind: {side: statistics.median(values) for side, values in sides.items()}
+               for kind, sides in seconds.items()}
+    rates = {kind: {"files": corpora[kind].num_files,
+                    **{side: corpora[kind].num_bytes / 1e6 / value for side, value in sides.items()}}
+             for kind, sides in medians.items()}
+    rates["all"] = {"files": sum(corpus.num_files for corpus in corpora.values()),
+                    **{side: sum(corpus.num_bytes for corpus in corpora.values()) / 1e6
+                       / sum(medians[kind][side] for kind in corpora) for side in ("disk", "bucket")}}
+    return rates
 
 
 def measure_shards(scratch: Path, fs: object, rows: int, repeats: int,
@@ -177,16 +199,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             reads, loader = measure_shards(scratch, fs, args.rows, args.repeats, args.batches_per_round)
         finally:
             server.kill()
-    print(f"text={args.mb} MB in {ingest['files']:.0f} files, shards={args.rows} rows x 1024 tokens, "
-          f"{args.repeats} round(s) per side, "
-          f"SeaweedFS on 127.0.0.1")
-    lines = [("ingest (MB of text/s)", ingest["bucket"], ingest["disk"]),
-             ("shards: download-then-mmap vs local mmap (MB/s)", reads["mirror"], reads["local"]),
-             ("loader after caching (batches/s)", loader["mirror"], loader["local"])]
-    print(f"{'measure':50} {'bucket':>10} {'local':>10} {'ratio':>7}")
+    print(f"text={args.mb} MB, shards={args.rows} rows x 1024 tokens, {args.repeats} round(s) per side, "
+          "SeaweedFS on 127.0.0.1")
+    lines = [(f"ingest, {kind} ({rates['files']:.0f} objects), MB of text/s", rates["bucket"], rates["disk"])
+             for kind, rates in ingest.items()]
+    lines += [("shards: download-then-mmap vs local mmap, MB/s", reads["mirror"], reads["local"]),
+              ("loader after caching, batches/s", loader["mirror"], loader["local"])]
+    print(f"{'measure':56} {'bucket':>10} {'local':>10} {'ratio':>7}")
     for name, bucket, local in lines:
-        print(f"{name:50} {bucket:10,.1f} {local:10,.1f} {bucket / local:7.3f}")
-    return print_result("object_storage", ingest["bucket"], ingest["disk"], "MB/s")
+        print(f"{name:56} {bucket:10,.1f} {local:10,.1f} {bucket / local:7.3f}")
+    return print_result("object_storage", ingest["all"]["bucket"], ingest["all"]["disk"], "MB/s")
 
 
 if __name__ == "__main__":
