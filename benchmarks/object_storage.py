@@ -47,6 +47,8 @@ from trainer.data import PAD_ID, SplitRows
 BUCKET = "tokenmill-bench"
 PART_SIZE_BYTES = 4 << 20
 RECORDS_PER_FILE = 500
+LOADER_ROUNDS = 7
+"""Alternating loader rounds per side, median kept: one round is a fraction of a second, machine noise is not."""
 READ_ROWS = 1024
 """Rows read per SplitRows.rows call when reading every token (bounds the int64 copy to a few MB)."""
 
@@ -56,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mb", type=float, default=None, help="MB of text to ingest (default 40, quick 5)")
     parser.add_argument("--rows", type=int, default=None, help="shard rows of 1024 tokens (default 16384, quick 2048)")
     parser.add_argument("--repeats", type=int, default=None, help="rounds per side, median kept (default 3, quick 1)")
-    parser.add_argument("--batches-per-round", type=int, default=200)
+    parser.add_argument("--batches-per-round", type=int, default=2000, help="loader batches per timed round")
     parser.add_argument("--quick", action="store_true", help="5 MB, 2048 rows, one round (about a minute)")
     args = parser.parse_args(argv)
     quick, full = {"mb": 5, "rows": 2048, "repeats": 1}, {"mb": 40, "rows": 16384, "repeats": 3}
@@ -176,7 +178,7 @@ def measure_shards(scratch: Path, fs: object, rows: int, repeats: int,
         seconds["mirror"].append(time.perf_counter() - started)
     read_rates = {side: size_mb / statistics.median(values) for side, values in seconds.items()}
     rates = time_rounds({"local": tokenmill_batches(run_dir, 16), "mirror": tokenmill_batches(mirror, 16)},
-                        max(repeats, 3), batches)
+                        LOADER_ROUNDS, batches)
     return read_rates, {side: statistics.median(values) for side, values in rates.items()}
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from core.errors import ObjectStoreError
+from core.errors import ObjectStoreError, StoreUnavailableError
 
 URL_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "requester_pays", "use_ssl",
@@ -187,10 +187,9 @@ class ObjectStream(io.RawIOBase):
         except (ValueError, TypeError):  # a closed handle, a bad argument: the caller's bug, not the store's
             raise
         except Exception as err:
-            raise ObjectStoreError(describe_object_error(self.url, err) or
-                                   f"{self.url}: reading the object failed mid-stream ({_one_line(err)}), after "
-                                   "retries; run again once the store answers: finished parts are kept, this "
-                                   "one is read again from its start.") from None
+            raise object_store_error(self.url, err) or StoreUnavailableError(
+                f"{self.url}: reading the object failed mid-stream ({_one_line(err)}), after retries; run again "
+                "once the store answers: finished parts are kept, this one is read again from its start.") from None
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -307,10 +306,19 @@ def object_errors(url: str) -> Iterator[None]:
     except ObjectStoreError:
         raise
     except Exception as err:
-        line = describe_object_error(url, err)
-        if line is None:
+        error = object_store_error(url, err)
+        if error is None:
             raise
-        raise ObjectStoreError(line) from None
+        raise error from None
+
+
+def object_store_error(url: str, err: BaseException) -> ObjectStoreError | None:
+    """The one-line error for ``err`` (:func:`describe_object_error`): StoreUnavailableError (worth a retry) when
+    the store was unreachable or failing, ObjectStoreError for what configuration fixes; None for other errors."""
+    line = describe_object_error(url, err)
+    if line is None:
+        return None
+    return StoreUnavailableError(line) if _unreachable(err) or _failing(err) else ObjectStoreError(line)
 
 
 def describe_object_error(url: str, err: BaseException) -> str | None:
@@ -327,18 +335,28 @@ def describe_object_error(url: str, err: BaseException) -> str | None:
     if isinstance(err, FileNotFoundError) or "NoSuchBucket" in detail:
         return (f"{url}: no such bucket or object ({detail}); check the URL, and AWS_ENDPOINT_URL (or the source's "
                 "storage_options.endpoint_url) for a store other than AWS.")
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError") or \
-            isinstance(err, ConnectionError):
+    if _unreachable(err):
         return (f"{url}: cannot reach the object store ({detail}), after retries; check AWS_ENDPOINT_URL "
                 "(or storage_options.endpoint_url) and that the store is up.")
-    if any(word in detail for word in TRANSIENT_WORDS):
+    if _failing(err):
         return (f"{url}: the object store is overloaded or failing ({detail}), after retries; run again later "
                 "(finished parts are kept), or allow more retries: AWS_MAX_ATTEMPTS, AWS_RETRY_MODE=adaptive.")
     return None
 
 
-TRANSIENT_WORDS = ("SlowDown", "ServiceUnavailable", "InternalError", "Throttl", "RequestTimeout", "503", "500")
-"""What a store's answer holds when it failed for now, not for the request (S3 error codes, HTTP statuses)."""
+TRANSIENT_WORDS = ("SlowDown", "ServiceUnavailable", "Service Unavailable", "InternalError", "Throttl",
+                   "RequestTimeout", "(500)", "(502)", "(503)", "(504)")
+"""What a store's answer holds when it failed for now, not for the request (S3 error codes; botocore writes an
+answer without a code as ``An error occurred (503) …``)."""
+
+
+def _unreachable(err: BaseException) -> bool:
+    return type(err).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError") \
+        or isinstance(err, ConnectionError)
+
+
+def _failing(err: BaseException) -> bool:
+    return any(word in _one_line(err) for word in TRANSIENT_WORDS)
 
 
 def _one_line(err: BaseException) -> str:

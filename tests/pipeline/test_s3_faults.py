@@ -17,7 +17,7 @@ import s3fs
 import yaml
 
 from core.atomic import TEMP_PREFIX
-from core.errors import ObjectStoreError
+from core.errors import ObjectStoreError, StoreUnavailableError
 from core.rundir import RunPaths
 from pipeline.ingest import ingest_part, part_finished, plan_ingest
 from pipeline.run_mirror import mirror_root, mirror_run
@@ -141,6 +141,7 @@ def test_a_store_killed_mid_object_then_restarted_rerun_equals_an_uninterrupted_
     message = str(err.value)
     assert message.startswith(f"s3://{BUCKET}/drill/records/big.jsonl: ") and "\n" not in message, message
     assert "AWS_ENDPOINT_URL" in message or "run again" in message
+    assert isinstance(err.value, StoreUnavailableError) and err.value.retryable  # a flow task retries it
     assert not part_finished(paths, big.part_id)  # no marker, no half a part: the re-run reads it again
     assert not (paths.docs / f"part-{big.part_id:05d}.parquet").exists()
     assert all(part_finished(paths, part.part_id) for part in parts[:parts.index(big)])
@@ -245,6 +246,7 @@ def test_a_mirror_cut_mid_object_leaves_no_partial_file_and_the_next_mirror_comp
         watcher.join()
     assert server.process is None, "the store was not killed mid-download"
     assert str(err.value).startswith(f"{url}/metrics/big.bin: ") and "\n" not in str(err.value)
+    assert isinstance(err.value, StoreUnavailableError)
     local = {str(path.relative_to(run)): path.read_bytes() for path in run.rglob("*") if path.is_file()}
     held = {str(path.relative_to(mirror_root(url))): path.read_bytes()
             for path in mirror_root(url).rglob("*") if path.is_file()}
