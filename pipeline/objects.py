@@ -14,6 +14,7 @@ warning of the ``pipeline.objects`` logger, which they log only at debug level.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import re
@@ -344,6 +345,8 @@ def describe_object_error(url: str, err: BaseException) -> str | None:
     return None
 
 
+EREMOTEIO = getattr(errno, "EREMOTEIO", 121)
+"""s3fs's errno for an S3 InternalError (500); Linux's number where Python lacks the name."""
 TRANSIENT_WORDS = ("SlowDown", "ServiceUnavailable", "Service Unavailable", "InternalError", "Throttl",
                    "RequestTimeout", "(500)", "(502)", "(503)", "(504)")
 """What a store's answer holds when it failed for now, not for the request (S3 error codes; botocore writes an
@@ -356,7 +359,12 @@ def _unreachable(err: BaseException) -> bool:
 
 
 def _failing(err: BaseException) -> bool:
-    return any(word in _one_line(err) for word in TRANSIENT_WORDS)
+    """A store's answer that it failed for now: s3fs turns the ClientError (kept as ``__cause__``) into an OSError
+    holding only the message ("Please reduce your request rate."), with EBUSY for 503/SlowDown, EREMOTEIO for 500."""
+    if isinstance(err, TimeoutError) or getattr(err, "errno", None) in (errno.EBUSY, EREMOTEIO):
+        return True
+    return any(word in _one_line(cause) for cause in (err, err.__cause__) if cause is not None
+               for word in TRANSIENT_WORDS)
 
 
 def _one_line(err: BaseException) -> str:

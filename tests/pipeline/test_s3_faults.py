@@ -20,6 +20,7 @@ from core.atomic import TEMP_PREFIX
 from core.errors import ObjectStoreError, StoreUnavailableError
 from core.rundir import RunPaths
 from pipeline.ingest import ingest_part, part_finished, plan_ingest
+from pipeline.objects import object_store_error
 from pipeline.run_mirror import mirror_root, mirror_run
 from tests.conftest import STDLIB, build_query_run
 from tests.s3_server import SeaweedServer, clear_instance_cache, s3_environment
@@ -258,3 +259,18 @@ def test_a_mirror_cut_mid_object_leaves_no_partial_file_and_the_next_mirror_comp
     mirrored = mirror_run(url)
     assert {str(path.relative_to(mirrored)): path.read_bytes()
             for path in mirrored.rglob("*") if path.is_file()} == local
+
+
+@pytest.mark.parametrize(("code", "status"), [("SlowDown", 503), ("InternalError", 500), ("ServiceUnavailable", 503)])
+def test_a_store_still_failing_after_retries_is_one_retryable_line(code: str, status: int):
+    """SeaweedFS cannot be made to answer 503: botocore's own ClientError, translated by s3fs as a read sees it."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    answer = {"Error": {"Code": code, "Message": "Please reduce your request rate."},
+              "ResponseMetadata": {"HTTPStatusCode": status}}
+    error = object_store_error("s3://bucket/corpus/a.jsonl", translate_boto_error(ClientError(answer, "GetObject")))
+    assert isinstance(error, StoreUnavailableError), error
+    message = str(error)
+    assert message.startswith("s3://bucket/corpus/a.jsonl: the object store is overloaded or failing")
+    assert "AWS_MAX_ATTEMPTS" in message and "\n" not in message
