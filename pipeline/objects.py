@@ -210,7 +210,8 @@ class ObjectStream(io.RawIOBase):
 
 
 LOGGER = logging.getLogger(__name__)
-RETRY_LOGGERS = ("botocore.endpoint", "botocore.retryhandler", "botocore.retries.standard", "s3fs")
+RETRY_LOGGERS = ("botocore.endpoint", "botocore.parsers", "botocore.retryhandler", "botocore.retries.standard", "s3fs")
+ERROR_CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
 """Where botocore (every retry mode; aiobotocore logs through the same loggers) and s3fs say, at debug level,
 which request was sent, what failed and that it is retried."""
 
@@ -222,9 +223,9 @@ class RetryLog(logging.Filter):
 
     botocore logs one ``Response received to retry, sleeping for N seconds`` per retry in every mode (legacy,
     standard, adaptive), after the call (``Making request for``, once before its attempts) and the cause (an
-    exception, or a legacy ``retry needed: …`` line); s3fs logs one ``Retryable error`` per retry of its own (a
-    body cut mid-read, a SlowDown that outlived botocore's retries). One filter on all four loggers, its state per
-    thread: s3fs runs every request on one event-loop thread.
+    exception, the error code in the answer's body, or a legacy ``retry needed: …`` line); s3fs logs one
+    ``Retryable error`` per retry of its own (a body cut mid-read, a SlowDown that outlived botocore's retries).
+    One filter on all five loggers, its state per thread: s3fs runs every request on one event-loop thread.
     """
 
     _installed = False
@@ -253,6 +254,11 @@ class RetryLog(logging.Filter):
             request = record.args[1] if isinstance(record.args[1], dict) else {}  # once per call, before attempts
             state.request = f"{request.get('method', '')} {str(request.get('url', ''))[:160]}".strip()
             state.attempt, state.cause = 0, ""
+        elif text.startswith("Sending http request"):  # each attempt: its cause is its own
+            state.cause = ""
+        elif text.startswith("Response body") and record.args and isinstance(record.args[0], bytes):
+            code = ERROR_CODE.search(record.args[0][:2048])  # an S3 error answer: <Error><Code>SlowDown</Code>
+            state.cause = f"the store answered {code.group(1).decode(errors='replace')}" if code else ""
         elif text.startswith("Fetch: "):  # s3fs, before a ranged GET of an open object
             state.s3fs_request = "GET " + record.getMessage().removeprefix("Fetch: ")
         elif text.startswith("Exception received when sending HTTP request") and record.exc_info:
