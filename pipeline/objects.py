@@ -8,7 +8,9 @@ is copied into ``run.yaml`` and shared. An object is identified by its key, size
 as a local file is by its path, size and mtime. Objects are streamed (:meth:`ObjectPath.open`), never
 downloaded whole. Transient errors (connection refused, 503 SlowDown) are retried with backoff by botocore and
 s3fs themselves (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``); :class:`RetryLog` logs each of those retries once, as a
-warning of the ``pipeline.objects`` logger, which they log only at debug level.
+warning of the ``pipeline.objects`` logger, which they log only at debug level. A store still away after them is
+StoreUnavailableError (retryable), also mid-object (:class:`ObjectStream`): never an OSError a reader would take
+for a damaged file.
 """
 
 from __future__ import annotations

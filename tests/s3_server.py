@@ -71,33 +71,17 @@ class SeaweedServer:
             self.process.wait()
             self.process = None
 
-    def stop(self) -> None:
-        if self.process is not None:
-            _stop(self.process)
-            self.process = None
-
 
 @contextlib.contextmanager
 def running_s3_server(folder: Path, startup_s: float = 60) -> Iterator[str]:
     """``weed server`` with an S3 gateway in its own process group; yields the endpoint URL once a bucket can be
-    made and written; stops the group after."""
+    made and written; kills the group after (its data is temporary, and weed took 2 s and more over SIGTERM)."""
     server = SeaweedServer(folder)
     try:
         server.start(startup_s)
         yield server.endpoint
     finally:
-        server.stop()
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the process group (weed takes 20 s and more over SIGINT), SIGKILL after 2 s (its data is temporary)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        server.kill()
 
 
 def _wait_until_writable(endpoint: str, process: subprocess.Popen, log_path: Path, startup_s: float) -> None:
