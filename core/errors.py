@@ -20,6 +20,13 @@ class ObjectStoreError(TokenmillError):
     naming the URL and what to set."""
 
 
+class StoreUnavailableError(ObjectStoreError):
+    """The object store did not answer, or failed mid-object, after botocore's and s3fs's retries: worth a retry
+    later (unlike a missing bucket or bad credentials); a re-run reads only unfinished parts again."""
+
+    retryable = True
+
+
 class SourceReadError(TokenmillError):
     """An input file cannot be read at all (not a single record could be recovered from it)."""
 

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from core.atomic import read_json
 from core.documents import doc_id_for
-from core.errors import ManifestError, ObjectStoreError
+from core.errors import ManifestError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
@@ -449,10 +449,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
 def _file_size(path: Path | ObjectPath, root: Path | ObjectPath) -> int:
     """The file's size for progress; 0 for what is not read (a link leading outside ``root``, a missing file)."""
     if isinstance(path, ObjectPath):
-        try:
-            return path.size()
-        except ObjectStoreError:  # gone since it was planned: its part records a missing_file reject
-            return 0
+        return path.size_if_present()  # gone since planned: its part records a missing_file reject
     if not path.exists() or (path.is_symlink() and not _is_inside(path, root.resolve())):
         return 0
     return _stat_file(path, path.name).size

@@ -8,19 +8,24 @@ is copied into ``run.yaml`` and shared. An object is identified by its key, size
 as a local file is by its path, size and mtime. Objects are streamed (:meth:`ObjectPath.open`), never
 downloaded whole. Transient errors (connection refused, 503 SlowDown) are retried with backoff by botocore and
 s3fs themselves (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``); :class:`RetryLog` logs each of those retries once, as a
-warning of the ``pipeline.objects`` logger, which they log only at debug level.
+warning of the ``pipeline.objects`` logger, which they log only at debug level. A store still away after them is
+StoreUnavailableError (retryable), also mid-object (:class:`ObjectStream`): never an OSError a reader would take
+for a damaged file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from core.errors import ObjectStoreError
+from core.errors import ObjectStoreError, StoreUnavailableError
 
 URL_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "requester_pays", "use_ssl",
@@ -141,50 +146,143 @@ class ObjectPath:
     def size(self) -> int:
         return int(self.info().get("size") or 0)
 
-    def open(self) -> BinaryIO:
-        """A streaming, seekable handle (ranged GETs of READ_BLOCK_BYTES): never the whole object in memory."""
+    def size_if_present(self) -> int:
+        """The object's size, 0 when it is gone; ObjectStoreError when the store cannot answer (no guess)."""
         fs, path = self.filesystem()
         with object_errors(self.url):
-            return fs.open(path, "rb", block_size=READ_BLOCK_BYTES)
+            try:
+                return int(fs.size(path) or 0)
+            except FileNotFoundError:
+                return 0
+
+    def open(self) -> BinaryIO:
+        """A streaming, seekable handle (ranged GETs of READ_BLOCK_BYTES): never the whole object in memory.
+
+        A read that fails once botocore and s3fs have retried raises ObjectStoreError (:class:`ObjectStream`).
+        """
+        fs, path = self.filesystem()
+        with object_errors(self.url):
+            return ObjectStream(fs.open(path, "rb", block_size=READ_BLOCK_BYTES), self.url)
+
+
+class ObjectStream(io.RawIOBase):
+    """An open object whose failed reads raise ObjectStoreError, never OSError.
+
+    The readers take an OSError while reading for a damaged file (an ``unreadable_file`` reject, or a file to fix
+    under ``on_error: fail``); a store that went away mid-object is no fault of the file. Raising a TokenmillError
+    instead fails the ingest part: it writes no marker, and a re-run reads the object again from its start.
+    """
+
+    def __init__(self, handle: Any, url: str) -> None:
+        super().__init__()
+        self._handle, self.url = handle, url
+        self.size = int(handle.size)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return self._handle.read(-1 if size is None else size)
+        except (ValueError, TypeError):  # a closed handle, a bad argument: the caller's bug, not the store's
+            raise
+        except Exception as err:
+            raise object_store_error(self.url, err) or StoreUnavailableError(
+                f"{self.url}: reading the object failed mid-stream ({_one_line(err)}), after retries; run again "
+                "once the store answers: finished parts are kept, this one is read again from its start.") from None
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._handle.close()
+        super().close()
 
 
 LOGGER = logging.getLogger(__name__)
-RETRY_LOGGERS = ("botocore.retryhandler", "botocore.retries.standard", "s3fs")
-"""Where botocore (legacy and standard retry modes) and s3fs say, at debug level, that a request is retried."""
+RETRY_LOGGERS = ("botocore.endpoint", "botocore.parsers", "botocore.retryhandler", "botocore.retries.standard", "s3fs")
+ERROR_CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
+"""Where botocore (every retry mode; aiobotocore logs through the same loggers) and s3fs say, at debug level,
+which request was sent, what failed and that it is retried."""
 
 
 class RetryLog(logging.Filter):
-    """Turns each retry that botocore or s3fs logs at debug level into one warning of :data:`LOGGER`; drops the
-    rest of their debug records (unless the user asked for them: a logger set to DEBUG is left alone)."""
+    """Turns each retry that botocore or s3fs logs at debug level into one warning of :data:`LOGGER` naming the
+    request, the error, the attempt and the wait; drops the rest of their debug records (unless the user asked for
+    them: a logger set to DEBUG is left alone).
+
+    botocore logs one ``Response received to retry, sleeping for N seconds`` per retry in every mode (legacy,
+    standard, adaptive), after the call (``Making request for``, once before its attempts) and the cause (an
+    exception, the error code in the answer's body, or a legacy ``retry needed: …`` line); s3fs logs one
+    ``Retryable error`` per retry of its own (a body cut mid-read, a SlowDown that outlived botocore's retries).
+    One filter on all five loggers, its state per thread: s3fs runs every request on one event-loop thread.
+    """
 
     _installed = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.cause = ""
+        self.state = threading.local()
 
     @classmethod
     def install(cls) -> None:
         if cls._installed:
             return
         cls._installed = True
+        retry_log = cls()
         for name in RETRY_LOGGERS:
             logger = logging.getLogger(name)
             if logger.getEffectiveLevel() > logging.DEBUG:
                 logger.setLevel(logging.DEBUG)
-                logger.addFilter(cls())
+                logger.addFilter(retry_log)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.DEBUG:
             return True
-        message = record.getMessage()
-        if message.startswith("retry needed, "):  # legacy mode: the cause, just before the retry itself
-            self.cause = message.split(": ", 1)[-1]
-        elif message.startswith("Retry needed") or message.startswith("Retryable error: "):
-            cause = self.cause or message.split(": ", 1)[-1]
-            LOGGER.warning("object store: transient error (%s); retrying with backoff", " ".join(cause.split())[:200])
-            self.cause = ""
+        state, text = self.state, str(record.msg)
+        if text.startswith("Making request for") and isinstance(record.args, tuple) and len(record.args) == 2:
+            request = record.args[1] if isinstance(record.args[1], dict) else {}  # once per call, before attempts
+            state.request = f"{request.get('method', '')} {str(request.get('url', ''))[:160]}".strip()
+            state.attempt, state.cause = 0, ""
+        elif text.startswith("Sending http request"):  # each attempt: its cause is its own
+            state.cause = ""
+        elif text.startswith("Response body") and record.args and isinstance(record.args[0], bytes):
+            code = ERROR_CODE.search(record.args[0][:2048])  # an S3 error answer: <Error><Code>SlowDown</Code>
+            state.cause = f"the store answered {code.group(1).decode(errors='replace')}" if code else ""
+        elif text.startswith("Fetch: "):  # s3fs, before a ranged GET of an open object
+            state.s3fs_request = "GET " + record.getMessage().removeprefix("Fetch: ")
+        elif text.startswith("Exception received when sending HTTP request") and record.exc_info:
+            state.cause = " ".join(str(record.exc_info[1]).split()) or type(record.exc_info[1]).__name__
+        elif text.startswith("retry needed"):  # legacy mode names the status or exception
+            state.cause = record.getMessage().split(": ", 1)[-1]
+        elif text.startswith("Response received to retry"):
+            state.attempt = getattr(state, "attempt", 0) + 1
+            self._warn(getattr(state, "cause", "") or "an HTTP answer worth a retry: throttled, or 5xx",
+                       getattr(state, "request", "a request"), f"retry {state.attempt}",
+                       float(record.args[0]) if record.args else 0.0)
+        elif text.startswith("Retryable error") or (text.startswith("Client error") and "SlowDown" in
+                                                     record.getMessage()):
+            self._warn(record.getMessage().split(": ", 1)[-1], getattr(state, "s3fs_request", "a request"),
+                       "retried by s3fs", None)
         return False
+
+    @staticmethod
+    def _warn(cause: str, request: str, attempt: str, wait_s: float | None) -> None:
+        wait = f" in {wait_s:.2f} s" if wait_s is not None else ""
+        LOGGER.warning("object store: transient error on %s (%s); %s%s", request, " ".join(cause.split())[:200],
+                       attempt, wait)
 
 
 def object_version(info: dict[str, Any]) -> str:
@@ -217,16 +315,25 @@ def object_errors(url: str) -> Iterator[None]:
     except ObjectStoreError:
         raise
     except Exception as err:
-        line = describe_object_error(url, err)
-        if line is None:
+        error = object_store_error(url, err)
+        if error is None:
             raise
-        raise ObjectStoreError(line) from None
+        raise error from None
+
+
+def object_store_error(url: str, err: BaseException) -> ObjectStoreError | None:
+    """The one-line error for ``err`` (:func:`describe_object_error`): StoreUnavailableError (worth a retry) when
+    the store was unreachable or failing, ObjectStoreError for what configuration fixes; None for other errors."""
+    line = describe_object_error(url, err)
+    if line is None:
+        return None
+    return StoreUnavailableError(line) if _unreachable(err) or _failing(err) else ObjectStoreError(line)
 
 
 def describe_object_error(url: str, err: BaseException) -> str | None:
     """One line naming ``url`` and what to set, for the errors a user fixes by configuration; None for others."""
     name = type(err).__name__
-    detail = " ".join(str(err).split())[:200] or name
+    detail = _one_line(err)
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return (f"{url}: no credentials for the object store ({detail}); set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for a store other than AWS.")
@@ -237,8 +344,36 @@ def describe_object_error(url: str, err: BaseException) -> str | None:
     if isinstance(err, FileNotFoundError) or "NoSuchBucket" in detail:
         return (f"{url}: no such bucket or object ({detail}); check the URL, and AWS_ENDPOINT_URL (or the source's "
                 "storage_options.endpoint_url) for a store other than AWS.")
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError") or \
-            isinstance(err, ConnectionError):
+    if _unreachable(err):
         return (f"{url}: cannot reach the object store ({detail}), after retries; check AWS_ENDPOINT_URL "
                 "(or storage_options.endpoint_url) and that the store is up.")
+    if _failing(err):
+        return (f"{url}: the object store is overloaded or failing ({detail}), after retries; run again later "
+                "(finished parts are kept), or allow more retries: AWS_MAX_ATTEMPTS, AWS_RETRY_MODE=adaptive.")
     return None
+
+
+EREMOTEIO = getattr(errno, "EREMOTEIO", 121)
+"""s3fs's errno for an S3 InternalError (500); Linux's number where Python lacks the name."""
+TRANSIENT_WORDS = ("SlowDown", "ServiceUnavailable", "Service Unavailable", "InternalError", "Throttl",
+                   "RequestTimeout", "(500)", "(502)", "(503)", "(504)")
+"""What a store's answer holds when it failed for now, not for the request (S3 error codes; botocore writes an
+answer without a code as ``An error occurred (503) …``)."""
+
+
+def _unreachable(err: BaseException) -> bool:
+    return type(err).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError") \
+        or isinstance(err, ConnectionError)
+
+
+def _failing(err: BaseException) -> bool:
+    """A store's answer that it failed for now: s3fs turns the ClientError (kept as ``__cause__``) into an OSError
+    holding only the message ("Please reduce your request rate."), with EBUSY for 503/SlowDown, EREMOTEIO for 500."""
+    if isinstance(err, TimeoutError) or getattr(err, "errno", None) in (errno.EBUSY, EREMOTEIO):
+        return True
+    return any(word in _one_line(cause) for cause in (err, err.__cause__) if cause is not None
+               for word in TRANSIENT_WORDS)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:200] or type(err).__name__

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path, PurePosixPath
+from typing import Any
 
+from core.atomic import TEMP_PREFIX
 from core.errors import ObjectStoreError
 from pipeline.objects import ObjectPath, object_errors, object_version
 
@@ -59,13 +61,23 @@ def mirror_run(url: str) -> Path:
         if held.get(rel) == stamp and target.is_file():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".partial-{target.name}")
-        with object_errors(f"{url}/{rel}"):
-            fs.get_file(f"{base}/{rel}", str(partial))
-        partial.replace(target)
+        _fetch(fs, f"{base}/{rel}", target, f"{url}/{rel}")
     state_path.parent.mkdir(parents=True, exist_ok=True)
     state_path.write_text(json.dumps(wanted))
     return local
+
+
+def _fetch(fs: Any, key: str, target: Path, url: str) -> None:
+    """Download ``key`` beside ``target`` under a temporary name, then rename: a download cut short (the store
+    went away mid-object, after s3fs's retries) leaves no partial file behind, and the mirror's state is written
+    only once every key is in, so the next mirror fetches the rest. ObjectStoreError, one line, on failure."""
+    partial = target.with_name(f"{TEMP_PREFIX}{target.name}")
+    try:
+        with object_errors(url):
+            fs.get_file(key, str(partial))
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _skipped(rel: str) -> bool:

@@ -35,37 +35,53 @@ def weed_binary() -> str:
     return found
 
 
+class SeaweedServer:
+    """``weed server`` with an S3 gateway on fixed free ports and one data folder, so that it can be killed (as a
+    crash) and started again serving the same buckets at the same endpoint (the fault drills)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ports = {flag: free_port() for flag in PORT_FLAGS}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self.process: subprocess.Popen | None = None
+        (folder / "s3.json").write_text(json.dumps(IDENTITIES))
+
+    def start(self, startup_s: float = 60, wait: bool = True) -> None:
+        """Start it in its own process group; with ``wait``, return once a bucket can be made and written."""
+        argv = [weed_binary(), "server", f"-dir={self.folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer",
+                "-s3", *(f"-{flag}={port}" for flag, port in self.ports.items()),
+                f"-s3.config={self.folder / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=64",
+                "-master.electionTimeout=1s"]  # a lone master: 10 s (the default) of election delayed every start
+        with open(self.folder / "weed.log", "a") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            cwd=self.folder)
+        if wait:
+            self.wait_until_writable(startup_s)
+
+    def wait_until_writable(self, startup_s: float = 60) -> None:
+        assert self.process is not None, "start() first"
+        _wait_until_writable(self.endpoint, self.process, self.folder / "weed.log", startup_s)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as a crash or a pulled cable: no request is answered after this."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+
 @contextlib.contextmanager
 def running_s3_server(folder: Path, startup_s: float = 60) -> Iterator[str]:
     """``weed server`` with an S3 gateway in its own process group; yields the endpoint URL once a bucket can be
-    made and written; stops the group after."""
-    ports = {flag: free_port() for flag in PORT_FLAGS}
-    (folder / "s3.json").write_text(json.dumps(IDENTITIES))
-    argv = [weed_binary(), "server", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
-            *(f"-{flag}={port}" for flag, port in ports.items()), f"-s3.config={folder / 's3.json'}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=64"]
-    log_path = folder / "weed.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    made and written; kills the group after (its data is temporary, and weed took 2 s and more over SIGTERM)."""
+    server = SeaweedServer(folder)
     try:
-        _wait_until_writable(endpoint, process, log_path, startup_s)
-        yield endpoint
+        server.start(startup_s)
+        yield server.endpoint
     finally:
-        _stop(process)
-        log.close()
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the process group (weed takes 20 s and more over SIGINT), SIGKILL after 2 s (its data is temporary)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        server.kill()
 
 
 def _wait_until_writable(endpoint: str, process: subprocess.Popen, log_path: Path, startup_s: float) -> None:

@@ -151,6 +151,7 @@ def test_connection_refused_is_retried_each_retry_logged_once_then_one_line(
     retries = [record.getMessage() for record in caplog.records if record.name == "pipeline.objects"]
     assert len(retries) == 2, retries  # 3 attempts: 2 retries, each logged once
     assert all("transient error" in line and closed in line for line in retries)
+    assert err.value.retryable  # the store may be back by the flow's retry
 
 
 def test_wrong_credentials_are_one_line_naming_the_url_and_what_to_set(
@@ -166,6 +167,7 @@ def test_wrong_credentials_are_one_line_naming_the_url_and_what_to_set(
     message = str(err.value)
     assert message.startswith(f"{s3_prefix}/corpus/code: access denied") and "\n" not in message
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message and "not-the-secret" not in message
+    assert not getattr(err.value, "retryable", False)  # bad credentials stay bad: no flow retry
 
 
 def test_an_object_deleted_after_planning_is_one_missing_file_reject(tmp_path: Path, s3_prefix: str):
