@@ -126,9 +126,21 @@ def split_words(text: str) -> list[str]:
     for chunk in text.split():
         if chunk.isalpha() and chunk not in SPECIAL_CASES:  # most words of prose: nothing to split
             tokens.append(chunk)
-        else:
-            _split_chunk(chunk, tokens)
+            continue
+        pieces = _CHUNK_TOKENS.get(chunk)
+        if pieces is None:
+            if len(_CHUNK_TOKENS) >= MAX_CACHED_CHUNKS:
+                _CHUNK_TOKENS.clear()
+            split: list[str] = []
+            _split_chunk(chunk, split)
+            pieces = _CHUNK_TOKENS[chunk] = tuple(split)
+        tokens.extend(pieces)
     return tokens
+
+
+MAX_CACHED_CHUNKS = 100_000
+"""Chunks whose split is remembered (~10 MB): text repeats its punctuated words ("it's", "(see", "2024-01-02,")."""
+_CHUNK_TOKENS: dict[str, tuple[str, ...]] = {}
 
 
 def count_sentences(words: list[str]) -> int:
