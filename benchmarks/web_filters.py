@@ -37,7 +37,7 @@ FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 def load_documents(num_docs: int, max_chars: int) -> list[str]:
     """Normalised texts: three Debian documents to each manual page or docstring text, up to ``num_docs``."""
     prose = [text for _, text in man_page_texts("en", num_docs // 8)]
-    prose += stdlib_docstring_texts(4 << 20, min_words=20)[:num_docs // 8]
+    prose += stdlib_docstring_texts(num_docs * 4000, min_words=20)[:num_docs // 8]
     texts = [text for _, text in debian_doc_texts(num_docs - len(prose))] + prose
     return [text for text in (normalise_text(text[:max_chars]) for text in texts) if text]
 
