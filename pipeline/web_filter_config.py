@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from core.config import FrozenConfig
 
@@ -28,9 +28,9 @@ class GopherQualityConfig(FrozenConfig):
     """Fewest non-punctuation words (rule ``gopher_short_doc``)."""
     max_doc_words: Annotated[int, Field(ge=1)] | None = 100_000
     """Most non-punctuation words (rule ``gopher_long_doc``)."""
-    min_avg_word_length: Annotated[float, Field(ge=0.0)] | None = 3
+    min_avg_word_length: Annotated[float, Field(ge=0.0)] | None = 3.0
     """Least mean characters per non-punctuation word (rule ``gopher_below_avg_threshold``)."""
-    max_avg_word_length: Annotated[float, Field(gt=0.0)] | None = 10
+    max_avg_word_length: Annotated[float, Field(gt=0.0)] | None = 10.0
     """Most mean characters per non-punctuation word (rule ``gopher_above_avg_threshold``)."""
     max_symbol_word_ratio: Annotated[float, Field(ge=0.0)] | None = 0.1
     """Most ``#`` per word, and most ellipses (``...``, ``…``) per word (rules ``gopher_too_many_hashes``,
@@ -46,6 +46,15 @@ class GopherQualityConfig(FrozenConfig):
     """Fewest distinct ``stop_words`` present (rule ``gopher_enough_stop_words``)."""
     stop_words: tuple[str, ...] = GOPHER_STOP_WORDS
     """The stop words ``min_stop_words`` counts (English; give your language's for another)."""
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> GopherQualityConfig:
+        for low, high in (("min_doc_words", "max_doc_words"), ("min_avg_word_length", "max_avg_word_length")):
+            low_value, high_value = getattr(self, low), getattr(self, high)
+            if low_value is not None and high_value is not None and low_value > high_value:
+                raise ValueError(f"{low}={low_value} is above {high}={high_value}: no document could pass; swap or "
+                                 "fix them")
+        return self
 
 
 class GopherRepetitionConfig(FrozenConfig):

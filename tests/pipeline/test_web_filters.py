@@ -191,6 +191,8 @@ def test_c4_without_removing_lines_stores_the_text_unchanged() -> None:
     ({"c4": {"min_num_sentences": "five"}}, "filters.c4.min_num_sentences", "integer"),
     ({"fineweb": {"line_punct_thr": -0.1}}, "filters.fineweb.line_punct_thr", "greater than or equal to 0"),
     ({"fineweb": {"new_line_ratio": float("inf")}}, "filters.fineweb.new_line_ratio", "finite"),
+    ({"gopher_quality": {"min_avg_word_length": 12}}, "filters.gopher_quality",
+     "min_avg_word_length=12.0 is above max_avg_word_length=10.0"),
     ({"fine_web": {}}, "filters.fine_web", "unknown key"),
 ])
 def test_bad_web_filter_settings_are_one_line_naming_the_key(tmp_path: Path, filters: dict, key: str,
