@@ -1,23 +1,27 @@
-"""What Prefect costs a command: ``tokenmill prepare`` with work, and fully skipped with and without its flow.
+"""What Prefect costs a command: ``tokenmill prepare`` with work against a plain script, and fully skipped.
 
-A re-run that finds every stage done does almost no stage work (listing the corpus, reading the stage
-markers), so its wall time is the fixed cost of deciding that. Measured side by side on the same small run,
-each command a new process, with the CPU seconds of the command and its children (the temporary server is one):
+A prepare with work is measured three ways, taking turns, each on a fresh run dir of the same small corpus
+(each a new process; wall and the CPU seconds of the command and its children, the temporary server one):
 
-- ``sealed (no flow)``: the command's seal holds (flows.up_to_date): no Prefect import, no server, no flow;
-- ``flow, temporary server``: the seal removed first, so the flow runs and each stage skips, with no
-  ``PREFECT_API_URL`` (tokenmill's temporary server boots in parallel with the imports), as before seals;
-- ``flow, running server``: the same with ``prefect server start`` running (its own Prefect home, a free
-  port) and ``PREFECT_API_URL`` naming it: what ``tokenmill serve`` or a team's Prefect server gives.
+- ``plain script (no Prefect)``: benchmarks.orchestration_plain, the same stage calls as a plain Python
+  script (same worker pool, same report): the work itself. Every way must write the same shard index;
+- ``flow, running server``: ``tokenmill prepare`` with ``prefect server start`` running (its own Prefect home,
+  a free port) and ``PREFECT_API_URL`` naming it: what ``prefect server start`` in a terminal gives;
+- ``flow, temporary server``: ``tokenmill prepare`` with no ``PREFECT_API_URL``: tokenmill's temporary server
+  boots beside the imports (and the ingest workers' fork server beside both).
 
-A prepare that does the work is measured once each way (temporary server, running server; a fresh run dir
-each): its wall time less the union of its stages' spans (``metrics/stage_times.jsonl``) is what a command with
-work pays around its stages (interpreter start, imports, server, flow and task runs, report, summary).
+A flow's wall less the plain script's is what orchestration costs a command with work (imports of Prefect,
+the server, flow and task runs, their end). The wall less the union of its stages' spans
+(``metrics/stage_times.jsonl``) is printed too: it also counts imports and the report, which a script pays.
+
+A re-run that finds every stage done does almost no stage work, so its wall time is the fixed cost of
+deciding that: ``sealed (no flow)`` (the seal holds, flows.up_to_date: no Prefect import, no server, no flow)
+against the same through the flow (seal removed) with the temporary and with the running server.
 
     python -m benchmarks.orchestration --quick
 
-The JSON line: ours = median seconds of the sealed skipped prepare, baseline = the same through the flow with
-the temporary server (what a skipped re-run cost before seals).
+The JSON line: ours = median seconds of the prepare with work through the flow on a running server,
+baseline = the plain script's.
 """
 
 from __future__ import annotations
@@ -99,50 +103,73 @@ def start_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
 def main() -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 runs per way (default 5)")
-    parser.add_argument("--repeats", type=int, help="skipped re-runs per way")
+    parser.add_argument("--repeats", type=int, help="runs per way")
     parser.add_argument("--mb", type=float, default=1.0, help="corpus size (default 1 MB)")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-orchestration-") as tmp:
         folder = Path(tmp)
         recipe = write_recipe(folder, args.mb)
-        command = [TOKENMILL, "-q", "prepare", str(recipe), "--run-dir", str(folder / "run")]
         own = {key: value for key, value in os.environ.items() if key not in ("PREFECT_API_URL", "PREFECT_HOME")}
         own["XDG_CACHE_HOME"] = str(folder / "cache")  # tokenmill's Prefect home (and its database) starts empty
-        first = timed(command, own)
-        stages = stage_seconds(folder / "run" / "metrics" / "stage_times.jsonl")
-        seal = folder / "run" / "stages" / "sealed" / "prepare.json"
+
+        def prepare(run_dir: Path) -> list[str]:
+            return [TOKENMILL, "-q", "prepare", str(recipe), "--run-dir", str(run_dir)]
+
+        timed(prepare(folder / "first"), own)  # tokenmill's Prefect home: its database is created once, not counted
         server, url = start_server(folder / "prefect-home")
         try:
-            ways = {"sealed (no flow)": own, "flow, temporary server": own,
-                    "flow, running server": {**own, "PREFECT_API_URL": url}}
-            if repeats > 1:  # the running server's first flow runs register the flows there: not counted
-                seal.unlink()
-                timed(command, ways["flow, running server"])
-            fresh = [*command[:-1], str(folder / "run-on-the-running-server")]
-            working = timed(fresh, ways["flow, running server"])
-            working_stages = stage_seconds(folder / "run-on-the-running-server" / "metrics" / "stage_times.jsonl")
-            runs = {}
-            for name, env in ways.items():
-                runs[name] = []
+            running = {**own, "PREFECT_API_URL": url}
+            timed(prepare(folder / "first-on-the-running-server"), running)  # registers the flow there: not counted
+            plain = [sys.executable, "-m", "benchmarks.orchestration_plain", str(recipe)]
+            working = {"plain script (no Prefect)": lambda run_dir: timed([*plain, str(run_dir)], own),
+                       "flow, running server": lambda run_dir: timed(prepare(run_dir), running),
+                       "flow, temporary server": lambda run_dir: timed(prepare(run_dir), own)}
+            with_work: dict[str, list[tuple[float, float, float]]] = {name: [] for name in working}
+            for repeat in range(repeats):  # the ways take turns, so a change in the machine's load hits each alike
+                for index, (name, run) in enumerate(working.items()):
+                    run_dir = folder / f"work-{index}-{repeat}"
+                    wall, cpu = run(run_dir)
+                    stage_times = run_dir / "metrics" / "stage_times.jsonl"  # the flow's; the script records none
+                    with_work[name].append((wall, cpu, stage_seconds(stage_times) if stage_times.exists() else 0.0))
+            same_shards(folder, repeats, len(working))
+            command = prepare(folder / "first")
+            seal = folder / "first" / "stages" / "sealed" / "prepare.json"
+            skipped_ways = {"sealed (no flow)": own, "flow, temporary server": own, "flow, running server": running}
+            skipped: dict[str, list[tuple[float, float]]] = {}
+            for name, env in skipped_ways.items():
+                skipped[name] = []
                 for _ in range(repeats):
                     if name.startswith("flow"):
                         seal.unlink()  # each flow run writes it again
-                    runs[name].append(timed(command, env))
+                    skipped[name].append(timed(command, env))
         finally:
             server.terminate()
             server.wait(timeout=60)
-    for name, (wall, cpu), spans in (("temporary server", first, stages), ("running server", working, working_stages)):
-        print(f"prepare with work ({name}): {wall:.2f} s wall, {cpu:.2f} CPU-s; its stages {spans:.2f} s, "
-              f"around them {wall - spans:.2f} s")
-    print(f"{'fully skipped prepare':<24} {'median s':>9} {'min s':>7} {'CPU-s':>7}   ({repeats} runs each)")
-    for name, timings in runs.items():
+    print(f"{'prepare with work':<28} {'median s':>9} {'min s':>7} {'CPU-s':>7} {'in stages':>10}   ({repeats} runs)")
+    for name, timings in with_work.items():
+        walls = [wall for wall, _, _ in timings]
+        print(f"{name:<28} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "
+              f"{statistics.median(cpu for _, cpu, _ in timings):>7.2f} "
+              f"{statistics.median(spans for _, _, spans in timings):>10.2f}")
+    medians = {name: statistics.median(wall for wall, _, _ in timings) for name, timings in with_work.items()}
+    plain_s = medians.pop("plain script (no Prefect)")
+    for name, median in medians.items():
+        print(f"orchestration ({name}): {median - plain_s:.2f} s more than the plain script")
+    print(f"{'fully skipped prepare':<28} {'median s':>9} {'min s':>7} {'CPU-s':>7}")
+    for name, timings in skipped.items():
         walls = [wall for wall, _ in timings]
-        print(f"{name:<24} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "
+        print(f"{name:<28} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "
               f"{statistics.median(cpu for _, cpu in timings):>7.2f}")
-    medians = {name: statistics.median(wall for wall, _ in timings) for name, timings in runs.items()}
-    return print_result("orchestration_skipped_prepare", medians["sealed (no flow)"],
-                        medians["flow, temporary server"], "s")
+    return print_result("orchestration_prepare_running_server", medians["flow, running server"], plain_s, "s")
+
+
+def same_shards(folder: Path, repeats: int, ways: int) -> None:
+    """Every way's run wrote the same shard index: the plain script did the flow's work, no less."""
+    indexes = {(folder / f"work-{index}-{repeat}" / "shards" / "index.parquet").read_bytes()
+               for index in range(ways) for repeat in range(repeats)}
+    if len(indexes) != 1:
+        raise SystemExit("the plain script and the flow wrote different shard indexes: they did not do the same work")
 
 
 def stage_seconds(stage_times: Path) -> float:

@@ -34,8 +34,13 @@ app = typer.Typer(help="tokenmill: corpora in, a trained and evaluated language 
 shards_app = typer.Typer(help="Inspect and check the Arrow token shards of a run.\n\n"
                               "Example: tokenmill shards verify runs/tiny", invoke_without_command=True)
 app.add_typer(shards_app, name="shards")
+classifier_app = typer.Typer(help="Train a fastText quality classifier for filters.quality_classifier.\n\n"
+                                  "Example: tokenmill classifier train good/ bad.jsonl --out model.bin",
+                             invoke_without_command=True)
+app.add_typer(classifier_app, name="classifier")
 
-STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False}
+STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "interrupted": False,
+                         "temporary_server": False}
 
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
@@ -63,6 +68,11 @@ def _help_without_a_command(ctx: typer.Context) -> None:
 
 @shards_app.callback()
 def _shards(ctx: typer.Context) -> None:
+    _help_without_a_command(ctx)
+
+
+@classifier_app.callback()
+def _classifier(ctx: typer.Context) -> None:
     _help_without_a_command(ctx)
 
 
@@ -137,8 +147,9 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     with run.paths.lock():
         flows_module = _import_flows_with_a_server()
         from flows.progress import live_progress
+        from flows.settings import heartbeats_unless_temporary
 
-        with live_progress():
+        with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = flows_module.evaluate_model(run, checkpoint=checkpoint, task=task)
         _print_summary(summary)
 
@@ -289,6 +300,30 @@ def shards_sample(run_dir: RunDirArg,
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
 
 
+ExamplesArg = "Examples: a folder (one document per file; *.jsonl files one per line), a .jsonl file, or a text file " \
+              "(one per line)."
+
+
+@classifier_app.command("train")
+def classifier_train(
+        positive: Annotated[Path, typer.Argument(help=f"Documents to keep. {ExamplesArg}")],
+        negative: Annotated[Path, typer.Argument(help=f"Documents to reject. {ExamplesArg}")],
+        out: Annotated[Path, typer.Option("--out", help="The model file to write (fastText .bin).")],
+        text_field: Annotated[str, typer.Option("--text-field", help="Text field of .jsonl examples.")] = "text",
+        epoch: Annotated[int, typer.Option("--epoch", min=1, help="Passes over the examples.")] = 25,
+        seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED,
+                                          help="Training seed (same examples and seed, same model).")] = 0) -> None:
+    """Train a fastText classifier of POSITIVE against NEGATIVE examples; use it as filters.quality_classifier.
+
+    Prints the examples per label and the accuracy on the 10% held out. Example: tokenmill classifier train
+    good/ bad.jsonl --out model.bin
+    """
+    from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier
+
+    config = ClassifierTrainingConfig(text_field=text_field, epoch=epoch, seed=seed)
+    typer.echo(train_classifier(positive, negative, out, config).line())
+
+
 def local_run_dir(run_dir: str) -> Path:
     """``run_dir`` as a local folder: a URL (``s3://…``) becomes its local mirror (:mod:`pipeline.run_mirror`),
     fetched or brought up to date first, for the commands that memory-map, hash or write files."""
@@ -327,10 +362,12 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                                  "up to date: skipped without a flow run\n")
             _print_summary(sealed)
             return
-        flows_module = _import_flows_with_a_server()
+        ingests = command in ("run", "prepare") and options.get("dask_address") is None
+        flows_module = _import_flows_with_a_server(_start_ingest_workers if ingests else None)
         from flows.progress import live_progress
+        from flows.settings import heartbeats_unless_temporary
 
-        with live_progress():
+        with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = getattr(flows_module, flow_name)(run, **options)
         _print_summary(summary)
         if not failed_results(run.paths):  # a failed evaluation result is retried by the next run
@@ -338,22 +375,40 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                 write_seal(run, command, json.loads(json.dumps(summary, default=str)))
 
 
-def _import_flows_with_a_server() -> ModuleType:
+def _import_flows_with_a_server(start_workers: Callable[[], None] | None = None) -> ModuleType:
     """Import :mod:`flows.pipeline` (and so Prefect) with a Prefect server ready for its flows.
 
     With no server configured, tokenmill's temporary server is started first, so it boots while Prefect and
     the flows are imported (flows.server.start_temporary_server); with a Prefect home of the user's own,
     Prefect starts one when it needs it, guarded the same way (flows.server.guard_temporary_server).
+
+    ``start_workers`` (a flow that will ingest) is called where its imports cost the least on 2 cores: at
+    once when no server boots, beside Prefect's imports; after them when one does, so that the server's boot
+    (~3.9 CPU-s, the longest path) has a core of its own, and the workers' imports fill the wait for it.
     """
     server = start_temporary_server()
+    STATE["temporary_server"] = server is not None
+    if start_workers is not None and server is None:
+        start_workers()
     import flows.pipeline
 
     _configure_console(say_errors_once=True, temporary_server=server is not None)
     if server is not None:
+        if start_workers is not None:
+            start_workers()
         server.wait_until_ready()
     else:
         guard_temporary_server()
     return flows.pipeline
+
+
+def _start_ingest_workers() -> None:
+    """Start the fork server of the ingest workers (flows.stage_processes), which imports what they need."""
+    if (os.cpu_count() or 1) > 1:
+        from flows.stage_processes import start_fork_server
+        from pipeline import INGEST_PRELOAD
+
+        start_fork_server(INGEST_PRELOAD)
 
 
 def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:

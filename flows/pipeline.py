@@ -15,6 +15,7 @@ from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
+from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.stage_processes import stage_processes
 from flows.tasks import (
     base_model_task,
@@ -48,6 +49,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
     run = as_resolved(recipe, run_dir)
     loaded, base, paths = run.recipe, run.base, run.paths
     root = paths.root
+    import_plotting_in_background()  # for the report at the end
     with paths.lock():
         record_recipe(loaded, base, root)
         manifests = [str(path) for path in manifest_paths(loaded, base)]
@@ -92,6 +94,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     """
     run = as_resolved(recipe, run_dir)
     loaded, paths = run.recipe, run.paths
+    import_plotting_in_background()  # for the report at the end
     with paths.lock():
         _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
         record_recipe(loaded, run.base, paths.root)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,21 @@ FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 
 throughput a second one below (MFU)."""
 MAX_REASONS = 8
 """The rejects panel shows this many reasons at most; the rest share one "other" segment."""
+
+
+def import_in_background() -> None:
+    """Start importing matplotlib (~0.6 s) in a daemon thread, for a flow that reports after a long wait.
+
+    A flow's process mostly waits while its stages run in worker processes or ``accelerate launch``; the
+    import then costs the report nothing. A report that comes first waits on the module's import lock, as
+    any second importer does; an import that fails here fails again, with its error, in the report.
+    """
+    def import_matplotlib() -> None:
+        with contextlib.suppress(Exception):
+            import matplotlib.backends.backend_agg
+            import matplotlib.figure  # noqa: F401  (most of pyplot's import; pyplot itself picks a backend)
+
+    threading.Thread(target=import_matplotlib, name="import-matplotlib", daemon=True).start()
 
 
 def render_png(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],

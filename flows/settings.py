@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,24 @@ def configure_environment() -> None:
         home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "prefect"
         home.mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = os.environ[TOKENMILL_PREFECT_HOME_ENV] = str(home)
+
+
+@contextlib.contextmanager
+def heartbeats_unless_temporary(temporary_server: bool) -> Iterator[None]:
+    """Flow runs send no heartbeats to tokenmill's temporary server; to a configured server they do.
+
+    A heartbeat lets a server's automation mark a run that stopped sending them (``kill -9``) as crashed.
+    The temporary server stops with the command, so nothing could ever watch them there; and a flow run
+    that sends them waits up to a second at its end for the heartbeat thread (it sleeps in 1 s steps).
+    """
+    if not temporary_server:
+        yield
+        return
+    import prefect.settings
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(updates={prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 INTERRUPTED = "aborted by an interrupt signal"

@@ -48,8 +48,7 @@ class StageProcesses:
 
     def __init__(self, max_workers: int, preload: tuple[str, ...] = ()) -> None:
         """``preload``: modules the fork server imports before forking (import-time work is shared)."""
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(preload))
+        context = start_fork_server(preload)
         self._messages = context.Queue()
         self._executor = ProcessPoolExecutor(max_workers, mp_context=context, initializer=_start_worker,
                                              initargs=(self._messages, os.getpid()))
@@ -85,7 +84,7 @@ class StageProcesses:
         self._router.join()
         self._messages.close()
         self._messages.join_thread()
-        _stop_fork_server()
+        stop_fork_server()
 
     def _route(self) -> None:
         while (message := self._messages.get()) is not None:
@@ -103,11 +102,47 @@ _OPEN: dict[str, StageProcesses] = {}
 """The pool of this process while a flow holds :func:`stage_processes` open."""
 
 
-def _stop_fork_server() -> None:
-    """Stop this process's fork server once its workers are gone (``ForkServer._stop``, private: hence getattr)."""
+def start_fork_server(preload: tuple[str, ...]) -> multiprocessing.context.ForkServerContext:
+    """Start this process's fork server now (if none runs), importing ``preload``; returns its context.
+
+    It returns at once: the server imports ``preload`` in its own process, so a command calls this before it
+    imports Prefect and the flows, and the two import side by side (~1.7 s each on 2 cores). A pool opened
+    later with the same ``preload`` forks its workers from this server. SIGINT is blocked while it starts, and
+    so stays blocked in the server and its workers (a blocked mask is inherited): a Ctrl-C reaches the
+    command, which stops them, instead of printing a KeyboardInterrupt from the middle of the server's imports.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return context
+
+
+def _fork_server_running() -> bool:
+    """Whether this process has a fork server that no :func:`stop_fork_server` is stopping."""
+    stopping = _STOPPING.get("thread")
+    return ((stopping is None or not stopping.is_alive())
+            and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None)
+
+
+def stop_fork_server() -> None:
+    """Stop this process's fork server (``ForkServer._stop``, private: hence getattr), without waiting for it.
+
+    The stop closes the server's "alive" pipe (it then exits), then waits for it to exit: up to its whole
+    preload when it is still importing (a server started early for parts that turned out to be done), and
+    ~0.3 s of interpreter teardown otherwise. The wait happens in a daemon thread; the process is reaped there.
+    """
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None:
-        stop()
+        _STOPPING["thread"] = stopping = threading.Thread(target=stop, name="fork-server-stop", daemon=True)
+        stopping.start()
+
+
+_STOPPING: dict[str, threading.Thread] = {}
+"""The thread of the last :func:`stop_fork_server` (a later pool must not count on a server it is stopping)."""
 
 
 @contextlib.contextmanager
@@ -115,11 +150,17 @@ def stage_processes(max_workers: int | None = None, preload: tuple[str, ...] = (
     """Open a pool of ``max_workers`` (default: all cores) for :func:`run_stage_call` until the block ends.
 
     ``preload``: the modules the stage calls need, imported once by the fork server (see the module doc).
-    With fewer than two workers (one core, one part), or when a pool is already open (a nested flow), it
-    opens none: starting the fork server costs about a second of imports, more than one part gains.
+    When a pool is already open (a nested flow) it opens none. One worker (one core, one part) gets a pool
+    only from a fork server started early (:func:`start_fork_server`): its imports are paid, and the part
+    leaves the flow's process free; starting one for it would cost about a second of imports, more than one
+    part gains. With no worker (every part done) it stops a fork server started early.
     """
     workers = (os.cpu_count() or 1) if max_workers is None else max_workers
-    if workers < 2 or "pool" in _OPEN:
+    if "pool" in _OPEN:
+        yield
+        return
+    if workers < 1 or (workers == 1 and not _fork_server_running()):
+        stop_fork_server()
         yield
         return
     _OPEN["pool"] = pool = StageProcesses(workers, preload)

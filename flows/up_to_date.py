@@ -29,6 +29,7 @@ from core.rundir import RunPaths, file_stats, fingerprint, path_inside_run
 from flows.recipe import ResolvedRun, manifest_paths
 from flows.stage_times import installed_versions
 from pipeline.ingest import collect_sources, list_source_files
+from pipeline.manifest import load_manifest
 
 SEAL_VERSION = 1
 
@@ -99,9 +100,12 @@ def inputs_fingerprint(run: ResolvedRun, command: str) -> str:
     recipe = run.recipe.model_dump(mode="json")
     root = paths.root.resolve()
     named = sorted({str(path) for path in _named_paths(recipe, run.base) if root != path and root not in path.parents})
+    # a manifest names its classifier's model file: a retrained one is a change (a recipe without one seals as before)
+    classifiers = [load_manifest(path).filters.quality_classifier for path in manifests]
+    models = [config.sha256 for config in classifiers if config is not None]
     return fingerprint("seal", command, recipe, str(run.base), [_sha256(path) for path in manifests], sources,
                        [_tree(path, path, paths) for path in map(Path, named)], installed_versions(),
-                       _tree(paths.root, paths.root, paths))
+                       _tree(paths.root, paths.root, paths), *([models] if models else []))
 
 
 def _named_paths(value: Any, base: Path) -> list[Path]:

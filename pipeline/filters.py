@@ -284,6 +284,20 @@ def _check_fineweb(document: MeasuredText, filters: FilterConfig) -> str | None:
     return fineweb_failure(document.text, document.words(), filters.fineweb)
 
 
+def _check_quality_classifier(document: MeasuredText, filters: FilterConfig) -> str | None:
+    config = filters.quality_classifier
+    if config is None:
+        return None
+    from pipeline.quality_classifier import loaded_classifier  # fastText: loaded only by a manifest that asks
+
+    model_file = config.model_file()
+    assert config.sha256 is not None  # filled in by load_manifest with the model file
+    score = loaded_classifier(model_file, config.sha256).score(document.text, config.label)
+    if score >= config.min_score:
+        return None
+    return f"score={score:.3f}; filters.quality_classifier label={config.label} min_score={config.min_score}"
+
+
 @dataclass(frozen=True)
 class QualityFilter:
     """One quality filter: a row of :data:`QUALITY_FILTERS`."""
@@ -329,12 +343,17 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
                   "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
                   "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
                   "list_ratio>)"),
+
+    QualityFilter("quality_classifier", ("quality_classifier",), _check_quality_classifier,
+                  "the fastText classifier of filters.quality_classifier gave its label a probability below "
+                  "filters.quality_classifier.min_score (detail: score=<0..1>)"),
 )
 """The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
 ``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
-zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; language
-identification runs on documents every cheap row kept; the web-grade filters (off by default) run last, in the
-order of FineWeb's pipeline (after its language filter): Gopher repetition, Gopher quality, C4, FineWeb."""
+zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; the
+model-based ones (language identification, the quality classifier) run on documents every cheap row kept; the
+web-grade filters (off by default) run between them, in the order of FineWeb's pipeline (after its language
+filter): Gopher repetition, Gopher quality, C4 (whose kept lines later rows and the classifier see), FineWeb."""
 
 REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
                                   **{row.reason: row.meaning for row in QUALITY_FILTERS}}
@@ -346,7 +365,8 @@ def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
     """``(reason, detail)`` of the first row of :data:`QUALITY_FILTERS` the normalised ``text`` fails, else None.
 
     Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines,
-    then, each only when set in ``filters``: language, gopher_repetition, gopher_quality, c4, fineweb.
+    then, each only when set in ``filters``: language, gopher_repetition, gopher_quality, c4, fineweb,
+    quality_classifier.
     """
     return screen_text(text, filters)[1]
 

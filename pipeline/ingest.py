@@ -27,6 +27,7 @@ from core.documents import doc_id_for
 from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from pipeline import INGEST_PRELOAD
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import content_hash, normalise_text, redact_pii, screen_text, split_for
 from pipeline.globs import glob_reaches, glob_regex
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
 
 PLAN_VERSION = 1
-WORKER_PRELOAD = ("pipeline.ingest_preload",)
+WORKER_PRELOAD = INGEST_PRELOAD
 """What a pool of ingest worker processes should import (and warm) once, before forking its workers."""
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_CHARS = 8 << 20

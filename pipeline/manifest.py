@@ -8,10 +8,10 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
-from core.errors import ManifestError
+from core.errors import ConfigError, ManifestError
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
@@ -47,6 +47,31 @@ class LanguageFilterConfig(FrozenConfig):
         return codes
 
 
+class QualityClassifierConfig(FrozenConfig):
+    """A manifest's ``filters.quality_classifier``: keep documents a fastText classifier gives at least
+    ``min_score`` for ``label`` (:mod:`pipeline.quality_classifier`); others are rejected as ``quality_classifier``."""
+
+    path: str
+    """The model file (fastText ``.bin``/``.ftz``), relative to the manifest's folder; e.g. one written by
+    ``tokenmill classifier train``."""
+    label: str = Field(default="positive", pattern=r"^\S+$")
+    """The label whose probability is the score, with or without ``__label__`` (``tokenmill classifier train``
+    names its labels ``positive`` and ``negative``)."""
+    min_score: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Least probability (0..1) of ``label``; below it a document is rejected."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """sha256 of the model file: given, a different file is refused; left out, :func:`load_manifest` fills it in,
+    so the ingest fingerprint and ``run.yaml`` change with the model's content."""
+    _model_file: Path | None = PrivateAttr(default=None)
+
+    def model_file(self) -> Path:
+        """The checked model file, resolved by :func:`load_manifest` (ConfigError for a config built otherwise)."""
+        if self._model_file is None:
+            raise ConfigError("filters.quality_classifier was not loaded through pipeline.manifest.load_manifest, "
+                              "which resolves and checks its path")
+        return self._model_file
+
+
 class FilterConfig(FrozenConfig):
     """A manifest's ``filters:``: the thresholds of the quality filters, each read by one row of
     ``pipeline.filters.QUALITY_FILTERS`` (whose reason its docstring names), and PII redaction, which never rejects."""
@@ -78,6 +103,8 @@ class FilterConfig(FrozenConfig):
     """C4's line rules, removing lines, and page rules (``c4`` rejects); ``{}``: as published; None: off."""
     fineweb: FineWebConfig | None = None
     """FineWeb's line-level rules (``fineweb`` rejects); ``{}``: the published thresholds; None: off."""
+    quality_classifier: QualityClassifierConfig | None = None
+    """A fastText quality classifier (``quality_classifier`` rejects); None (the default): off."""
 
     @model_validator(mode="after")
     def _word_length_bounds_ordered(self) -> FilterConfig:
@@ -157,13 +184,48 @@ def load_manifest(path: str | Path) -> CorpusManifest:
     """Load and validate a manifest; raise :class:`ManifestError` naming the file and key."""
     try:
         data = load_yaml_mapping(path, "manifest")
-        return CorpusManifest.model_validate(data)
+        manifest = CorpusManifest.model_validate(data)
     except ValidationError as err:
         raise ManifestError(describe_validation_error(err, path)) from None
     except ManifestError:
         raise
     except Exception as err:  # ConfigError from the YAML loader
         raise ManifestError(str(err)) from None
+    if manifest.filters.quality_classifier is None:
+        return manifest
+    filters = manifest.filters.model_copy(
+        update={"quality_classifier": checked_classifier(manifest.filters.quality_classifier, path)})
+    return manifest.model_copy(update={"filters": filters})
+
+
+def checked_classifier(config: QualityClassifierConfig, manifest_path: str | Path) -> QualityClassifierConfig:
+    """``config`` with its model file resolved (from the manifest's folder) and checked, and ``sha256`` filled in.
+
+    Raises :class:`ManifestError` naming ``filters.quality_classifier.path``, ``.label`` or ``.sha256``.
+    """
+    from pipeline.quality_classifier import check_model_file, label_names
+
+    key = f"{manifest_path}: filters.quality_classifier"
+    model_file = Path(config.path)
+    if not model_file.is_absolute():
+        model_file = Path(manifest_path).resolve().parent / model_file
+    try:
+        stat = model_file.stat()
+        labels, sha256 = check_model_file(model_file, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    except (OSError, ValueError) as err:
+        why = f"cannot be read ({err.strerror or err})" if isinstance(err, OSError) else str(err)
+        raise ManifestError(f"{key}.path {config.path!r} (resolved to {model_file}) {why}; give a model written by "
+                            "`tokenmill classifier train POSITIVE NEGATIVE --out FILE`, relative to the manifest's "
+                            "folder") from None
+    if "__label__" + config.label.removeprefix("__label__") not in labels:
+        raise ManifestError(f"{key}.label {config.label!r} is not a label of {config.path}; it has: "
+                            f"{label_names(labels)}")
+    if config.sha256 is not None and config.sha256 != sha256:
+        raise ManifestError(f"{key}.sha256 {config.sha256} is not the sha256 of {config.path} ({sha256}); the "
+                            "model changed: use the one pinned, or pin the new one")
+    checked = config.model_copy(update={"sha256": sha256})
+    checked._model_file = model_file
+    return checked
 
 
 def resolve_source_path(source: SourceConfig, manifest_path: str | Path) -> Path | ObjectPath:
@@ -226,6 +288,11 @@ def portable_manifest(manifest: CorpusManifest) -> CorpusManifest:
     or machine compare equal.
     """
     sources = [source.model_copy(update={"path": _portable_path(source.path)}) for source in manifest.sources]
+    classifier = manifest.filters.quality_classifier
+    if classifier is not None:
+        classifier = classifier.model_copy(update={"path": _portable_path(classifier.path)})
+        filters = manifest.filters.model_copy(update={"quality_classifier": classifier})
+        return manifest.model_copy(update={"sources": sources, "filters": filters})
     return manifest.model_copy(update={"sources": sources})
 
 

@@ -15,7 +15,7 @@ from tests.conftest import build_query_run
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 COMMANDS = [[], ["run"], ["prepare"], ["train"], ["eval"], ["query"], ["report"], ["generate"], ["serve"], ["shards"],
-            ["shards", "verify"], ["shards", "stats"], ["shards", "sample"]]
+            ["shards", "verify"], ["shards", "stats"], ["shards", "sample"], ["classifier"], ["classifier", "train"]]
 
 
 def tokenmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,7 @@ def test_every_command_has_help(command: list[str]) -> None:
     assert "Example:" in result.stdout
 
 
-@pytest.mark.parametrize("group", [[], ["shards"]], ids=["top", "shards"])
+@pytest.mark.parametrize("group", [[], ["shards"], ["classifier"]], ids=["top", "shards", "classifier"])
 def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
     result = tokenmill(*group)
     assert result.returncode == 0, result.stderr
@@ -53,6 +53,8 @@ def test_a_group_without_a_command_prints_its_help(group: list[str]) -> None:
     (["generate", "no/such/run", "hi", "--seed", str(2**64)], "Invalid value for '--seed'"),
     (["shards", "sample", "no/such/run", "--seed", "-1"], "Invalid value for '--seed'"),
     (["shards", "sample", "no/such/run", "--seed", str(2**63)], "Invalid value for '--seed'"),
+    (["classifier", "train", "no/such/dir", "x.jsonl", "--out", "m.bin"], "no/such/dir: no such file or folder"),
+    (["classifier", "train", "a", "b"], "Missing option '--out'. (see: tokenmill classifier train --help)"),
     # A command-line argument that is not UTF-8 reaches Python as surrogate escapes (here byte 0xff).
     (["generate", "no/such/run", "ab\udcffcd"], "PROMPT is not valid UTF-8 text (byte 0xff at position 2)"),
 ])

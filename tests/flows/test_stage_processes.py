@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,7 @@ import psutil
 import pytest
 
 from core.errors import SourceReadError
-from flows.stage_processes import run_stage_call, stage_processes
+from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,11 +77,57 @@ def test_without_an_open_pool_the_call_runs_in_place() -> None:
     assert seen == [(0, 10), (1, 10), (2, 10)]
 
 
+def fork_server_pid() -> int | None:
+    return multiprocessing.forkserver._forkserver._forkserver_pid
+
+
+def wait_until_gone(pid: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_fork_server_started_early_serves_the_pool_then_stops_and_ctrl_c_does_not_reach_it() -> None:
+    """What ``tokenmill prepare`` does: start the workers' fork server before importing Prefect, open the pool later."""
+    start_fork_server(("json",))
+    early = fork_server_pid()
+    assert early is not None and psutil.pid_exists(early)
+    blocked = int(re.search(r"SigBlk:\s*([0-9a-f]+)", Path(f"/proc/{early}/status").read_text())[1], 16)
+    assert blocked & (1 << (signal.SIGINT - 1)), "a Ctrl-C in the terminal would interrupt the server's imports"
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set()), "this process must still hear it"
+    with stage_processes(2):
+        worker = run_stage_call(count_up, 1)[0]
+        assert fork_server_pid() == early
+        assert psutil.Process(worker).ppid() == early  # forked by the early server: no second one was started
+    assert wait_until_gone(early)
+
+
+def test_a_fork_server_started_early_for_work_that_turned_out_done_is_stopped() -> None:
+    start_fork_server(("json",))
+    early = fork_server_pid()
+    with stage_processes(0):  # every part already ingested: no pool
+        assert run_stage_call(count_up, 1)[0] == os.getpid()
+    assert wait_until_gone(early)
+
+
+def test_one_part_gets_a_worker_only_from_a_fork_server_started_early() -> None:
+    with stage_processes(1):  # starting a fork server for one part costs more than the part gains
+        assert run_stage_call(count_up, 1)[0] == os.getpid()
+    start_fork_server(("json",))
+    early = fork_server_pid()
+    with stage_processes(1):  # its imports are paid: the part leaves the flow's process free
+        assert psutil.Process(run_stage_call(count_up, 1)[0]).ppid() == early
+    assert wait_until_gone(early)
+
+
 def test_workers_exit_when_the_flow_process_is_killed(tmp_path: Path) -> None:
     """kill -9 of the flow's process mid-call: no orphan worker goes on running (and writing into the run dir)."""
     started = tmp_path / "worker.pid"
     script = textwrap.dedent(f"""
-        from flows.stage_processes import run_stage_call, stage_processes
+        from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
         from tests.flows.test_stage_processes import sleep_long
 
         with stage_processes(2):

@@ -25,11 +25,14 @@ from pipeline.filters import (
     redact_pii,
     split_for,
 )
-from pipeline.manifest import FilterConfig, load_manifest
+from pipeline.language import model_path
+from pipeline.manifest import FilterConfig, QualityClassifierConfig, checked_classifier, load_manifest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST = REPO / "data_manifests" / "python-stdlib.yaml"
+ENGLISH_CLASSIFIER = checked_classifier(QualityClassifierConfig(path=str(model_path()), label="en"), "m.yaml")
+"""fastText's lid.176 is a classifier too: as ``filters.quality_classifier`` with label ``en``, it rejects German."""
 BASE64_LINE = "QmluYXJ5IGRhdGEgZW5jb2RlZCBhcyBiYXNlNjQgbG9va3MgbGlrZSBvbmUgdmVyeSBsb25nIHdvcmQgcGVyIGxpbmUu"
 
 
@@ -71,10 +74,12 @@ FAILING_EXAMPLES = [
     ("Too short to be a page of the web.", FilterConfig(gopher_quality={}), "gopher_quality"),
     ("One sentence. Two sentences. Three sentences.", FilterConfig(c4={}), "c4"),
     ("a list\nof short lines\nwithout any\npunctuation at the end", FilterConfig(fineweb={}), "fineweb"),
+    ("Der schnelle braune Fuchs springt über den faulen Hund und läuft dann weiter in den Wald.",
+     FilterConfig(quality_classifier=ENGLISH_CLASSIFIER), "quality_classifier"),
 ]
 """``(text, filters, reason)``: a document each quality filter rejects."""
 CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines",
-               "language", "gopher_repetition", "gopher_quality", "c4", "fineweb")
+               "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "quality_classifier")
 """The documented order of the quality filters (README, ``check_filters``): the first failing one is the reason."""
 NON_FILTER_FIELDS = {"redact_pii"}
 """``FilterConfig`` fields no quality filter reads: redaction replaces text, it never rejects."""

@@ -1,0 +1,63 @@
+"""``tokenmill prepare`` without an orchestrator: the same stage calls as a plain Python script.
+
+What a user would write instead of a flow: the same functions in the same order, ingest parts in the same
+fork-server worker pool (started first, as the command starts it), packs in threads, then the report. No
+Prefect, no server, no task runs, no progress bars; it skips nothing that the flow would do. Its wall time
+from a fresh interpreter is the work itself, so ``tokenmill prepare`` less this is what orchestration costs
+(benchmarks.orchestration). It covers a recipe without a base model or a given tokenizer, as that benchmark's.
+
+    python -m benchmarks.orchestration_plain RECIPE RUN_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
+from pipeline import INGEST_PRELOAD
+
+
+def prepare(recipe: str, run_dir: str) -> None:
+    workers = os.cpu_count() or 1
+    if workers > 1:
+        start_fork_server(INGEST_PRELOAD)
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from flows.recipe import manifest_paths, record_recipe, resolve_run
+    from flows.report import write_report
+    from pipeline.decontaminate import decontaminate_documents
+    from pipeline.ingest import ingest_part, largest_first, parts_to_ingest, plan_ingest
+    from pipeline.manifest import load_manifest
+    from pipeline.stages import dedupe_stage
+    from tokenization.stage import pack_split_source, write_index
+    from tokenization.train_tokenizer import prepare_tokenizer
+    from trainer.eval_tasks import prepare_eval_tasks
+
+    run = resolve_run(recipe, run_dir)
+    loaded, base, paths = run.recipe, run.base, run.paths
+    with paths.lock():
+        record_recipe(loaded, base, paths.root)
+        manifests = manifest_paths(loaded, base)
+        parts = largest_first(plan_ingest(manifests, paths, loaded.data.part_size_bytes))
+        pool_size = min(workers, len(parts_to_ingest(parts, loaded.data.val_fraction, paths)))
+        with stage_processes(pool_size, preload=INGEST_PRELOAD), ThreadPoolExecutor(workers) as threads:
+            list(threads.map(lambda part: run_stage_call(ingest_part, part, loaded.data.val_fraction, paths,
+                                                         near=loaded.dedupe.near), parts))
+        dedupe_stage(paths, loaded.dedupe)
+        tasks = prepare_eval_tasks(paths, loaded.eval, base)
+        decontaminate_documents(paths, loaded.dedupe.decontaminate, base_dir=base,
+                                eval_tasks={name: paths.eval_text(name) for name in tasks["tasks"]})
+        prepare_tokenizer(paths, loaded.tokenizer, None)
+        pairs = [(split, source.name) for split in ("train", "val") for manifest in manifests
+                 for source in load_manifest(manifest).sources]
+        with ThreadPoolExecutor(workers) as threads:
+            list(threads.map(lambda pair: pack_split_source(paths, *pair, loaded.pack), pairs))
+        write_index(paths)
+        write_report(paths)
+    print(Path(paths.root))
+
+
+if __name__ == "__main__":
+    prepare(*sys.argv[1:3])
