@@ -115,3 +115,28 @@ def man_page_texts(language: str, max_pages: int, min_words: int = 50) -> list[t
             if len(pages) == max_pages:
                 break
     return pages
+
+
+DEBIAN_DOC_NAMES = re.compile(r"(README|NEWS|changelog|copyright|AUTHORS|TODO|THANKS|FAQ|CONTRIBUTING)[^/]*\Z")
+"""Debian's package documentation worth reading as prose: read-me, news, change logs, licences (not examples)."""
+
+
+def debian_doc_texts(max_docs: int, root: str = "/usr/share/doc") -> list[tuple[str, str]]:
+    """``(path, text)`` of up to ``max_docs`` UTF-8 package documents under ``root`` (gzipped ones decompressed), in
+    path order: real prose, lists and logs of every length, the mix web-grade quality filters are built for."""
+    import gzip
+
+    found = []
+    for path in sorted(Path(root).rglob("*")):
+        if not DEBIAN_DOC_NAMES.match(path.name) or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+        except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError):
+            continue
+        if text.strip():
+            found.append((str(path.relative_to(root)), text))
+            if len(found) == max_docs:
+                break
+    return found

@@ -18,6 +18,8 @@ import xxhash
 
 from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.manifest import FilterConfig
+from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
+from pipeline.words import split_words
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
@@ -162,12 +164,24 @@ class MeasuredText:
     document against 0.3 us.
     """
 
-    __slots__ = ("_word_counts", "num_chars", "text")
+    __slots__ = ("_word_counts", "_words", "num_chars", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.num_chars = len(text)
         self._word_counts: tuple[int, int, int] | None = None
+        self._words: list[str] | None = None
+
+    def words(self) -> list[str]:
+        """The words (punctuation included) the web-grade filters count, see :func:`pipeline.words.split_words`."""
+        if self._words is None:
+            self._words = split_words(self.text)
+        return self._words
+
+    def replace_text(self, text: str) -> None:
+        """Measure ``text`` from now on (a filter that removes lines, such as C4's, passes on what it kept)."""
+        self.text, self.num_chars = text, len(text)
+        self._word_counts = self._words = None
 
     def word_counts(self) -> tuple[int, int, int]:
         """``(words, characters in words, symbols)``, see :func:`_word_counts`."""
@@ -243,6 +257,33 @@ def _check_language(document: MeasuredText, filters: FilterConfig) -> str | None
             f"min_score={filters.language.min_score}")
 
 
+def _check_gopher_repetition(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if filters.gopher_repetition is None:
+        return None
+    return gopher_repetition_failure(document.text, document.words(), filters.gopher_repetition)
+
+
+def _check_gopher_quality(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if filters.gopher_quality is None:
+        return None
+    return gopher_quality_failure(document.text, document.words(), filters.gopher_quality)
+
+
+def _check_c4(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if filters.c4 is None:
+        return None
+    failure, kept_text = c4_failure(document.text, filters.c4)
+    if failure is None and filters.c4.remove_lines and kept_text != document.text:
+        document.replace_text(kept_text)
+    return failure
+
+
+def _check_fineweb(document: MeasuredText, filters: FilterConfig) -> str | None:
+    if filters.fineweb is None:
+        return None
+    return fineweb_failure(document.text, document.words(), filters.fineweb)
+
+
 def _check_quality_classifier(document: MeasuredText, filters: FilterConfig) -> str | None:
     config = filters.quality_classifier
     if config is None:
@@ -266,7 +307,8 @@ class QualityFilter:
     config_fields: tuple[str, ...]
     """The ``FilterConfig`` fields (``filters:`` keys of a manifest) the check reads."""
     check: Callable[[MeasuredText, FilterConfig], str | None]
-    """The reject's one-line detail when the document fails, else None; may assume every earlier row passed."""
+    """The reject's one-line detail when the document fails, else None; may assume every earlier row passed. A row
+    may replace the document's text (``c4`` removing lines): later rows and the stored document see the new one."""
     meaning: str
     """What the reason means, as ``REJECT_REASONS`` and the run report give it."""
 
@@ -288,6 +330,20 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
     QualityFilter("language", ("language",), _check_language,
                   "identified language not in filters.language.allowed, or its score below filters.language.min_score "
                   "(detail: language=<code> score=<0..1>)"),
+    QualityFilter("gopher_repetition", ("gopher_repetition",), _check_gopher_repetition,
+                  "repeated lines, paragraphs or word n-grams above a filters.gopher_repetition threshold "
+                  "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)"),
+    QualityFilter("gopher_quality", ("gopher_quality",), _check_gopher_quality,
+                  "word count, word length, symbol, bullet, ellipsis, alphabetic-word or stop-word rule of "
+                  "filters.gopher_quality failed (detail: rule=<gopher_short_doc|gopher_enough_stop_words|...>)"),
+    QualityFilter("c4", ("c4",), _check_c4,
+                  "fewer sentences than filters.c4.min_num_sentences in the lines C4 keeps, or lorem ipsum or a curly "
+                  "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)"),
+    QualityFilter("fineweb", ("fineweb",), _check_fineweb,
+                  "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
+                  "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
+                  "list_ratio>)"),
+
     QualityFilter("quality_classifier", ("quality_classifier",), _check_quality_classifier,
                   "the fastText classifier of filters.quality_classifier gave its label a probability below "
                   "filters.quality_classifier.min_score (detail: score=<0..1>)"),
@@ -295,8 +351,9 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
 """The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
 ``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
 zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; the
-model-based ones (language identification, the quality classifier) run last, only on documents every other row
-kept."""
+model-based ones (language identification, the quality classifier) run on documents every cheap row kept; the
+web-grade filters (off by default) run between them, in the order of FineWeb's pipeline (after its language
+filter): Gopher repetition, Gopher quality, C4 (whose kept lines later rows and the classifier see), FineWeb."""
 
 REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
                                   **{row.reason: row.meaning for row in QUALITY_FILTERS}}
@@ -308,14 +365,21 @@ def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
     """``(reason, detail)`` of the first row of :data:`QUALITY_FILTERS` the normalised ``text`` fails, else None.
 
     Rows run in table order: empty, too_long, binary, too_short, mean_word_length, symbol_ratio, duplicate_lines,
-    language and quality_classifier (only when ``filters.language`` / ``filters.quality_classifier`` is set).
+    then, each only when set in ``filters``: language, gopher_repetition, gopher_quality, c4, fineweb,
+    quality_classifier.
     """
+    return screen_text(text, filters)[1]
+
+
+def screen_text(text: str, filters: FilterConfig) -> tuple[str, tuple[str, str] | None]:
+    """``(text to store, (reason, detail) of the first failing row or None)``: :func:`check_filters`, and the text
+    the rows leave (``text`` itself unless ``filters.c4.remove_lines`` removed lines from it)."""
     document = MeasuredText(text)
     for quality_filter in QUALITY_FILTERS:
         detail = quality_filter.check(document, filters)
         if detail is not None:
-            return quality_filter.reason, detail
-    return None
+            return text, (quality_filter.reason, detail)
+    return document.text, None
 
 
 def _word_counts(text: str) -> tuple[int, int, int]:

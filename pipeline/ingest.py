@@ -28,7 +28,7 @@ from core.errors import ManifestError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
-from pipeline.filters import check_filters, content_hash, normalise_text, redact_pii, split_for
+from pipeline.filters import content_hash, normalise_text, redact_pii, screen_text, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
 from pipeline.objects import ObjectPath, list_objects
@@ -479,7 +479,7 @@ def _document_row(record: Record, source: str, filters: FilterConfig, val_fracti
     if filters.redact_pii:
         text, found = redact_pii(text)
         redactions.update(found)
-    failed = check_filters(text, filters)
+    text, failed = screen_text(text, filters)
     if failed is not None:
         raw = record.raw if record.raw is not None else record.text.encode("utf-8")
         return Reject(record.uri, failed[0], failed[1], raw, record.source_id)

@@ -15,6 +15,7 @@ from core.errors import ConfigError, ManifestError
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
+from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
 HF_FORMATS = ("hf_disk", "hf_local")
@@ -94,6 +95,14 @@ class FilterConfig(FrozenConfig):
     """Replace e-mail addresses with ``<EMAIL>`` and IPv4/IPv6 addresses with ``<IP>`` before hashing."""
     language: LanguageFilterConfig | None = None
     """Language identification (``language`` rejects); None (the default): off, no model is loaded."""
+    gopher_repetition: GopherRepetitionConfig | None = None
+    """Gopher's repetition rules (``gopher_repetition`` rejects); ``{}``: the published thresholds; None: off."""
+    gopher_quality: GopherQualityConfig | None = None
+    """Gopher's quality rules (``gopher_quality`` rejects); ``{}``: the published thresholds; None: off."""
+    c4: C4Config | None = None
+    """C4's line rules, removing lines, and page rules (``c4`` rejects); ``{}``: as published; None: off."""
+    fineweb: FineWebConfig | None = None
+    """FineWeb's line-level rules (``fineweb`` rejects); ``{}``: the published thresholds; None: off."""
     quality_classifier: QualityClassifierConfig | None = None
     """A fastText quality classifier (``quality_classifier`` rejects); None (the default): off."""
 

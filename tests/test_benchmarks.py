@@ -37,6 +37,7 @@ TINY_ARGS = {
     "tokenize": ["--max-mb", "1", "--rounds", "1"],
     "train_hf_trainer": ["--steps", "3", "--warmup", "1", "--repeats", "1"],
     "train_step": ["--rounds", "1", "--steps-per-round", "1"],
+    "web_filters": ["--docs", "40"],
 }
 """Options, after ``--quick``, that make a benchmark tiny; a benchmark not listed runs with ``--quick`` alone."""
 RESULT_KEYS = {"name", "ours", "baseline", "unit", "ratio"}

@@ -70,12 +70,16 @@ FAILING_EXAMPLES = [
     ("BUY NOW at the lowest price ever!\n" * 30 + "unsubscribe", FilterConfig(), "duplicate_lines"),
     ("Der schnelle braune Fuchs springt über den faulen Hund und läuft dann weiter in den Wald.",
      FilterConfig(language={"allowed": ["en"]}), "language"),
+    ("The same line again and again.\n" * 10, FilterConfig(gopher_repetition={}), "gopher_repetition"),
+    ("Too short to be a page of the web.", FilterConfig(gopher_quality={}), "gopher_quality"),
+    ("One sentence. Two sentences. Three sentences.", FilterConfig(c4={}), "c4"),
+    ("a list\nof short lines\nwithout any\npunctuation at the end", FilterConfig(fineweb={}), "fineweb"),
     ("Der schnelle braune Fuchs springt über den faulen Hund und läuft dann weiter in den Wald.",
      FilterConfig(quality_classifier=ENGLISH_CLASSIFIER), "quality_classifier"),
 ]
 """``(text, filters, reason)``: a document each quality filter rejects."""
 CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines",
-               "language", "quality_classifier")
+               "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "quality_classifier")
 """The documented order of the quality filters (README, ``check_filters``): the first failing one is the reason."""
 NON_FILTER_FIELDS = {"redact_pii"}
 """``FilterConfig`` fields no quality filter reads: redaction replaces text, it never rejects."""
