@@ -343,7 +343,6 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
                   "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
                   "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
                   "list_ratio>)"),
-
     QualityFilter("quality_classifier", ("quality_classifier",), _check_quality_classifier,
                   "the fastText classifier of filters.quality_classifier gave its label a probability below "
                   "filters.quality_classifier.min_score (detail: score=<0..1>)"),
