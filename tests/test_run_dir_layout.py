@@ -90,10 +90,16 @@ def test_the_write_check_finds_each_helper_call() -> None:
     assert [line for line, _ in direct_writes(code)] == [1, 2, 4, 5, 9]
 
 
+WRITES_OUTSIDE_A_RUN_DIR = {("pipeline/quality_classifier.py", "atomic_path(out)")}
+"""(module, call) of the atomic writes of files that are no run dir's: ``tokenmill classifier train --out``'s model."""
+
+
 @pytest.mark.parametrize("package", [package for package in PACKAGES if package != "core"])
 def test_no_module_outside_core_writes_run_dir_files_by_hand(package: str) -> None:
-    offenders = [f"{path.relative_to(REPO).as_posix()}:{line}: {code}"
+    offenders = [f"{module}:{line}: {code}"
                  for path in sorted((REPO / package).rglob("*.py"))
-                 for line, code in direct_writes(path.read_text(encoding="utf-8"))]
+                 for module in [path.relative_to(REPO).as_posix()]
+                 for line, code in direct_writes(path.read_text(encoding="utf-8"))
+                 if (module, code) not in WRITES_OUTSIDE_A_RUN_DIR]
     assert not offenders, "write through core.rundir.RunPaths (paths.write_json, paths.atomic_write, " \
                           "paths.mark_done, paths.lock(), …):\n" + "\n".join(offenders)
