@@ -105,6 +105,7 @@ def main() -> dict[str, object]:
     parser.add_argument("--quick", action="store_true", help="2 runs per way (default 5)")
     parser.add_argument("--repeats", type=int, help="runs per way")
     parser.add_argument("--mb", type=float, default=1.0, help="corpus size (default 1 MB)")
+    parser.add_argument("--with-work-only", action="store_true", help="leave out the fully skipped re-runs")
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="tokenmill-bench-orchestration-") as tmp:
@@ -120,7 +121,8 @@ def main() -> dict[str, object]:
         server, url = start_server(folder / "prefect-home")
         try:
             running = {**own, "PREFECT_API_URL": url}
-            timed(prepare(folder / "first-on-the-running-server"), running)  # registers the flow there: not counted
+            if repeats > 1:  # the running server's first flow run registers the flow there: not counted
+                timed(prepare(folder / "first-on-the-running-server"), running)
             plain = [sys.executable, "-m", "benchmarks.orchestration_plain", str(recipe)]
             working = {"plain script (no Prefect)": lambda run_dir: timed([*plain, str(run_dir)], own),
                        "flow, running server": lambda run_dir: timed(prepare(run_dir), running),
@@ -135,7 +137,8 @@ def main() -> dict[str, object]:
             same_shards(folder, repeats, len(working))
             command = prepare(folder / "first")
             seal = folder / "first" / "stages" / "sealed" / "prepare.json"
-            skipped_ways = {"sealed (no flow)": own, "flow, temporary server": own, "flow, running server": running}
+            skipped_ways = {} if args.with_work_only else {"sealed (no flow)": own, "flow, temporary server": own,
+                                                              "flow, running server": running}
             skipped: dict[str, list[tuple[float, float]]] = {}
             for name, env in skipped_ways.items():
                 skipped[name] = []
@@ -156,7 +159,8 @@ def main() -> dict[str, object]:
     plain_s = medians.pop("plain script (no Prefect)")
     for name, median in medians.items():
         print(f"orchestration ({name}): {median - plain_s:.2f} s more than the plain script")
-    print(f"{'fully skipped prepare':<28} {'median s':>9} {'min s':>7} {'CPU-s':>7}")
+    if skipped:
+        print(f"{'fully skipped prepare':<28} {'median s':>9} {'min s':>7} {'CPU-s':>7}")
     for name, timings in skipped.items():
         walls = [wall for wall, _ in timings]
         print(f"{name:<28} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "

@@ -32,7 +32,7 @@ TINY_ARGS = {
     "loader": ["--rows", "512", "--rounds", "1", "--batches-per-round", "5"],
     "minhash_impls": ["--mb", "0.5"],
     "object_storage": ["--mb", "0.3", "--rows", "256", "--batches-per-round", "10"],
-    "orchestration": ["--mb", "0.1", "--repeats", "1"],
+    "orchestration": ["--mb", "0.1", "--repeats", "1", "--with-work-only"],
     "peers": ["--mb", "1"],
     "tokenize": ["--max-mb", "1", "--rounds", "1"],
     "train_hf_trainer": ["--steps", "3", "--warmup", "1", "--repeats", "1"],
