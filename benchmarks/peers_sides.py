@@ -51,12 +51,13 @@ def tokenmill_dedupe(work: Path, workers: int) -> None:
     from flows.stage_processes import run_stage_call, stage_processes
     from pipeline.config import DedupeConfig, NearDedupeConfig
     from pipeline.dedupe import dedupe_documents
-    from pipeline.ingest import WORKER_PRELOAD, ingest_part, plan_ingest
+    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.worker_preload import INGEST_PRELOAD
 
     paths = RunPaths(work / "tokenmill")
     near = NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM)
     parts = plan_ingest([work / "corpus.yaml"], paths, 32 << 20)
-    with stage_processes(workers, preload=WORKER_PRELOAD), ThreadPoolExecutor(workers) as threads:
+    with stage_processes(workers, preload=INGEST_PRELOAD), ThreadPoolExecutor(workers) as threads:
         list(threads.map(lambda part: run_stage_call(ingest_part, part, 0.0, paths, near=near), parts))
     print(json.dumps(dedupe_documents(paths, DedupeConfig(near=near))))
 

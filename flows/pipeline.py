@@ -32,7 +32,7 @@ from flows.tasks import (
     tokenizer_task,
     train_task,
 )
-from pipeline.ingest import WORKER_PRELOAD, IngestPart, parts_to_ingest
+from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
@@ -58,7 +58,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
         # and at most one per part still to do (a re-run with every part done starts none).
         workers = min(os.cpu_count() or 1, len(parts_to_ingest([IngestPart.from_dict(part) for part in parts],
                                                                  loaded.data.val_fraction, paths)))
-        with stage_processes(workers, preload=WORKER_PRELOAD):
+        with stage_processes(workers, preload=INGEST_PRELOAD):
             ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
                                                near=unmapped(loaded.dedupe.near))
             ingested = ingest_runs.result()

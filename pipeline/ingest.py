@@ -34,14 +34,12 @@ from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_m
 from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
-from pipeline.worker_preload import INGEST_PRELOAD
+from pipeline.worker_preload import INGEST_PRELOAD  # noqa: F401  (flows.pipeline takes it from here)
 
 if TYPE_CHECKING:
     from pipeline.near_dedupe import SignatureBlocks
 
 PLAN_VERSION = 1
-WORKER_PRELOAD = INGEST_PRELOAD
-"""What a pool of ingest worker processes should import (and warm) once, before forking its workers."""
 ROW_GROUP_ROWS = 65_536
 ROW_GROUP_CHARS = 8 << 20
 """A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
