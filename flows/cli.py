@@ -224,9 +224,11 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
 
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
-    from trainer.generate import check_sampling, generate_text, load_exported_model
+    from trainer.sampling_options import check_sampling
 
-    check_sampling(prompt, temperature, seed)  # before the model loads: a bad option is one line, at once
+    check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
+    from trainer.generate import generate_text, load_exported_model
+
     model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).model)
     typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))

@@ -7,7 +7,6 @@ export in its own architecture generate alike.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -15,10 +14,10 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from core.errors import CheckpointError, ConfigError
-from core.seeds import MAX_SEED
 from tokenization.special_tokens import SpecialTokens, load_tokenizer, model_special_tokens
 from trainer.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights, text_config
 from trainer.model_spec import output_logits
+from trainer.sampling_options import check_sampling
 
 
 def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, SpecialTokens, int]:
@@ -36,26 +35,6 @@ def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, Sp
     tokenizer = load_tokenizer(model_dir / "tokenizer.json")
     context = getattr(text_config(config), "max_position_embeddings", None) or 1024
     return model.eval(), tokenizer, model_special_tokens(model_dir, tokenizer), int(context)
-
-
-def check_sampling(prompt: str, temperature: float, seed: int) -> None:
-    """Raise ConfigError naming the option (as ``tokenmill generate`` spells it) when a setting cannot sample.
-
-    The CLI calls it before loading the model. A prompt must be text: a command-line argument that is not
-    UTF-8 arrives with its bytes as lone surrogates, which no tokenizer encodes.
-    """
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as err:
-        char = ord(prompt[err.start])
-        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"character U+{char:04X}"
-        raise ConfigError(f"PROMPT is not valid UTF-8 text ({what} at position {err.start}); pass the prompt as "
-                          "UTF-8 (check the encoding of the terminal or script that sends it).") from None
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError(f"--temperature {temperature}: give a finite number >= 0 (0 = greedy, 1 = the model's "
-                          "own distribution, higher = more varied).")
-    if not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed {seed}: give a whole number from 0 to {MAX_SEED}.")
 
 
 @torch.no_grad()

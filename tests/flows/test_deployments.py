@@ -1,4 +1,10 @@
-"""prefect.yaml's deployments against a real `prefect server start`: served locally, and via a work pool."""
+"""prefect.yaml's deployments against a real `prefect server start`, served locally, on a run with work to do.
+
+The work-pool path (`prefect work-pool create`, `prefect deploy --all`, a process worker running one-shot in the
+deploying checkout) is tested by tests/test_readme_commands.py with the README's own commands; a flow run
+started by a worker and one started by `tokenmill serve` are the same flow in the same kind of subprocess, so
+one deployment doing real work (prepare, ten steps, evaluation) is enough here.
+"""
 
 from __future__ import annotations
 
@@ -59,22 +65,6 @@ def test_served_nightly_refresh_runs_to_completion(api: tuple[str, Path], tmp_pa
     assert final_eval_step(run_dir) == 10
     schedule = prefect("deployment", "inspect", "data-to-model/nightly-refresh", env=env, timeout=60).stdout
     assert "0 2 * * *" in schedule
-
-
-def test_deployed_to_a_process_work_pool_runs_on_a_worker(api: tuple[str, Path], tmp_path: Path) -> None:
-    api_url, home = api
-    env = server_env(home, api_url)
-    recipe = write_small_recipe(tmp_path, max_steps=10)
-    run_dir = tmp_path / "worker-run"
-    assert prefect("work-pool", "create", "tokenmill", "--type", "process", env=env, timeout=120).returncode == 0
-    deployed = prefect("deploy", "--all", "--no-prompt", env=env, timeout=300)
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
-    with background([PREFECT, "worker", "start", "--pool", "tokenmill", "--limit", "1"], env,
-                    tmp_path / "worker.log", cwd=REPO):
-        result = prefect("deployment", "run", "data-to-model/one-shot", "-p", f"recipe={recipe}",
-                         "-p", f"run_dir={run_dir}", "--watch", "--watch-interval", "2", env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
-    assert final_eval_step(run_dir) == 10
 
 
 def test_served_schedules_keep_prefect_yaml_time_zones() -> None:
