@@ -163,7 +163,10 @@ def datatrove_language_filter() -> Any:
 
 
 def run_datatrove(corpus: Path, folder: Path) -> tuple[float, set[str]]:
-    """CPU seconds of datatrove's pipeline over ``corpus`` (1 task, 1 worker) and the ids it kept."""
+    """CPU seconds of datatrove's pipeline over ``corpus`` (1 task, 1 worker) and the ids it kept.
+
+    Raises SystemExit when its reader read other than every line of the corpus (the figures would compare
+    different work)."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.filters import (
         C4QualityFilter,
@@ -183,6 +186,12 @@ def run_datatrove(corpus: Path, folder: Path) -> tuple[float, set[str]]:
     started = cpu_seconds()
     executor.run()
     elapsed = cpu_seconds() - started
+    stats = json.loads((folder / "logs" / "stats.json").read_text(encoding="utf-8"))
+    read = next(step["stats"].get("documents", {}).get("total", 0) for step in stats if "READER" in step["name"])
+    num_lines = sum(file.read_bytes().count(b"\n") for file in corpus.glob("*.jsonl"))
+    if read != num_lines:
+        raise SystemExit(f"{corpus}: datatrove's JsonlReader read {read} of its {num_lines} documents (its "
+                         "stats.json); the comparison needs every one")
     kept = set()
     for file in sorted(output.glob("*.parquet")):
         kept.update(pq.read_table(file, columns=["id"]).column(0).to_pylist())
@@ -247,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
                 seconds[name].append(results[name][0])
             print(json.dumps({"round": index, **{name: round(value[0], 2) for name, value in results.items()}}),
                   flush=True)
+    if len(results["default"][1]) != len(texts) or len(results["every_filter"][1]) != len(texts):
+        raise SystemExit(f"tokenmill's ingest recorded {len(results['default'][1])} and "
+                         f"{len(results['every_filter'][1])} documents of {len(texts)}; the comparison needs every one")
     mb_per_cpu_s = {name: num_bytes / 1e6 / statistics.median(values) for name, values in seconds.items()}
     ours, theirs = results["every_filter"][1], results["datatrove"][1]
     kept = {"default": sum(reason is None for reason in results["default"][1].values()),
