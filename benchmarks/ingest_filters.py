@@ -226,6 +226,28 @@ def run_round(corpus: Path, classifier: Path, folder: Path) -> dict[str, tuple[f
     return results
 
 
+def report(results: dict[str, tuple[float, Any]], seconds: dict[str, list[float]], num_bytes: int,
+           num_docs: int) -> None:
+    """Print MB/CPU-s per variant (median round), the ratios, kept counts and agreement (the last round's), then
+    the result line: every filter on against datatrove, in kB per CPU-second."""
+    if len(results["default"][1]) != num_docs or len(results["every_filter"][1]) != num_docs:
+        raise SystemExit(f"tokenmill's ingest recorded {len(results['default'][1])} and "
+                         f"{len(results['every_filter'][1])} documents of {num_docs}; the comparison needs every one")
+    mb_per_cpu_s = {name: num_bytes / 1e6 / statistics.median(values) for name, values in seconds.items()}
+    ours, theirs = results["every_filter"][1], results["datatrove"][1]
+    kept = {"default": sum(reason is None for reason in results["default"][1].values()),
+            "every_filter": sum(reason is None for reason in ours.values()), "datatrove": len(theirs)}
+    rejects = Counter(reason for reason in ours.values() if reason is not None)
+    print(json.dumps({"mb_per_cpu_s": {name: round(value, 2) for name, value in mb_per_cpu_s.items()},
+                      "every_filter_over_default": round(mb_per_cpu_s["every_filter"] / mb_per_cpu_s["default"], 3),
+                      "every_filter_over_datatrove": round(mb_per_cpu_s["every_filter"] / mb_per_cpu_s["datatrove"],
+                                                           2),
+                      "kept": kept, "every_filter_rejects": dict(sorted(rejects.items())),
+                      "shared_filters": compare_kept(ours, theirs)}))
+    # kB, not MB: the result line keeps one decimal, and datatrove's figure is a fraction of an MB
+    print_result("ingest_filters", mb_per_cpu_s["every_filter"] * 1e3, mb_per_cpu_s["datatrove"] * 1e3, "kB/CPU-s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -256,23 +278,7 @@ def main(argv: list[str] | None = None) -> None:
                 seconds[name].append(results[name][0])
             print(json.dumps({"round": index, **{name: round(value[0], 2) for name, value in results.items()}}),
                   flush=True)
-    if len(results["default"][1]) != len(texts) or len(results["every_filter"][1]) != len(texts):
-        raise SystemExit(f"tokenmill's ingest recorded {len(results['default'][1])} and "
-                         f"{len(results['every_filter'][1])} documents of {len(texts)}; the comparison needs every one")
-    mb_per_cpu_s = {name: num_bytes / 1e6 / statistics.median(values) for name, values in seconds.items()}
-    ours, theirs = results["every_filter"][1], results["datatrove"][1]
-    kept = {"default": sum(reason is None for reason in results["default"][1].values()),
-            "every_filter": sum(reason is None for reason in ours.values()), "datatrove": len(theirs)}
-    rejects = Counter(reason for reason in ours.values() if reason is not None)
-    print(json.dumps({"mb_per_cpu_s": {name: round(value, 2) for name, value in mb_per_cpu_s.items()},
-                      "every_filter_over_default": round(mb_per_cpu_s["every_filter"] / mb_per_cpu_s["default"], 3),
-                      "every_filter_over_datatrove": round(mb_per_cpu_s["every_filter"] / mb_per_cpu_s["datatrove"],
-                                                           2),
-                      "kept": kept, "every_filter_rejects": dict(sorted(rejects.items())),
-                      "shared_filters": compare_kept(ours, theirs)}))
-    # kB, not MB: the result line keeps one decimal, and datatrove's figure is a fraction of an MB
-    print_result("ingest_filters", mb_per_cpu_s["every_filter"] * 1e3, mb_per_cpu_s["datatrove"] * 1e3, "kB/CPU-s")
-
+    report(results, seconds, num_bytes, len(texts))
 
 
 if __name__ == "__main__":
