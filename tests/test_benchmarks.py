@@ -28,6 +28,7 @@ TINY_ARGS = {
     "consumed": ["--steps", "40"],
     "dedupe": ["--mb", "1", "--families", "10", "--repeats", "1"],
     "eval_split": ["--rows", "16", "--rounds", "1"],
+    "ingest_filters": ["--docs", "32"],
     "ingest_memory": ["--mb", "2"],
     "loader": ["--rows", "512", "--rounds", "1", "--batches-per-round", "5"],
     "minhash_impls": ["--mb", "0.5"],
