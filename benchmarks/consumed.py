@@ -30,8 +30,9 @@ import pyarrow as pa
 from benchmarks.document_masking import build_loop, packed_stdlib_rows
 from benchmarks.result import print_result
 from core.rundir import RunPaths
+from core.schemas import CONSUMED_SCHEMA
 from trainer.config import TrainConfig
-from trainer.consumed import CONSUMED_SCHEMA, consumed_table
+from trainer.consumed import consumed_table
 from trainer.data import BatchLayout, ShardNumbering, TrainLoader
 from trainer.loop import seed_everything
 from trainer.segments import RowLossLog, append_segment, segment_record

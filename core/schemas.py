@@ -84,6 +84,20 @@ quality filter's reason is a row of ``pipeline.filters.QUALITY_FILTERS``; ``pipe
 holds them all."""
 
 
+CONSUMED_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("micro_step", pa.int32()), ("rank", pa.int32()), ("batch_row", pa.int32()),
+    ("sample", pa.int64()), ("shard_path", pa.string()), ("row_in_shard", pa.int64()), ("source", pa.string()),
+    ("segment", pa.int32()), ("spike", pa.bool_()), ("rolled_back", pa.bool_())])
+"""The ``consumed`` view (derived by :mod:`trainer.consumed`): one row per training row per step. ``rank`` is
+the data-parallel rank (a TP group is one), ``micro_step`` the micro-batch within the rank's step, ``batch_row``
+the row within it, ``sample`` the global sample number, ``segment`` the launch (train_segments), ``spike`` the
+step's update was skipped as a loss spike, ``rolled_back`` a later rollback undid it."""
+ROW_LOSSES_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("micro_step", pa.int32()), ("rank", pa.int32()), ("batch_row", pa.int32()),
+    ("sample", pa.int64()), ("loss", pa.float64()), ("segment", pa.int32())])
+"""The ``row_losses`` view: one row per training row per step (``train.log_row_losses``), its mean next-token loss."""
+
+
 def shard_schema(token_type: pa.DataType, seq_len: int, metadata: dict[str, str]) -> pa.Schema:
     """Schema of one packed token shard (Arrow IPC file, uncompressed).
 

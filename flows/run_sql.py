@@ -12,8 +12,23 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from core.schemas import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA
 from pipeline import query
-from trainer.consumed import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA, consumed_table, row_losses_table
+
+
+def consumed_table(run_dir: Path) -> pa.Table:
+    """:func:`trainer.consumed.consumed_table`, imported when a statement names the view (it imports torch)."""
+    from trainer.consumed import consumed_table
+
+    return consumed_table(run_dir)
+
+
+def row_losses_table(run_dir: Path) -> pa.Table:
+    """:func:`trainer.consumed.row_losses_table`, imported when a statement names the view."""
+    from trainer.consumed import row_losses_table
+
+    return row_losses_table(run_dir)
+
 
 TRAINING_VIEWS: dict[str, query.DerivedView] = {
     "consumed": (consumed_table, CONSUMED_SCHEMA),

@@ -22,23 +22,12 @@ import pyarrow as pa
 
 from core.errors import QueryError, TokenmillError
 from core.rundir import RunPaths, path_inside_run
+from core.schemas import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.data import BatchLayout, ShardNumbering, TrainLoader
 from trainer.metrics import TRAIN_FILE, read_metric_rows
 from trainer.segments import ROW_LOSSES_FOLDER, read_segments, segments_path
 
-CONSUMED_SCHEMA = pa.schema([
-    ("step", pa.int64()), ("micro_step", pa.int32()), ("rank", pa.int32()), ("batch_row", pa.int32()),
-    ("sample", pa.int64()), ("shard_path", pa.string()), ("row_in_shard", pa.int64()), ("source", pa.string()),
-    ("segment", pa.int32()), ("spike", pa.bool_()), ("rolled_back", pa.bool_())])
-"""One row per training row per step: ``rank`` is the data-parallel rank (a TP group is one), ``micro_step`` the
-micro-batch within the rank's step, ``batch_row`` the row within it, ``sample`` the global sample number,
-``segment`` the launch (train_segments), ``spike`` the step's update was skipped as a loss spike,
-``rolled_back`` a later rollback undid it."""
-ROW_LOSSES_SCHEMA = pa.schema([
-    ("step", pa.int64()), ("micro_step", pa.int32()), ("rank", pa.int32()), ("batch_row", pa.int32()),
-    ("sample", pa.int64()), ("loss", pa.float64()), ("segment", pa.int32())])
-"""One row per training row per step (``train.log_row_losses``): the row's mean next-token loss."""
 ROW_LOSSES_NAME = re.compile(r"^segment-(\d{5})-rank-(\d{5})\.jsonl$")
 CHUNK_SAMPLES = 1 << 20
 """Samples replayed per call to the loader: bounds the memory of the arrays behind one record batch."""
