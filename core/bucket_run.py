@@ -101,14 +101,14 @@ class BucketRun:
             return
         from core.shards import read_shard_index
 
-        for row in read_shard_index(self.local).to_pylist():
-            rel = str(row["path"])
+        for info in read_shard_index(self.local):
+            rel = info.path
             if rel not in fetched and rel in state:
                 continue
-            if sha256_file(self.local / rel) != row["sha256"]:
+            if sha256_file(self.local / rel) != info.sha256:
                 state[rel] = self._fetch(rel, 0, "")
                 self._write_state(state)
-                if sha256_file(self.local / rel) != row["sha256"]:
+                if sha256_file(self.local / rel) != info.sha256:
                     raise ObjectStoreError(f"{self.url}/{rel}: the shard's sha256 differs from shards/index.parquet "
                                            "(damaged in the bucket); run `tokenmill prepare` into a fresh run dir")
 

@@ -85,9 +85,11 @@ def test_racing_processes_one_proceeds_a_dead_holder_is_taken_over_after_the_lea
     again.communicate("", timeout=30)
 
 
-def test_a_lock_on_a_missing_bucket_is_one_line_naming_it(s3_endpoint: str) -> None:
+def test_wrong_credentials_are_one_line_naming_the_lock(s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from core.bucket_lock import BucketLock
     from core.errors import ObjectStoreError
 
-    with pytest.raises(ObjectStoreError, match=r"^s3://no-such-bucket-here/runs/x/\.lock: no such bucket"):
-        BucketLock("s3://no-such-bucket-here/runs/x").acquire()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(ObjectStoreError, match=rf"^{s3_prefix}/runs/x/\.lock: access denied \(.*\); set "
+                                               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        BucketLock(f"{s3_prefix}/runs/x").acquire()
