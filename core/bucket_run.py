@@ -14,8 +14,9 @@ a command on a bucket run dir works on a *working copy* under ``$XDG_CACHE_HOME/
    ``stages/sealed/**``, in that order); then keys the run removed (pruned checkpoints, manifest first). A PUT is
    atomic (an object is never visible half-written), so a marker in the bucket always has its outputs there.
 
-The trainer publishes each checkpoint as it is saved (rank 0: :func:`publish_checkpoints`); the command publishes
-the rest when its flow ends, also when it failed (what finished is kept, as locally).
+The trainer publishes each checkpoint as it is saved (rank 0: :func:`publish_working_copy`) and, once its export is
+written, the whole copy; the command publishes the rest when its flow ends, also when it failed or was interrupted
+(what finished is kept, as locally).
 """
 
 from __future__ import annotations
@@ -233,13 +234,17 @@ def _walk(root: Path) -> Iterator[Path]:
                 yield path
 
 
-def publish_checkpoints(run_dir: Path) -> None:
-    """Rank 0 of a trainer launched on a bucket run dir's working copy: publish ``checkpoints/`` (and the metrics
-    logged so far), files first, ``latest`` last. A no-op unless :data:`BUCKET_RUN_ENV` names this copy."""
+def publish_working_copy(run_dir: Path, *unders: str) -> None:
+    """Rank 0 of a trainer launched on a bucket run dir's working copy: publish the keys under each of ``unders``
+    (all when none), markers last. A no-op unless :data:`BUCKET_RUN_ENV` names this working copy.
+
+    The trainer calls it for ``metrics/`` and ``checkpoints/`` when a checkpoint is saved (files first, ``latest``
+    last), and for the whole run dir once the export is written.
+    """
     named = os.environ.get(BUCKET_RUN_ENV, "")
     url, _, local = named.partition(" ")
     if not url or Path(local).resolve() != Path(run_dir).resolve():
         return
     run = BucketRun(url, Path(local))
-    run.publish("metrics/")
-    run.publish("checkpoints/")
+    for under in unders or ("",):
+        run.publish(under)

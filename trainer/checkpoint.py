@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list
 
 from core.atomic import TEMP_PREFIX, read_json, sha256_file
-from core.bucket_run import publish_checkpoints
+from core.bucket_run import publish_working_copy
 from core.errors import CheckpointError
 from core.rundir import RunPaths, path_inside_run
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
@@ -170,7 +170,7 @@ class Checkpointer:
         replace_dir(staging, target)
         self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
         self._prune()
-        publish_checkpoints(self.paths.root)  # a bucket run dir's working copy: upload it, `latest` last
+        publish_working_copy(self.paths.root, "metrics/", "checkpoints/")  # a bucket run dir's: `latest` last
 
     def _start_background_save(self, snapshot: StateSnapshot, trainer_state: dict[str, Any], staging: Path,
                                target: Path) -> None:

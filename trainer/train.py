@@ -19,6 +19,7 @@ from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError, model_validator
 
 from core.atomic import sha256_file
+from core.bucket_run import publish_working_copy
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
@@ -248,6 +249,8 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
                 record_launch(loop, paths, config)
             run_to(loop, target_step)
             export_if_stale(loop, paths)
+            if accelerator.is_main_process:
+                publish_working_copy(paths.root)  # a bucket run dir's working copy: the export, the metrics
         finally:
             if loop is not None:
                 finish_background_save(loop)

@@ -58,10 +58,11 @@ def test_racing_processes_one_proceeds_a_dead_holder_is_taken_over_after_the_lea
     for racer, line in zip(racers, lines, strict=True):
         if racer is not winner:
             assert racer.wait(timeout=30) == 3
-            assert line == (f"refused: {url}: run directory is in use by pid {winner.pid} on host {os.uname().nodename} "
-                            f"(racer) (lock {url}/.lock, written {line.split('written ')[1].split(' s ago')[0]} s ago); "
-                            "wait for it to finish or use another --run-dir. A holder that died is taken over once "
-                            f"its lock is {LEASE_S:.0f} s old (TOKENMILL_BUCKET_LOCK_LEASE_S).")
+            age = line.split("written ")[1].split(" s ago")[0]
+            assert line == (f"refused: {url}: run directory is in use by pid {winner.pid} on host "
+                            f"{os.uname().nodename} (racer) (lock {url}/.lock, written {age} s ago); wait for it to "
+                            "finish or use another --run-dir. A holder that died is taken over once its lock is "
+                            f"{LEASE_S:.0f} s old (TOKENMILL_BUCKET_LOCK_LEASE_S).")
 
     # Alive past its lease, the holder's heartbeat keeps the lock: a newcomer is still refused.
     time.sleep(LEASE_S * 1.5)

@@ -56,7 +56,7 @@ def test_prepare_into_a_bucket_run_dir_racing_then_skipped_with_the_cache_delete
     for cache in caches.values():
         shutil.rmtree(cache, ignore_errors=True)
     again = prepare("c")
-    code, out, err = again.wait(timeout=600), *again.communicate()
+    code, _, err = again.wait(timeout=600), *again.communicate()
     assert code == 0, err[-2000:]
     assert "tokenizer: skipped (up to date)" in err and re.search(r"dedupe: \d+ docs: skipped \(up to date\)", err)
     assert len(re.findall(r"pack: [\d,]+ tokens, \d+ rows: skipped \(up to date\)", err)) == 2  # train and val
