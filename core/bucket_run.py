@@ -31,6 +31,7 @@ from core.atomic import TEMP_PREFIX, sha256_file
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
 from core.errors import ObjectStoreError
 from core.object_errors import object_errors
+from core.rundir import RunPaths
 
 BUCKET_RUN_ENV = "TOKENMILL_BUCKET_RUN"
 """Set by the command for the trainer it launches: ``<url> <working copy>``, so rank 0 publishes checkpoints."""
@@ -97,8 +98,7 @@ class BucketRun:
 
     def _check_shards(self, state: dict[str, list[Any]], fetched: set[str]) -> None:
         """Each shard fetched now is checked against the index's sha256; fetched once more if it differs."""
-        index = self.local / "shards" / "index.parquet"
-        if not index.is_file():
+        if not RunPaths(self.local).shard_index.is_file():
             return
         from core.shards import read_shard_index
 
