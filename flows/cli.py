@@ -368,12 +368,16 @@ def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> It
         try:
             yield
         except BaseException:
-            with contextlib.suppress(Exception):  # the command's own error is the one to report
-                bucket_run.publish()
+            try:
+                bucket_run.publish()  # what finished before the error is kept, as in a local run dir
+            except Exception as err:  # the command's own error is the one raised
+                sys.stderr.write(f"{command}: could not publish to {url} after the error ({err})\n")
             raise
         finally:
             os.environ.pop(BUCKET_RUN_ENV, None)
-        bucket_run.publish()
+        published = bucket_run.publish()
+        if not STATE["quiet"]:
+            sys.stderr.write(f"{command}: published {published} changed key(s) to {url}\n")
 
 
 def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) -> None:
