@@ -205,8 +205,9 @@ class BucketRun:
 
     def _local_files(self) -> dict[str, Path]:
         """Every regular file of the working copy (not the local lock, not a writer's temporary file)."""
-        return {path.relative_to(self.local).as_posix(): path for path in _walk(self.local)
-                if path.name != LOCK_KEY and not path.name.startswith(TEMP_PREFIX)}
+        files = {path.relative_to(self.local).as_posix(): path for path in _walk(self.local)}
+        return {rel: path for rel, path in files.items() if rel != LOCK_KEY
+                and not any(part.startswith(TEMP_PREFIX) for part in rel.split("/"))}  # nor a folder in the making
 
     def _read_state(self) -> dict[str, list[Any]]:
         try:

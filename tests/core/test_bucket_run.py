@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,8 @@ def test_publish_puts_markers_last_and_a_fresh_pull_equals_the_run(tmp_path: Pat
     (local / "stages" / "sealed").mkdir(parents=True)
     (local / "stages" / "dedupe.json").write_text('{"fingerprint": "a"}')
     (local / "stages" / "sealed" / "prepare.json").write_text("{}")
+    (local / "checkpoints" / ".tmp-step-0000002").mkdir()  # a save in the making (or killed): never published
+    (local / "checkpoints" / ".tmp-step-0000002" / "model.safetensors").write_bytes(b"half")
     url = f"{s3_prefix}/runs/r"
     run = BucketRun(url, local)
     sent = record_requests(run)
@@ -48,6 +51,8 @@ def test_publish_puts_markers_last_and_a_fresh_pull_equals_the_run(tmp_path: Pat
     assert keys[-len(markers):] == markers  # in this order, after every output
     assert set(keys[:-len(markers)]) >= {"docs/part-00000.parquet", "shards/split=train/source=a/part-00000.arrow",
                                          "checkpoints/step-0000001/model.safetensors"}
+    assert not [key for key in keys if ".tmp-" in key]
+    shutil.rmtree(local / "checkpoints" / ".tmp-step-0000002")
 
     # A new checkpoint, the old one pruned, a stage redone: the stale marker goes first, the pruned folder last.
     sent.clear()
