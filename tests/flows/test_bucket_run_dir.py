@@ -64,3 +64,14 @@ def test_prepare_into_a_bucket_run_dir_racing_then_skipped_with_the_cache_delete
     # Only what every call records changes: its stage times, and the seal of the finished command.
     assert sorted(key for key in after if after[key] != published.get(key)) == ["metrics/stage_times.jsonl",
                                                                                 "stages/sealed/prepare.json"]
+
+
+def test_a_flow_called_without_the_command_refuses_a_bucket_run_dir(tmp_path: Path) -> None:
+    """A deployment would work on a working copy it never pulls nor publishes: one line, before any work."""
+    from core.errors import ConfigError
+    from flows.recipe import as_resolved
+
+    recipe = write_small_recipe(tmp_path, packages=("json",))
+    with pytest.raises(ConfigError, match=r"run dir s3://bucket/runs/x is in a bucket; the `tokenmill` command"):
+        as_resolved(recipe, "s3://bucket/runs/x")
+    assert as_resolved(recipe, tmp_path / "local").paths.root == (tmp_path / "local").resolve()
