@@ -100,10 +100,15 @@ class BucketLock:
         try:
             answer = self._client.get_object(Bucket=self.bucket, Key=self.key)
         except Exception as err:
-            if _error_code(err) in ("NoSuchKey", "404"):  # released meanwhile: try once more, conditionally
+            if _error_code(err) not in ("NoSuchKey", "404"):
+                raise
+            try:  # released meanwhile: try once more, conditionally
                 self._etag = self._put(IfNoneMatch="*")
                 return
-            raise
+            except Exception as again:
+                if _conflict(again):
+                    raise self._taken() from None
+                raise
         holder = _holder_record(answer["Body"].read())
         age_s = _age_s(answer)
         if age_s <= self.lease_s:
@@ -115,11 +120,14 @@ class BucketLock:
             self._etag = self._put(IfMatch=answer["ETag"])
         except Exception as err:
             if _conflict(err):
-                raise RunLockedError(f"{self.url}: run directory was just taken over by another process (lock "
-                                     f"{self.lock_url}); wait for it to finish or use another --run-dir.") from None
+                raise self._taken() from None
             raise
         LOGGER.warning("%s: took over the lock of %s, silent for %.0f s (more than the %.0f s lease)", self.url,
                        _describe(holder), age_s, self.lease_s)
+
+    def _taken(self) -> RunLockedError:
+        return RunLockedError(f"{self.url}: run directory was just taken by another process (lock {self.lock_url}); "
+                              "wait for it to finish or use another --run-dir.")
 
     def _put(self, **condition: str) -> str:
         self.record["beat"] = int(self.record["beat"]) + 1  # new bytes, new ETag on every write

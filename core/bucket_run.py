@@ -88,9 +88,9 @@ class BucketRun:
             (self.local / rel).unlink()
             state.pop(rel, None)
         fetched = []
-        for rel, (size, etag) in sorted(remote.items()):
+        for rel, (_, etag) in sorted(remote.items()):
             if not self._matches(rel, state.get(rel), etag):
-                state[rel] = self._fetch(rel, size, etag)
+                state[rel] = self._fetch(rel, etag)
                 fetched.append(rel)
         self._write_state(state)
         self._check_shards(state, set(fetched))
@@ -107,7 +107,7 @@ class BucketRun:
             if rel not in fetched and rel in state:
                 continue
             if sha256_file(self.local / rel) != info.sha256:
-                state[rel] = self._fetch(rel, 0, "")
+                state[rel] = self._fetch(rel, "")
                 self._write_state(state)
                 if sha256_file(self.local / rel) != info.sha256:
                     raise ObjectStoreError(f"{self.url}/{rel}: the shard's sha256 differs from shards/index.parquet "
@@ -120,7 +120,7 @@ class BucketRun:
         stat = path.stat()
         return [stat.st_size, stat.st_mtime_ns] == known[:2]
 
-    def _fetch(self, rel: str, size: int, etag: str) -> list[Any]:
+    def _fetch(self, rel: str, etag: str) -> list[Any]:
         """Download ``rel`` under a temporary name, then rename (a cut download leaves no partial file)."""
         target = self.local / rel
         target.parent.mkdir(parents=True, exist_ok=True)
