@@ -21,9 +21,11 @@ written, the whole copy; the command publishes the rest when its flow ends, also
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -242,10 +244,77 @@ def publish_working_copy(run_dir: Path, *unders: str) -> None:
     The trainer calls it for ``metrics/`` and ``checkpoints/`` when a checkpoint is saved (files first, ``latest``
     last), and for the whole run dir once the export is written.
     """
-    named = os.environ.get(BUCKET_RUN_ENV, "")
-    url, _, local = named.partition(" ")
-    if not url or Path(local).resolve() != Path(run_dir).resolve():
+    run = _launched_run(run_dir)
+    if run is None:
         return
-    run = BucketRun(url, Path(local))
     for under in unders or ("",):
         run.publish(under)
+
+
+def _launched_run(run_dir: Path) -> BucketRun | None:
+    """The bucket run whose working copy ``run_dir`` is, as :data:`BUCKET_RUN_ENV` names it; None otherwise."""
+    url, _, local = os.environ.get(BUCKET_RUN_ENV, "").partition(" ")
+    if not url or Path(local).resolve() != Path(run_dir).resolve():
+        return None
+    return BucketRun(url, Path(local))
+
+
+def machines_apart() -> bool:
+    """Several machines in the launch (WORLD_SIZE > LOCAL_WORLD_SIZE), each with its own working copy."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+def share_checkpoint_parts(run_dir: Path, staging: Path, *, is_main: bool, is_local_main: bool,
+                           barrier: Callable[[], None]) -> None:
+    """Bring every machine's part of a checkpoint being assembled (``staging``) into rank 0's working copy.
+
+    Without a shared file system each machine writes its ranks' files (``random_states_<rank>.pkl``) into its own
+    copy of ``staging``: the first process of every other machine uploads them under the staging folder's key
+    (``checkpoints/.tmp-step-N/``), and after the barrier rank 0 fetches what it lacks, so the manifest it writes
+    covers every rank. Rank 0's publication then deletes those temporary keys. A no-op on one machine, and for a
+    run dir that is not a bucket's working copy. Collective: every rank calls it.
+    """
+    run = _launched_run(run_dir)
+    if run is None or not machines_apart():
+        return
+    if is_local_main and not is_main:
+        for path in sorted(_walk(staging)):
+            run._upload(path.relative_to(run.local).as_posix(), path)
+    barrier()
+    if is_main:
+        folder = staging.relative_to(run.local).as_posix() + "/"
+        for rel, (_, etag) in sorted(run._list().items()):
+            if rel.startswith(folder) and not (run.local / rel).exists():
+                run._fetch(rel, etag)
+
+
+@contextlib.contextmanager
+def trainer_working_copy(run_dir: str | Path) -> Iterator[Path]:
+    """``python -m trainer.train --run-dir s3://…`` (by hand, or ``accelerate launch`` on each machine): the run
+    dir's working copy; ``run_dir`` itself when it is a local folder.
+
+    Global rank 0 holds the bucket lock while training; the first process of each machine pulls that machine's
+    copy and the others wait for that pull (a stamp beside the copy naming the launch). The trainer's ranks then
+    publish as they do under ``tokenmill train`` (:func:`publish_working_copy`, :func:`share_checkpoint_parts`).
+    """
+    text = str(run_dir)
+    if not text.startswith(("s3://", "s3a://")):
+        yield Path(run_dir)
+        return
+    url = text.rstrip("/")
+    local = working_copy_root(url)
+    lock = BucketLock(url, "python -m trainer.train") if int(os.environ.get("RANK", "0")) == 0 else None
+    with lock if lock is not None else contextlib.nullcontext():
+        stamp = local.with_name(local.name + ".pulled")
+        launch = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}:{os.getppid()}"
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            BucketRun(url, local, lock).pull()
+            from core.atomic import write_text_atomic
+
+            write_text_atomic(stamp, launch)
+        else:
+            while not (stamp.is_file() and stamp.read_text() == launch):
+                time.sleep(0.05)
+        os.environ[BUCKET_RUN_ENV] = f"{url} {local}"
+        yield local

@@ -63,3 +63,40 @@ def test_killed_trainer_with_its_cache_deleted_resumes_from_the_bucket_bitwise(
     assert (exported / "model" / "model.safetensors").read_bytes() == expected
     assert sorted(path.name for path in (exported / "checkpoints").iterdir()) == [
         "latest", "step-0000006", "step-0000008"]  # keep_last 2: the pruned ones are gone from the bucket too
+
+
+@pytest.mark.slow
+def test_two_machines_with_separate_caches_train_together_from_one_bucket_run_dir(
+        make_run_dir: MakeRunDir, s3_prefix: str, tmp_path: Path) -> None:
+    from tests.trainer.test_multinode import clean_environment, free_port
+    from trainer.launch import launch_command
+
+    url = f"{s3_prefix}/runs/two-machines"
+    prepared = make_run_dir("prepared", train={"max_steps": 4, "checkpoint_every": 2, "eval_every": 2})
+    BucketRun(url, prepared).publish()
+    port = free_port()
+    logs = [tmp_path / f"machine-{rank}.log" for rank in (0, 1)]
+    machines = []
+    for rank, log in enumerate(logs):  # each "machine" has a cache of its own: they share only the bucket
+        env = {**clean_environment(), "XDG_CACHE_HOME": str(tmp_path / f"cache-{rank}")}
+        with log.open("w") as out:
+            machines.append(subprocess.Popen(
+                launch_command(url, 2, num_machines=2, machine_rank=rank,  # type: ignore[arg-type]
+                               main_process_ip="127.0.0.1", main_process_port=port),
+                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        codes = [machine.wait(timeout=240) for machine in machines]
+    finally:
+        for machine in machines:
+            if machine.poll() is None:
+                os.killpg(machine.pid, signal.SIGKILL)
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "on 2 process(es)" in outputs[0]  # one process group across both launches
+
+    published = BucketRun(url, tmp_path / "reader" / "run").pull()
+    step = published / "checkpoints" / "step-0000004"
+    assert {"random_states_0.pkl", "random_states_1.pkl", "manifest.json"} <= {path.name for path in step.iterdir()}
+    assert "random_states_1.pkl" in json.loads((step / "manifest.json").read_text())["files"]
+    assert (published / "model" / "model.safetensors").is_file()
+    assert not [path for path in (published / "checkpoints").iterdir() if path.name.startswith(".tmp-")]
