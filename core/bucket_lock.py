@@ -3,8 +3,8 @@
 A local run dir is locked with ``flock`` (:mod:`core.runlock`); machines that share only a bucket need the store
 itself to decide. The lock is an object created with a conditional write, ``PutObject`` with ``If-None-Match:
 *``: the store creates it for exactly one of two racing writers and answers the other 412 Precondition Failed
-(S3 since 2024-08, MinIO, SeaweedFS 4.x: checked against the real server in the tests). It holds the holder's
-owner id, host, pid and command. The holder rewrites it every ``lease/4`` seconds (a heartbeat: ``If-Match``
+(AWS S3 since 2024-08; SeaweedFS 4.x, checked against the real server in the tests; a store that ignores the
+header would let two writers in: check yours). It holds the holder's owner id, host, pid and command. The holder rewrites it every ``lease/4`` seconds (a heartbeat: ``If-Match``
 on its own ETag, so a holder that lost the lock finds out); a lock whose object was last written more than the
 lease ago (``TOKENMILL_BUCKET_LOCK_LEASE_S``, default 60 s; both times are the store's own clock, its
 ``Last-Modified`` and ``Date``, so machines' clocks need not agree) was left by a holder that died, and is
