@@ -4,11 +4,12 @@ A local run dir is locked with ``flock`` (:mod:`core.runlock`); machines that sh
 itself to decide. The lock is an object created with a conditional write, ``PutObject`` with ``If-None-Match:
 *``: the store creates it for exactly one of two racing writers and answers the other 412 Precondition Failed
 (AWS S3 since 2024-08; SeaweedFS 4.x, checked against the real server in the tests; a store that ignores the
-header would let two writers in: check yours). It holds the holder's owner id, host, pid and command. The holder rewrites it every ``lease/4`` seconds (a heartbeat: ``If-Match``
-on its own ETag, so a holder that lost the lock finds out); a lock whose object was last written more than the
-lease ago (``TOKENMILL_BUCKET_LOCK_LEASE_S``, default 60 s; both times are the store's own clock, its
-``Last-Modified`` and ``Date``, so machines' clocks need not agree) was left by a holder that died, and is
-taken over by a conditional write too (``If-Match`` on the stale ETag: of two takers, one wins).
+header would let two writers in: check yours). It holds the holder's owner id, host, pid and command. The holder
+rewrites it every ``lease/4`` seconds (a heartbeat: ``If-Match`` on its own ETag, so a holder that lost the lock
+finds out); a lock whose object was last written more than the lease ago (``TOKENMILL_BUCKET_LOCK_LEASE_S``,
+default 60 s; both times are the store's own clock, its ``Last-Modified`` and ``Date``, so machines' clocks need
+not agree) was left by a holder that died, and is taken over by a conditional write too (``If-Match`` on the
+stale ETag: of two takers, one wins).
 """
 
 from __future__ import annotations
