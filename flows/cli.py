@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -44,7 +44,8 @@ STATE: dict[str, Any] = {"debug": False, "quiet": False, "run_dir": None, "inter
 
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="Recipe YAML (default: configs/tiny.yaml).")]
-RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: runs/<name>).")]
+RunDirOpt = Annotated[str | None, typer.Option("--run-dir", help="Run directory (default: runs/<name>), or its URL "
+                                                                 "in a bucket (s3://bucket/runs/NAME).")]
 DaskOpt = Annotated[str | None, typer.Option("--dask-address",
                                               help="Run the data stages on this Dask scheduler (tcp://host:port).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="Output format: table, csv or json.")]
@@ -95,7 +96,8 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
     """
-    _run_flow("run", "data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    with bucket_run_dir(recipe, run_dir, "run"):
+        _run_flow("run", "data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -104,7 +106,8 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     Example: tokenmill prepare configs/tiny.yaml
     """
-    _run_flow("prepare", "prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    with bucket_run_dir(recipe, run_dir, "prepare"):
+        _run_flow("prepare", "prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -115,9 +118,10 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     """
     from core.shards import read_shard_index
 
-    run = _checked_recipe(recipe, run_dir)
-    read_shard_index(run.paths.root)  # no shards yet: one line now, not after a server start; no run dir left
-    _run_flow("train", "train_model", run)
+    with bucket_run_dir(recipe, run_dir, "train"):
+        run = _checked_recipe(recipe, run_dir)
+        read_shard_index(run.paths.root)  # no shards yet: one line now, not after a server start; no run dir left
+        _run_flow("train", "train_model", run)
 
 
 @app.command(name="eval")
@@ -340,6 +344,44 @@ def local_run_dir(run_dir: str) -> Path:
     return local
 
 
+@contextlib.contextmanager
+def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> Iterator[None]:
+    """For a run dir in a bucket (``--run-dir s3://…`` or the recipe's ``run_dir``): hold its lock across machines,
+    pull it into its working copy, run the command there, then publish what changed, markers last (also when the
+    command failed or was interrupted: what finished is kept). Nothing for a local run dir.
+
+    See :mod:`core.bucket_run` and :mod:`core.bucket_lock`.
+    """
+    from flows.recipe import DEFAULT_RECIPE, load_recipe, run_dir_url
+
+    url = run_dir_url(load_recipe(recipe or DEFAULT_RECIPE)[0], run_dir)
+    if url is None:
+        yield
+        return
+    from core.bucket_lock import BucketLock
+    from core.bucket_run import BUCKET_RUN_ENV, BucketRun
+
+    with BucketLock(url, f"tokenmill {command}") as lock:
+        bucket_run = BucketRun(url, lock=lock)
+        local = bucket_run.pull()
+        if not STATE["quiet"]:
+            sys.stderr.write(f"{command}: working on {url} through its local copy {local}\n")
+        os.environ[BUCKET_RUN_ENV] = f"{url} {local}"  # the launched trainer publishes each checkpoint
+        try:
+            yield
+        except BaseException:
+            try:
+                bucket_run.publish()  # what finished before the error is kept, as in a local run dir
+            except Exception as err:  # the command's own error is the one raised
+                sys.stderr.write(f"{command}: could not publish to {url} after the error ({err})\n")
+            raise
+        finally:
+            os.environ.pop(BUCKET_RUN_ENV, None)
+        published = bucket_run.publish()
+        if not STATE["quiet"]:
+            sys.stderr.write(f"{command}: published {published} changed key(s) to {url}\n")
+
+
 def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) -> None:
     """What ``run``, ``prepare`` and ``train`` share: lock the checked run's dir, run the flow, print it.
 
@@ -413,7 +455,7 @@ def _start_ingest_workers() -> None:
         start_fork_server(INGEST_PRELOAD)
 
 
-def _checked_recipe(recipe: Path | None, run_dir: Path | None) -> ResolvedRun:
+def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
     """Validate the recipe and its manifests, and refuse a changed recipe, before Prefect starts: one clean line.
 
     Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else

@@ -103,9 +103,31 @@ def model_source(recipe: RunRecipe, base: Path) -> Path | None:
 
 
 def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
-    """The run dir: the CLI/flow argument, else the recipe's ``run_dir``, else ``runs/<name>``."""
+    """The run dir: the CLI/flow argument, else the recipe's ``run_dir``, else ``runs/<name>``.
+
+    A bucket URL (``s3://bucket/runs/NAME``) resolves to its local working copy (:mod:`core.bucket_run`),
+    which the ``tokenmill`` command pulls before and publishes after the flow.
+    """
+    url = run_dir_url(recipe, run_dir)
+    if url is not None:
+        from core.bucket_run import working_copy_root
+
+        return working_copy_root(url)
     chosen = run_dir or recipe.run_dir or f"runs/{recipe.name}"
     return Path(chosen).resolve()
+
+
+def run_dir_url(recipe: RunRecipe, run_dir: str | Path | None) -> str | None:
+    """The chosen run dir when it is a URL in a bucket (``--run-dir`` first, then the recipe's), else None."""
+    from pipeline.objects import check_url, is_remote
+
+    chosen = str(run_dir or recipe.run_dir or "")
+    if not is_remote(chosen):
+        return None
+    try:
+        return check_url(chosen.rstrip("/"))
+    except ValueError as err:
+        raise ConfigError(f"run_dir: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -147,6 +169,11 @@ def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = N
     ``run_dir`` goes with a recipe path only (a resolved run has its run dir); both is a caller's mistake.
     """
     if not isinstance(recipe, ResolvedRun):
+        loaded, _ = load_recipe(recipe)
+        if run_dir_url(loaded, run_dir) is not None:
+            raise ConfigError(f"{recipe}: run dir {run_dir_url(loaded, run_dir)} is in a bucket; the `tokenmill` "
+                              "command (run, prepare, train) pulls, locks and publishes such a run dir, a "
+                              "deployment or a flow called from Python does not yet: give a local run_dir here.")
         return resolve_run(recipe, run_dir)
     if run_dir is not None:
         raise ValueError(f"run_dir={run_dir!r} given with an already resolved run ({recipe.paths.root}); "

@@ -30,6 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list
 
 from core.atomic import TEMP_PREFIX, read_json, sha256_file
+from core.bucket_run import publish_working_copy, share_checkpoint_parts
 from core.errors import CheckpointError
 from core.rundir import RunPaths, path_inside_run
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
@@ -143,6 +144,9 @@ class Checkpointer:
             if not self.async_save:
                 self._save_training_state(staging)
             self.accelerator.wait_for_everyone()  # every rank's random_states_<rank>.pkl is in place
+            share_checkpoint_parts(self.paths.root, staging, is_main=self.accelerator.is_main_process,
+                                   is_local_main=self.accelerator.is_local_main_process,
+                                   barrier=self.accelerator.wait_for_everyone)  # machines apart, one bucket
             if self.accelerator.is_main_process:
                 trainer_state = {"version": CHECKPOINT_VERSION, "step": step,
                                  "states": {name: obj.state_dict() for name, obj in self.states.items()}}
@@ -169,6 +173,7 @@ class Checkpointer:
         replace_dir(staging, target)
         self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
         self._prune()
+        publish_working_copy(self.paths.root, "metrics/", "checkpoints/")  # a bucket run dir's: `latest` last
 
     def _start_background_save(self, snapshot: StateSnapshot, trainer_state: dict[str, Any], staging: Path,
                                target: Path) -> None:

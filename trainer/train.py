@@ -19,6 +19,7 @@ from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError, model_validator
 
 from core.atomic import sha256_file
+from core.bucket_run import publish_working_copy, trainer_working_copy
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
@@ -217,8 +218,11 @@ def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> Tensor
     return None if tensor_parallel_mesh(accelerator) is None else TensorParallelShards(accelerator, model, optimizer)
 
 
-def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool = False) -> int:
+def train(run_dir: Path | str, until_step: int | None = None, allow_data_change: bool = False) -> int:
     """Train (resuming when a checkpoint exists) to ``until_step`` (default max_steps), export model/; returns the step.
+
+    ``run_dir`` may be a bucket's URL (``s3://bucket/runs/NAME``): training then runs on its working copy, pulled
+    on each machine, and rank 0 publishes checkpoints and the export (:func:`core.bucket_run.trainer_working_copy`).
 
     ``until_step`` may pass ``max_steps``: an incremental refresh keeps training on new data, and the
     learning rate stays at its cosine floor past ``max_steps``.
@@ -226,7 +230,11 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
     Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
     RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
     """
-    paths = RunPaths(run_dir)
+    with trainer_working_copy(run_dir) as local:
+        return _train(RunPaths(local), until_step, allow_data_change)
+
+
+def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool) -> int:
     with run_dir_lock(paths.root):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
         config = read_trainer_config(paths.root)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
@@ -248,6 +256,8 @@ def train(run_dir: Path, until_step: int | None = None, allow_data_change: bool 
                 record_launch(loop, paths, config)
             run_to(loop, target_step)
             export_if_stale(loop, paths)
+            if accelerator.is_main_process:
+                publish_working_copy(paths.root)  # a bucket run dir's working copy: the export, the metrics
         finally:
             if loop is not None:
                 finish_background_save(loop)
@@ -349,7 +359,8 @@ def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", type=Path, required=True, help="run directory holding run.yaml and shards/")
+    parser.add_argument("--run-dir", required=True,
+                        help="run directory holding run.yaml and shards/, or its URL in a bucket (s3://…)")
     parser.add_argument("--until-step", type=int, default=None, help="stop at this step (default: max_steps)")
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume although the train shards changed since the checkpoint (incremental refresh)")
