@@ -27,14 +27,18 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
                    module: str = "trainer.train", module_args: Sequence[str] = ()) -> list[str]:
     """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1.
 
-    Several machines: run the same argv on each with its own ``machine_rank`` (0 on the machine at
-    ``main_process_ip``); ``num_processes`` counts the processes of ALL machines (Accelerate's convention).
+    One process on one machine: ``python -m trainer.launch_one`` with the same options, which applies
+    Accelerate's simple launcher in the process it runs the module in (:mod:`trainer.launch_one`: one torch
+    start-up per launch instead of two). Several machines: run the same argv on each with its own
+    ``machine_rank`` (0 on the machine at ``main_process_ip``); ``num_processes`` counts the processes of ALL
+    machines (Accelerate's convention).
     """
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     if num_machines > 1 and main_process_ip is None:
         raise ValueError("several machines need main_process_ip (the address of the machine with machine_rank 0)")
-    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    one_process = num_processes == 1 and num_machines == 1
+    command = [sys.executable, "-m", "trainer.launch_one" if one_process else "accelerate.commands.launch"]
     if num_processes > 1:
         command.append("--multi_gpu")
     command += ["--num_processes", str(num_processes), "--num_machines", str(num_machines)]

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -116,10 +117,41 @@ def test_changed_model_is_refused_on_resume(make_run_dir: MakeRunDir, capsys: py
 def test_launch_command_forms() -> None:
     one = launch_command(Path("runs/x"), 1)
     two = launch_command(Path("runs/x"), 2, until_step=7)
-    assert one[:3] == [sys.executable, "-m", "accelerate.commands.launch"] and "--multi_gpu" not in one
+    assert one[:3] == [sys.executable, "-m", "trainer.launch_one"] and "--multi_gpu" not in one
     assert one[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
+    assert two[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert two[two.index("--num_processes") + 1] == "2" and "--multi_gpu" in two
     assert two[-2:] == ["--until-step", "7"]
+    machines = launch_command(Path("runs/x"), 1, num_machines=1)
+    assert machines[:3] == one[:3]
+
+
+PROBE = """import json, os, sys, torch
+names = sorted(name for name in os.environ if name.startswith(("ACCELERATE_", "OMP_", "KMP_", "MASTER_")))
+print(json.dumps({"env": {name: os.environ[name] for name in names}, "threads": torch.get_num_threads(),
+                  "argv": sys.argv[1:], "main": __name__}))
+sys.exit(3)
+"""
+
+
+def test_one_process_launch_gives_the_module_what_accelerate_launch_gives(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.launch_one runs the module in its own process with the environment, thread count and arguments
+    `accelerate launch` gives the child it starts; the module's exit status comes back as it is."""
+    (tmp_path / "probe_launch.py").write_text(PROBE)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the argv then names the cores: 2 threads here
+    ours = launch_command(Path("runs/x"), 1, module="probe_launch", module_args=["--extra"])
+    theirs = [sys.executable, "-m", "accelerate.commands.launch", *ours[3:]]
+    # The launching process's own 1 thread, as torch in trainer.launch_one reads it at import: overridden
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    seen = [subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120) for argv in (ours, theirs)]
+    assert seen[0].returncode == 3, seen[0].stderr[-2000:]  # accelerate's own launcher turns 3 into 1
+    assert seen[1].returncode != 0, seen[1].stderr[-2000:]
+    probes = [json.loads(done.stdout.strip().splitlines()[-1]) for done in seen]
+    assert probes[0] == probes[1]
+    assert probes[0]["argv"] == ["--run-dir", "runs/x", "--extra"] and probes[0]["main"] == "__main__"
+    assert probes[0]["env"]["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert probes[0]["threads"] == int(ours[ours.index("--num_cpu_threads_per_process") + 1])
 
 
 def test_launched_ranks_get_the_cores_not_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
