@@ -71,6 +71,11 @@ class RunPaths:
         return self.root / "rejects"
 
     @property
+    def attributes(self) -> Path:
+        """``attributes/part-NNNNN.parquet``: what the quality filters measured for every parsed document."""
+        return self.root / "attributes"
+
+    @property
     def dedupe(self) -> Path:
         return self.root / "dedupe"
 

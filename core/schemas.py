@@ -32,8 +32,41 @@ REJECTS_SCHEMA = pa.schema(
         pa.field("reason", pa.string(), nullable=False),  # one of pipeline.filters.REJECT_REASONS
         pa.field("detail", pa.string(), nullable=False),
         pa.field("raw", pa.large_binary()),  # original bytes, so a fixed record can be re-ingested
+        # the normalised text a quality filter rejected (null for a broken record): a relaxed threshold brings it back
+        pa.field("text", pa.large_string()),
     ],
     metadata={"format_version": str(FORMAT_VERSION), "artifact": "rejects"},
+)
+
+ATTRIBUTE_VALUE_FIELDS = (
+    pa.field("num_chars", pa.int64()),  # characters of the normalised text (before C4 removes lines)
+    pa.field("num_control_chars", pa.int64()),  # NUL/control characters (binary)
+    pa.field("num_words", pa.int64()),  # whitespace-separated words (mean_word_length)
+    pa.field("num_word_chars", pa.int64()),  # characters in those words
+    pa.field("num_symbols", pa.int64()),  # non-space symbols among them (symbol_ratio)
+    pa.field("duplicate_line_fraction", pa.float64()),  # share of characters in repeated lines (duplicate_lines)
+    pa.field("language", pa.string()),  # fastText lid.176 code (filters.language)
+    pa.field("language_score", pa.float64()),  # its probability, 0..1
+    pa.field("gopher_repetition_passed", pa.bool_()),  # filters.gopher_repetition kept it
+    pa.field("gopher_quality_passed", pa.bool_()),  # filters.gopher_quality kept it
+    pa.field("c4_passed", pa.bool_()),  # filters.c4 kept it
+    pa.field("fineweb_passed", pa.bool_()),  # filters.fineweb kept it
+    pa.field("quality_score", pa.float64()),  # the quality classifier's probability of its label, 0..1
+)
+"""One nullable column per measured value of the quality filters (``pipeline.filters.QUALITY_FILTERS``): null when
+that filter is off, or when an earlier filter rejected the document (rows after the first failing one are not
+measured)."""
+
+ATTRIBUTES_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),  # the documents' doc_id (kept or not): hash of (source, uri)
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_id", pa.string()),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),  # the verdict: the rejects reason, null when the document is kept
+        *ATTRIBUTE_VALUE_FIELDS,
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "attributes"},
 )
 
 DUPLICATES_SCHEMA = pa.schema(
