@@ -98,7 +98,8 @@ def build_query_run(run: Path) -> Path:
     (run / "docs/part-00000.json").write_text("{}")
     (run / "rejects").mkdir()
     pq.write_table(pa.table({"source": ["b"], "source_id": [None], "uri": ["h.jsonl:2"], "reason": ["invalid_json"],
-                             "detail": ["Expecting value"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
+                             "detail": ["Expecting value"], "raw": [b"{oops"], "text": [None]},
+                            schema=REJECTS_SCHEMA),
                    run / "rejects/part-00000.parquet")
     (run / "dedupe").mkdir()
     pq.write_table(pa.table({"doc_id": [2], "source": ["a"], "source_id": [None], "uri": ["g.py"],
