@@ -1,4 +1,5 @@
-"""Ingest stage: source files -> ``docs/part-NNNNN.parquet`` (documents) + ``rejects/part-NNNNN.parquet``.
+"""Ingest stage: source files -> ``docs/part-NNNNN.parquet`` (documents) + ``rejects/part-NNNNN.parquet`` +
+``attributes/part-NNNNN.parquet`` (what the filters measured).
 
 Two steps, so a Prefect task per part can be retried alone: :func:`plan_ingest` groups the sources'
 files into parts and persists that plan (``docs/plan.json``), :func:`ingest_part` reads one part,
@@ -370,6 +371,11 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     With ``near`` (the run's near-dedupe settings), the part's MinHash signatures are computed here, from
     each row group's text while it is in memory, and left as the dedupe stage's signature cache: dedupe
     then need not decode the part's text again. Without it, a signature cache from earlier is removed.
+
+    Besides documents and rejects (with the text a filter rejected), every parsed record's measured values go to
+    ``attributes/part-NNNNN.parquet``. A part done with the same files and measurement settings but other thresholds
+    (:mod:`pipeline.thresholds`) is re-decided from those (:func:`pipeline.redecide.redecide_part`): no source file
+    is opened.
     """
     manifest_path = Path(part.manifest_path)
     manifest, source = _part_source(part, manifest_path)
@@ -465,9 +471,9 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     num_documents = 0
     with (paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp,
           paths.atomic_write(paths.attributes / name) as attributes_tmp):
-        docs = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
-        rejects = _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
-        attributes = _ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
+        docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
+        rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+        attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
         sizes = {rel: _file_size(root / rel, root) for rel in part.files}
         for rel in part.files:
             items = read_file(root / rel, rel, source, filters.max_chars)
@@ -476,7 +482,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
                     row, values = _document_row(item, source.name, filters, val_fraction, redactions)
                     attributes.append(attribute_row(row, values), 0)
                 else:
-                    row = _reject_row(item, source.name)
+                    row = reject_row(item, source.name)
                 if "reason" in row:
                     rejects.append(row, len(row["raw"] or b""))
                     reasons[row["reason"]] += 1
@@ -531,7 +537,7 @@ def _document_row(record: Record, source: str, filters: FilterConfig, val_fracti
     text, failed, values = measure_text(text, filters)
     if failed is not None:
         raw = record.raw if record.raw is not None else record.text.encode("utf-8")
-        row = _reject_row(Reject(record.uri, failed[0], failed[1], raw, record.source_id), source)
+        row = reject_row(Reject(record.uri, failed[0], failed[1], raw, record.source_id), source)
         return {**row, "text": text}, values
     return document_row(source, record.uri, record.source_id, text, val_fraction), values
 
@@ -553,7 +559,7 @@ def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
     return {name: identity[name] if name in identity else values.get(name) for name in ATTRIBUTE_NAMES}
 
 
-def _reject_row(reject: Reject, source: str) -> dict[str, Any]:
+def reject_row(reject: Reject, source: str) -> dict[str, Any]:
     return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
             "detail": reject.detail, "raw": reject.raw, "text": None}
 
@@ -618,7 +624,7 @@ class SignatureCollector:
 UNDICTIONARIED_COLUMNS = frozenset({"text", "raw"})
 
 
-class _ParquetSink:
+class ParquetSink:
     """Rows in, row groups out: buffers rows as columns and flushes them at a size bound.
 
     With ``group_column``, rows of each value of that column are buffered and flushed apart, so every row group

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,10 +23,18 @@ from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import QUALITY_FILTERS, UNMEASURED, measure_text, redecide
+from pipeline.ingest import (
+    IngestPart,
+    ParquetSink,
+    SignatureCollector,
+    attribute_row,
+    document_row,
+    part_file_name,
+    part_unit,
+    reject_row,
+)
 from pipeline.manifest import FilterConfig
-
-if TYPE_CHECKING:
-    from pipeline.ingest import IngestPart
+from pipeline.readers import Reject
 
 FILTER_REASONS = frozenset(row.reason for row in QUALITY_FILTERS)
 
@@ -36,8 +44,6 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
                   record: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the part's rejects and attributes (and its documents when the kept set changed) under ``filters``;
     returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed)."""
-    from pipeline.ingest import SignatureCollector, attribute_row, part_file_name, part_unit
-
     name, unit = part_file_name(part.part_id), part_unit(part.part_id)
     marker = read_json(paths.marker("ingest", unit))
     docs = {row["uri"]: row for row in pq.read_table(paths.docs / name).to_pylist()}
@@ -73,9 +79,6 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
 def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: dict[str, Any] | None,
                filters: FilterConfig, val_fraction: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(documents or rejects row, measured values)`` of one document under ``filters``."""
-    from pipeline.ingest import _reject_row, document_row
-    from pipeline.readers import Reject
-
     if rejected is not None:  # a web filter's stored outcome names its failure in the reject's detail
         values = {**values, f"_{rejected['reason']}_detail": rejected["detail"]}
     verdict = redecide(values, filters)
@@ -84,7 +87,7 @@ def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: di
     if kept is not None and verdict != UNMEASURED:
         text = kept["text"]
         raw = text.encode("utf-8")  # the source record is not read again: its normalised text stands for it
-        row = _reject_row(Reject(kept["uri"], verdict[0], verdict[1], raw, kept["source_id"]), kept["source"])
+        row = reject_row(Reject(kept["uri"], verdict[0], verdict[1], raw, kept["source_id"]), kept["source"])
         return {**row, "text": text}, values
     if rejected is None or rejected["text"] is None:
         raise AssertionError(f"{values['uri']}: no stored text to re-decide from")  # ingest stores every one
@@ -100,11 +103,9 @@ def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: di
 def _write_rows(path: Path, schema: pa.Schema, rows: list[dict[str, Any]], paths: RunPaths,
                 on_flush: Callable[[pa.Table], None] | None = None) -> None:
     """``rows`` to a Parquet part as ingest writes it (documents: each split in row groups of its own), atomically."""
-    from pipeline.ingest import _ParquetSink
-
     with paths.atomic_write(path) as tmp:
-        writer = (_ParquetSink(tmp, schema, on_flush=on_flush, group_column="split") if on_flush is not None
-                  else _ParquetSink(tmp, schema))
+        writer = (ParquetSink(tmp, schema, on_flush=on_flush, group_column="split") if on_flush is not None
+                  else ParquetSink(tmp, schema))
         for row in rows:
             writer.append({name: row.get(name) for name in schema.names}, len(row.get("text") or ""))
         writer.close()
