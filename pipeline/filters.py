@@ -18,7 +18,16 @@ import xxhash
 
 from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.manifest import FilterConfig
-from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
+from pipeline.web_filters import (
+    c4_values,
+    c4_verdict,
+    fineweb_values,
+    fineweb_verdict,
+    gopher_quality_values,
+    gopher_quality_verdict,
+    gopher_repetition_values,
+    gopher_repetition_verdict,
+)
 from pipeline.words import split_words
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
@@ -291,46 +300,51 @@ def _decide_language(values: Attributes, filters: FilterConfig) -> str | None:
             f"min_score={filters.language.min_score}")
 
 
-def _web_filter(name: str, failure: Callable[[MeasuredText, object], str | None]
-                ) -> tuple[Callable[[MeasuredText, FilterConfig], Attributes],
-                           Callable[[Attributes, FilterConfig], str | None]]:
-    """(measure, decide) of a web-grade filter whose settings are all measurement settings: its outcome is
-    stored as ``<name>_passed`` (its failure's detail is the reject's), so a threshold of another row can be
-    re-decided around it. TODO(attributes): store the Gopher/C4/FineWeb statistics and re-decide their thresholds."""
-    column = f"{name}_passed"
-
-    def measure(document: MeasuredText, filters: FilterConfig) -> Attributes:
-        config = getattr(filters, name)
-        if config is None:
-            return {}
-        detail = failure(document, config)
-        return {column: detail is None, f"_{name}_detail": detail}
-
-    def decide(values: Attributes, filters: FilterConfig) -> str | None:
-        if getattr(filters, name) is None or values[column]:
-            return None
-        return str(values.get(f"_{name}_detail") or f"failed filters.{name} (as measured at ingest)")
-
-    return measure, decide
+def _measure_gopher_repetition(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.gopher_repetition
+    return {} if config is None else gopher_repetition_values(document.text, document.words(), config)
 
 
-def _gopher_repetition(document: MeasuredText, config: object) -> str | None:
-    return gopher_repetition_failure(document.text, document.words(), config)  # type: ignore[arg-type]
+def _decide_gopher_repetition(values: Attributes, filters: FilterConfig) -> str | None:
+    config = filters.gopher_repetition
+    return None if config is None else gopher_repetition_verdict(values, config)
 
 
-def _gopher_quality(document: MeasuredText, config: object) -> str | None:
-    return gopher_quality_failure(document.text, document.words(), config)  # type: ignore[arg-type]
+def _measure_gopher_quality(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.gopher_quality
+    return {} if config is None else gopher_quality_values(document.text, document.words(), config)
 
 
-def _c4(document: MeasuredText, config: object) -> str | None:
-    failure, kept_text = c4_failure(document.text, config)  # type: ignore[arg-type]
-    if failure is None and config.remove_lines and kept_text != document.text:  # type: ignore[attr-defined]
+def _decide_gopher_quality(values: Attributes, filters: FilterConfig) -> str | None:
+    config = filters.gopher_quality
+    return None if config is None else gopher_quality_verdict(values, config)
+
+
+def _measure_c4(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    """C4's statistics; with ``remove_lines`` its kept lines replace the text for later rows (a document rejected
+    here or later is stored as it came, and a re-decision that lets it through measures it again from that text)."""
+    config = filters.c4
+    if config is None:
+        return {}
+    values, kept_text = c4_values(document.text, config)
+    if config.remove_lines and kept_text != document.text:
         document.replace_text(kept_text)
-    return failure
+    return values
 
 
-def _fineweb(document: MeasuredText, config: object) -> str | None:
-    return fineweb_failure(document.text, document.words(), config)  # type: ignore[arg-type]
+def _decide_c4(values: Attributes, filters: FilterConfig) -> str | None:
+    config = filters.c4
+    return None if config is None else c4_verdict(values, config)
+
+
+def _measure_fineweb(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.fineweb
+    return {} if config is None else fineweb_values(document.text, document.words(), config)
+
+
+def _decide_fineweb(values: Attributes, filters: FilterConfig) -> str | None:
+    config = filters.fineweb
+    return None if config is None else fineweb_verdict(values, config)
 
 
 def _measure_quality_score(document: MeasuredText, filters: FilterConfig) -> Attributes:
@@ -388,11 +402,6 @@ class QualityFilter:
         return self.decide(values, filters)
 
 
-_GOPHER_REPETITION = _web_filter("gopher_repetition", _gopher_repetition)
-_GOPHER_QUALITY = _web_filter("gopher_quality", _gopher_quality)
-_C4 = _web_filter("c4", _c4)
-_FINEWEB = _web_filter("fineweb", _fineweb)
-
 QUALITY_FILTERS: tuple[QualityFilter, ...] = (
     QualityFilter("empty", (), _measure_chars, _decide_empty, "the text is empty after normalisation", "num_chars"),
     QualityFilter("too_long", ("max_chars",), _measure_nothing, _decide_too_long,
@@ -414,20 +423,23 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
     QualityFilter("language", ("language",), _measure_language, _decide_language,
                   "identified language not in filters.language.allowed, or its score below filters.language.min_score "
                   "(detail: language=<code> score=<0..1>)", "language_score"),
-    QualityFilter("gopher_repetition", ("gopher_repetition",), *_GOPHER_REPETITION,
+    QualityFilter("gopher_repetition", ("gopher_repetition",), _measure_gopher_repetition,
+                  _decide_gopher_repetition,
                   "repeated lines, paragraphs or word n-grams above a filters.gopher_repetition threshold "
-                  "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)", "gopher_repetition_passed"),
-    QualityFilter("gopher_quality", ("gopher_quality",), *_GOPHER_QUALITY,
+                  "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)",
+                  "gopher_repetition_dup_line_frac"),
+    QualityFilter("gopher_quality", ("gopher_quality",), _measure_gopher_quality,
+                  _decide_gopher_quality,
                   "word count, word length, symbol, bullet, ellipsis, alphabetic-word or stop-word rule of "
                   "filters.gopher_quality failed (detail: rule=<gopher_short_doc|gopher_enough_stop_words|...>)",
-                  "gopher_quality_passed"),
-    QualityFilter("c4", ("c4",), *_C4,
+                  "gopher_quality_num_words"),
+    QualityFilter("c4", ("c4",), _measure_c4, _decide_c4,
                   "fewer sentences than filters.c4.min_num_sentences in the lines C4 keeps, or lorem ipsum or a curly "
-                  "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)", "c4_passed"),
-    QualityFilter("fineweb", ("fineweb",), *_FINEWEB,
+                  "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)", "c4_kept_chars"),
+    QualityFilter("fineweb", ("fineweb",), _measure_fineweb, _decide_fineweb,
                   "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
                   "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
-                  "list_ratio>)", "fineweb_passed"),
+                  "list_ratio>)", "fineweb_num_lines"),
     QualityFilter("quality_classifier", ("quality_classifier",), _measure_quality_score, _decide_quality_classifier,
                   "the fastText classifier of filters.quality_classifier gave its label a probability below "
                   "filters.quality_classifier.min_score (detail: score=<0..1>)", "quality_score"),

@@ -79,8 +79,6 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
 def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: dict[str, Any] | None,
                filters: FilterConfig, val_fraction: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(documents or rejects row, measured values)`` of one document under ``filters``."""
-    if rejected is not None:  # a web filter's stored outcome names its failure in the reject's detail
-        values = {**values, f"_{rejected['reason']}_detail": rejected["detail"]}
     verdict = redecide(values, filters)
     if kept is not None and verdict is None:
         return kept, values

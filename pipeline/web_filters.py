@@ -3,7 +3,9 @@ normalised text, as datatrove 0.10's classes decide them.
 
 Each returns None for a document it keeps, else the reject's detail: ``rule=<name>`` (the rule that fired, as
 datatrove names it) then the measured value and the ``filters.<filter>.<key>`` threshold it crossed. Rules run in
-datatrove's order and the first that fires decides. Words come from :func:`pipeline.words.split_words`; the
+datatrove's order and the first that fires decides. Each filter is its ``*_values`` (every statistic its rules
+compare: the ``attributes`` a run stores) then its ``*_verdict`` (the thresholds over them), so a threshold change
+re-decides from stored values. Words come from :func:`pipeline.words.split_words`; the
 agreement with datatrove is measured in ``tests/pipeline/test_web_filters.py``.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
@@ -31,58 +35,64 @@ def _failure(rule: str, measured: str, key: str, threshold: object) -> str:
 
 def gopher_quality_failure(text: str, words: list[str], config: GopherQualityConfig) -> str | None:
     """The detail of the first Gopher quality rule ``text`` (split into ``words``) fails, else None."""
+    return gopher_quality_verdict(gopher_quality_values(text, words, config), config)
+
+
+def gopher_quality_values(text: str, words: list[str], config: GopherQualityConfig) -> dict[str, Any]:
+    """What every Gopher quality rule compares (``gopher_quality_*`` attributes); only ``stop_words`` of ``config``
+    is read: the thresholds decide in :func:`gopher_quality_verdict`."""
     non_symbol_lengths = [len(word) for word in words if not PUNCTUATION.issuperset(word)]
     num_non_symbol = len(non_symbol_lengths)
-    if config.min_doc_words is not None and num_non_symbol < config.min_doc_words:
-        return _failure("gopher_short_doc", f"words={num_non_symbol}", "gopher_quality.min_doc_words",
-                        config.min_doc_words)
-    if config.max_doc_words is not None and num_non_symbol > config.max_doc_words:
-        return _failure("gopher_long_doc", f"words={num_non_symbol}", "gopher_quality.max_doc_words",
-                        config.max_doc_words)
-    if num_non_symbol:
-        mean_length = sum(non_symbol_lengths) / num_non_symbol
+    num_words = max(len(words), 1)
+    lines = text.splitlines() or [""]
+    return {
+        "gopher_quality_num_words": num_non_symbol,
+        "gopher_quality_mean_word_length": sum(non_symbol_lengths) / num_non_symbol if num_non_symbol else None,
+        "gopher_quality_hashes_per_word": text.count("#") / num_words,
+        "gopher_quality_ellipses_per_word": (text.count("...") + text.count("…")) / num_words,
+        "gopher_quality_bullet_lines_ratio": sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines),
+        "gopher_quality_ellipsis_lines_ratio": sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines),
+        "gopher_quality_alpha_words_ratio": sum(any(character.isalpha() for character in word) for word in words)
+                                            / num_words,
+        "gopher_quality_num_stop_words": len(set(config.stop_words).intersection(words)),
+    }
+
+
+def gopher_quality_verdict(values: Mapping[str, Any], config: GopherQualityConfig) -> str | None:
+    """The detail of the first Gopher quality rule the measured ``values`` fail under ``config``, else None."""
+    num_words = values["gopher_quality_num_words"]
+    if config.min_doc_words is not None and num_words < config.min_doc_words:
+        return _failure("gopher_short_doc", f"words={num_words}", "gopher_quality.min_doc_words", config.min_doc_words)
+    if config.max_doc_words is not None and num_words > config.max_doc_words:
+        return _failure("gopher_long_doc", f"words={num_words}", "gopher_quality.max_doc_words", config.max_doc_words)
+    mean_length = values["gopher_quality_mean_word_length"]
+    if mean_length is not None:
         if config.min_avg_word_length is not None and mean_length < config.min_avg_word_length:
             return _failure("gopher_below_avg_threshold", f"mean_word_length={mean_length:.2f}",
                             "gopher_quality.min_avg_word_length", config.min_avg_word_length)
         if config.max_avg_word_length is not None and mean_length > config.max_avg_word_length:
             return _failure("gopher_above_avg_threshold", f"mean_word_length={mean_length:.2f}",
                             "gopher_quality.max_avg_word_length", config.max_avg_word_length)
-    num_words = max(len(words), 1)
-    return _gopher_symbol_and_line_failure(text, num_words, config) or _gopher_word_failure(words, num_words, config)
-
-
-def _gopher_symbol_and_line_failure(text: str, num_words: int, config: GopherQualityConfig) -> str | None:
     if config.max_symbol_word_ratio is not None:
-        for rule, count in (("gopher_too_many_hashes", text.count("#")),
-                            ("gopher_too_many_ellipsis", text.count("...") + text.count("…"))):
-            if count / num_words > config.max_symbol_word_ratio:
-                return _failure(rule, f"per_word={count / num_words:.3f}", "gopher_quality.max_symbol_word_ratio",
+        for rule, key in (("gopher_too_many_hashes", "gopher_quality_hashes_per_word"),
+                          ("gopher_too_many_ellipsis", "gopher_quality_ellipses_per_word")):
+            if values[key] > config.max_symbol_word_ratio:
+                return _failure(rule, f"per_word={values[key]:.3f}", "gopher_quality.max_symbol_word_ratio",
                                 config.max_symbol_word_ratio)
-    lines = text.splitlines() or [""]
-    if config.max_bullet_lines_ratio is not None:
-        ratio = sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines)
-        if ratio > config.max_bullet_lines_ratio:
-            return _failure("gopher_too_many_bullets", f"line_share={ratio:.3f}",
-                            "gopher_quality.max_bullet_lines_ratio", config.max_bullet_lines_ratio)
-    if config.max_ellipsis_lines_ratio is not None:
-        ratio = sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines)
-        if ratio > config.max_ellipsis_lines_ratio:
-            return _failure("gopher_too_many_end_ellipsis", f"line_share={ratio:.3f}",
-                            "gopher_quality.max_ellipsis_lines_ratio", config.max_ellipsis_lines_ratio)
-    return None
-
-
-def _gopher_word_failure(words: list[str], num_words: int, config: GopherQualityConfig) -> str | None:
-    if config.min_alpha_words_ratio is not None:
-        ratio = sum(any(character.isalpha() for character in word) for word in words) / num_words
-        if ratio < config.min_alpha_words_ratio:
-            return _failure("gopher_below_alpha_threshold", f"alpha_word_share={ratio:.3f}",
-                            "gopher_quality.min_alpha_words_ratio", config.min_alpha_words_ratio)
-    if config.min_stop_words is not None:
-        num_present = len(set(config.stop_words).intersection(words))
-        if num_present < config.min_stop_words:
-            return _failure("gopher_enough_stop_words", f"stop_words={num_present}", "gopher_quality.min_stop_words",
-                            config.min_stop_words)
+    for rule, key, setting in (
+            ("gopher_too_many_bullets", "gopher_quality_bullet_lines_ratio", "max_bullet_lines_ratio"),
+            ("gopher_too_many_end_ellipsis", "gopher_quality_ellipsis_lines_ratio", "max_ellipsis_lines_ratio")):
+        limit = getattr(config, setting)
+        if limit is not None and values[key] > limit:
+            return _failure(rule, f"line_share={values[key]:.3f}", f"gopher_quality.{setting}", limit)
+    ratio = values["gopher_quality_alpha_words_ratio"]
+    if config.min_alpha_words_ratio is not None and ratio < config.min_alpha_words_ratio:
+        return _failure("gopher_below_alpha_threshold", f"alpha_word_share={ratio:.3f}",
+                        "gopher_quality.min_alpha_words_ratio", config.min_alpha_words_ratio)
+    num_present = values["gopher_quality_num_stop_words"]
+    if config.min_stop_words is not None and num_present < config.min_stop_words:
+        return _failure("gopher_enough_stop_words", f"stop_words={num_present}", "gopher_quality.min_stop_words",
+                        config.min_stop_words)
     return None
 
 
@@ -104,30 +114,51 @@ def _duplicates(elements: list[str]) -> tuple[int, int]:
 def gopher_repetition_failure(text: str, words: list[str], config: GopherRepetitionConfig) -> str | None:
     """The detail of the first Gopher repetition rule ``text`` fails, else None (datatrove's order: paragraphs,
     lines, top n-grams, duplicated n-grams)."""
+    return gopher_repetition_verdict(gopher_repetition_values(text, words, config), config)
+
+
+def gopher_repetition_values(text: str, words: list[str], config: GopherRepetitionConfig) -> dict[str, Any]:
+    """What every Gopher repetition rule compares (``gopher_repetition_*`` attributes); of ``config`` only the n of
+    ``top_n_grams`` and ``dup_n_grams`` are read (a top n-gram longer than the text has no value)."""
     num_chars = len(text)
+    values: dict[str, Any] = {}
     for unit, pieces in (("para", _PARAGRAPH_BREAK.split(text.strip())), ("line", _LINE_BREAKS.split(text))):
         num_duplicates, num_duplicate_chars = _duplicates(pieces)
-        share_limit, char_limit = getattr(config, f"dup_{unit}_frac"), getattr(config, f"dup_{unit}_char_frac")
-        if share_limit is not None and num_duplicates / len(pieces) > share_limit:
-            return _failure(f"dup_{unit}_frac", f"share={num_duplicates / len(pieces):.3f}",
-                            f"gopher_repetition.dup_{unit}_frac", share_limit)
-        if char_limit is not None and num_duplicate_chars / num_chars > char_limit:
-            return _failure(f"dup_{unit}_char_frac", f"char_share={num_duplicate_chars / num_chars:.3f}",
-                            f"gopher_repetition.dup_{unit}_char_frac", char_limit)
-    for n, limit in config.top_n_grams.items():
-        if len(words) < n:
-            continue
-        # Word tuples, not joined strings: the same counts (words hold no spaces) without building a string each.
-        top_gram, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
-        top_chars = (sum(map(len, top_gram)) + n - 1) * count
-        if top_chars / num_chars > limit:
-            return _failure(f"top_{n}_gram", f"char_share={top_chars / num_chars:.3f}",
-                            f"gopher_repetition.top_n_grams.{n}", limit)
+        values[f"gopher_repetition_dup_{unit}_frac"] = num_duplicates / len(pieces)
+        values[f"gopher_repetition_dup_{unit}_char_frac"] = num_duplicate_chars / num_chars
+    top_shares = {}
+    for n in config.top_n_grams:
+        if len(words) >= n:
+            # Word tuples, not joined strings: the same counts (words hold no spaces) without building a string each.
+            top_gram, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
+            top_shares[n] = (sum(map(len, top_gram)) + n - 1) * count / num_chars
     lengths = list(map(len, words))
+    values["gopher_repetition_top_n_gram_char_frac"] = top_shares
+    values["gopher_repetition_dup_n_gram_char_frac"] = {n: _repeated_n_gram_chars(words, lengths, n) / num_chars
+                                                        for n in config.dup_n_grams}
+    return values
+
+
+def gopher_repetition_verdict(values: Mapping[str, Any], config: GopherRepetitionConfig) -> str | None:
+    """The detail of the first Gopher repetition rule the measured ``values`` fail under ``config``, else None."""
+    for unit in ("para", "line"):
+        share, char_share = (values[f"gopher_repetition_dup_{unit}_frac"],
+                             values[f"gopher_repetition_dup_{unit}_char_frac"])
+        share_limit, char_limit = getattr(config, f"dup_{unit}_frac"), getattr(config, f"dup_{unit}_char_frac")
+        if share_limit is not None and share > share_limit:
+            return _failure(f"dup_{unit}_frac", f"share={share:.3f}", f"gopher_repetition.dup_{unit}_frac", share_limit)
+        if char_limit is not None and char_share > char_limit:
+            return _failure(f"dup_{unit}_char_frac", f"char_share={char_share:.3f}",
+                            f"gopher_repetition.dup_{unit}_char_frac", char_limit)
+    top_shares = dict(values["gopher_repetition_top_n_gram_char_frac"])  # a stored map reads back as pairs
+    for n, limit in config.top_n_grams.items():
+        if n in top_shares and top_shares[n] > limit:
+            return _failure(f"top_{n}_gram", f"char_share={top_shares[n]:.3f}", f"gopher_repetition.top_n_grams.{n}",
+                            limit)
+    dup_shares = dict(values["gopher_repetition_dup_n_gram_char_frac"])
     for n, limit in config.dup_n_grams.items():
-        share = _repeated_n_gram_chars(words, lengths, n) / num_chars
-        if share > limit:
-            return _failure(f"duplicated_{n}_n_grams", f"char_share={share:.3f}",
+        if dup_shares[n] > limit:
+            return _failure(f"duplicated_{n}_n_grams", f"char_share={dup_shares[n]:.3f}",
                             f"gopher_repetition.dup_n_grams.{n}", limit)
     return None
 
@@ -161,9 +192,20 @@ def c4_failure(text: str, config: C4Config) -> tuple[str | None, str]:
     line without terminal punctuation or with too few words is removed; "lorem ipsum" rejects the document;
     "javascript" removes the line; ``{`` rejects the document; a policy phrase removes the line.
     """
+    values, kept_text = c4_values(text, config)
+    failure = c4_verdict(values, config)
+    return failure, text if failure is not None else kept_text
+
+
+def c4_values(text: str, config: C4Config) -> tuple[dict[str, Any], str]:
+    """``(what C4's page rules compare, the kept lines)``: the sentences in the kept lines, their characters, and the
+    first line (0-based) reaching the lorem ipsum and the curly bracket rule with one. Lines go on past both rules,
+    as with those rules off (a document either rule rejects keeps nothing). The page rules' settings
+    (``min_num_sentences``, ``filter_lorem_ipsum``, ``filter_curly_bracket``) are read in :func:`c4_verdict` only."""
     num_sentences = 0
     kept_lines = []
-    for line in text.splitlines():
+    lorem_line = curly_line = None
+    for number, line in enumerate(text.splitlines()):
         line = line.strip()
         words = line.split()
         if config.max_word_length is not None and any(len(word) > config.max_word_length for word in words):
@@ -175,42 +217,72 @@ def c4_failure(text: str, config: C4Config) -> tuple[str | None, str]:
         if config.min_words_per_line is not None and len(words) < config.min_words_per_line:
             continue
         lowered = line.lower()
-        if config.filter_lorem_ipsum and "lorem ipsum" in lowered:
-            return _failure("lorem_ipsum", "phrase=lorem_ipsum", "c4.filter_lorem_ipsum", "true"), text
+        if lorem_line is None and "lorem ipsum" in lowered:
+            lorem_line = number
         if config.filter_javascript and "javascript" in lowered:
             continue
-        if config.filter_curly_bracket and "{" in line:
-            return _failure("curly_bracket", "char={", "c4.filter_curly_bracket", "true"), text
+        if curly_line is None and "{" in line:
+            curly_line = number
         if config.filter_policy and any(phrase in lowered for phrase in C4_POLICY_PHRASES):
             continue
-        if config.min_num_sentences is not None:
-            num_sentences += count_sentences(split_words(line))
+        num_sentences += count_sentences(split_words(line))
         kept_lines.append(line)
+    kept_text = "\n".join(kept_lines).strip()
+    return {"c4_num_sentences": num_sentences, "c4_kept_chars": len(kept_text), "c4_lorem_ipsum_line": lorem_line,
+            "c4_curly_bracket_line": curly_line}, kept_text
+
+
+def c4_verdict(values: Mapping[str, Any], config: C4Config) -> str | None:
+    """The detail of the C4 page rule the measured ``values`` fail under ``config`` (the earliest line's), else None."""
+    lorem = values["c4_lorem_ipsum_line"] if config.filter_lorem_ipsum else None
+    curly = values["c4_curly_bracket_line"] if config.filter_curly_bracket else None
+    if lorem is not None and (curly is None or lorem <= curly):
+        return _failure("lorem_ipsum", "phrase=lorem_ipsum", "c4.filter_lorem_ipsum", "true")
+    if curly is not None:
+        return _failure("curly_bracket", "char={", "c4.filter_curly_bracket", "true")
+    num_sentences = values["c4_num_sentences"]
     if config.min_num_sentences is not None and num_sentences < config.min_num_sentences:
         return _failure("too_few_sentences", f"sentences={num_sentences}", "c4.min_num_sentences",
-                        config.min_num_sentences), text
-    kept_text = "\n".join(kept_lines).strip()
-    if not kept_text:  # only with min_num_sentences off; datatrove would keep an empty document
-        return _failure("no_lines_kept", "lines=0", "c4.min_num_sentences", config.min_num_sentences), text
-    return None, kept_text
+                        config.min_num_sentences)
+    if not values["c4_kept_chars"]:  # only with min_num_sentences off; datatrove would keep an empty document
+        return _failure("no_lines_kept", "lines=0", "c4.min_num_sentences", config.min_num_sentences)
+    return None
 
 
 def fineweb_failure(text: str, words: list[str], config: FineWebConfig) -> str | None:
     """The detail of the first FineWeb line rule ``text`` fails, else None."""
+    return fineweb_verdict(fineweb_values(text, words, config), config)
+
+
+def fineweb_values(text: str, words: list[str], config: FineWebConfig) -> dict[str, Any]:
+    """What FineWeb's line rules compare (``fineweb_*`` attributes; the ratios null without a non-blank line); of
+    ``config`` only ``short_line_length`` is read."""
     lines = [line for line in text.split("\n") if line.strip()]
-    if not lines:
+    values: dict[str, Any] = {"fineweb_num_lines": len(lines), "fineweb_line_punct_ratio": None,
+                              "fineweb_short_line_ratio": None, "fineweb_char_dup_ratio": None,
+                              "fineweb_new_line_ratio": text.count("\n") / max(len(words), 1)}
+    if lines:
+        values["fineweb_line_punct_ratio"] = sum(line.endswith(_TERMINAL_PUNCTUATION) for line in lines) / len(lines)
+        values["fineweb_short_line_ratio"] = sum(len(line) <= config.short_line_length for line in lines) / len(lines)
+        values["fineweb_char_dup_ratio"] = _duplicates(lines)[1] / (len(text) - text.count("\n"))
+    return values
+
+
+def fineweb_verdict(values: Mapping[str, Any], config: FineWebConfig) -> str | None:
+    """The detail of the first FineWeb line rule the measured ``values`` fail under ``config``, else None."""
+    if not values["fineweb_num_lines"]:
         return _failure("empty", "lines=0", "fineweb.line_punct_thr", config.line_punct_thr)
-    ratio = sum(line.endswith(_TERMINAL_PUNCTUATION) for line in lines) / len(lines)
+    ratio = values["fineweb_line_punct_ratio"]
     if ratio < config.line_punct_thr and not (ratio == 0 and config.line_punct_exclude_zero):
         return _failure("line_punct_ratio", f"line_share={ratio:.3f}", "fineweb.line_punct_thr", config.line_punct_thr)
-    ratio = sum(len(line) <= config.short_line_length for line in lines) / len(lines)
+    ratio = values["fineweb_short_line_ratio"]
     if ratio > config.short_line_thr:
         return _failure("short_line_ratio", f"line_share={ratio:.3f}", "fineweb.short_line_thr", config.short_line_thr)
-    ratio = _duplicates(lines)[1] / (len(text) - text.count("\n"))
+    ratio = values["fineweb_char_dup_ratio"]
     if ratio > config.char_duplicates_ratio:
         return _failure("char_dup_ratio", f"char_share={ratio:.3f}", "fineweb.char_duplicates_ratio",
                         config.char_duplicates_ratio)
-    ratio = text.count("\n") / max(len(words), 1)
+    ratio = values["fineweb_new_line_ratio"]
     if ratio > config.new_line_ratio:
         return _failure("list_ratio", f"newlines_per_word={ratio:.3f}", "fineweb.new_line_ratio",
                         config.new_line_ratio)

@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from benchmarks.corpus import man_page_texts
+from benchmarks.corpus import debian_doc_texts, man_page_texts
 from core.rundir import RunPaths
-from core.schemas import ATTRIBUTES_SCHEMA
+from core.schemas import ATTRIBUTE_VALUE_FIELDS, ATTRIBUTES_SCHEMA
 from pipeline.filters import UNMEASURED, check_filters, measure_text, normalise_text, redecide
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import FilterConfig
 from pipeline.query import run_query
+from pipeline.thresholds import measurement_settings
 from tests.test_readme_sql import QUERIES
 
 PAGES = 8
@@ -105,3 +107,28 @@ def test_a_verdict_from_stored_values_is_the_verdict_of_the_filters(text: str) -
         verdict = redecide(values, decided_with)
         if verdict != UNMEASURED:
             assert verdict == check_filters(normalise_text(text), decided_with)
+
+
+def test_web_filter_verdicts_from_stored_statistics_are_the_filters_own() -> None:
+    """Gopher, C4 and FineWeb measured with the published settings and stored (a Parquet round trip of the
+    attributes' columns), then decided under other thresholds: the verdicts and details of filtering anew."""
+    texts = [normalise_text(text[:6000]) for _, text in debian_doc_texts(40)]
+    texts += [normalise_text(text) for _, text in man_page_texts("en", 10, min_words=50)]
+    measured_with = FilterConfig(gopher_repetition={}, gopher_quality={}, c4={}, fineweb={})
+    decided_with = FilterConfig(
+        gopher_repetition={"dup_line_frac": 0.1, "top_n_grams": {2: 0.1, 3: 0.3, 4: 0.3}},
+        gopher_quality={"min_doc_words": 600, "min_stop_words": 4, "min_alpha_words_ratio": 0.6},
+        c4={"min_num_sentences": 2, "filter_curly_bracket": False},
+        fineweb={"line_punct_thr": 0.5, "line_punct_exclude_zero": True})
+    assert measurement_settings(measured_with) == measurement_settings(decided_with)
+    measured = [measure_text(text, measured_with) for text in texts]
+    stored = pa.Table.from_pylist([values for _, _, values in measured],
+                                  schema=pa.schema(ATTRIBUTE_VALUE_FIELDS)).to_pylist()
+    verdicts = [redecide(values, decided_with) for values in stored]
+    compared = [(verdict, check_filters(text, decided_with)) for verdict, text in zip(verdicts, texts, strict=True)
+                if verdict != UNMEASURED]
+    assert all(verdict == anew for verdict, anew in compared)
+    assert len(compared) >= len(texts) // 2
+    changed = sum((verdict is None) != (failed is None) for verdict, (_, failed, _) in zip(verdicts, measured,
+                                                                                            strict=True))
+    assert changed > 0  # the new thresholds decide some documents otherwise
