@@ -238,6 +238,20 @@ def test_a_threshold_change_is_re_decided_from_attributes_and_stages_redo_only_w
     assert ingested(run) == first
 
 
+def test_a_threshold_change_is_refused_where_parts_have_no_attributes(chaos_root: Path) -> None:
+    run = chaos_root / "run"
+    (run / "docs").mkdir()
+    (run / "docs" / "part-00000.parquet").write_bytes(b"")  # ingested by a tokenmill that stored no attributes
+    (run / "stages" / "ingest").mkdir(parents=True)
+    (run / "stages" / "ingest" / "part-00000.json").write_text("{}")
+    edit_manifest(chaos_root, lambda m: m["filters"].update(min_chars=400))
+    with pytest.raises(ConfigError) as raised:
+        record(chaos_root)
+    message = str(raised.value)
+    assert "\n" not in message and "manifest corpus 'chaos': filters.min_chars" in message, message
+    assert "no attributes/ to re-decide from" in message and "part-00000.parquet" in message, message
+
+
 # ---- run dirs written before manifests were recorded ----------------------------------------------
 
 
