@@ -10,8 +10,9 @@ import ipaddress
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -19,13 +20,16 @@ import xxhash
 from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.manifest import FilterConfig
 from pipeline.web_filters import (
+    LazyStatistics,
+    NotMeasured,
+    StoredStatistics,
     c4_values,
     c4_verdict,
-    fineweb_values,
+    fineweb_statistics,
     fineweb_verdict,
-    gopher_quality_values,
+    gopher_quality_statistics,
     gopher_quality_verdict,
-    gopher_repetition_values,
+    gopher_repetition_statistics,
     gopher_repetition_verdict,
 )
 from pipeline.words import split_words
@@ -199,7 +203,7 @@ class MeasuredText:
         return self._word_counts
 
 
-Attributes = dict[str, object]
+Attributes = dict[str, Any]
 """One document's measured values (``core.schemas.ATTRIBUTE_VALUE_FIELDS`` names; absent: not measured)."""
 
 
@@ -211,11 +215,11 @@ def _measure_nothing(document: MeasuredText, filters: FilterConfig) -> Attribute
     return {}
 
 
-def _decide_empty(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_empty(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     return "no text left after normalisation" if values["num_chars"] == 0 else None
 
 
-def _decide_too_long(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_too_long(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     num_chars = values["num_chars"]
     if num_chars > filters.max_chars:
         return f"{num_chars} characters, above filters.max_chars={filters.max_chars}"
@@ -226,7 +230,7 @@ def _measure_control_chars(document: MeasuredText, filters: FilterConfig) -> Att
     return {"num_control_chars": count_control_chars(document.text)}
 
 
-def _decide_binary(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_binary(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     num_chars, num_control = values["num_chars"], values["num_control_chars"]
     if num_control / num_chars > filters.max_control_char_fraction:
         return (f"{num_control} of {num_chars} characters are NUL/control characters "
@@ -235,7 +239,7 @@ def _decide_binary(values: Attributes, filters: FilterConfig) -> str | None:
     return None
 
 
-def _decide_too_short(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_too_short(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     num_chars = values["num_chars"]
     if num_chars < filters.min_chars:
         return f"{num_chars} characters, below filters.min_chars={filters.min_chars}"
@@ -247,7 +251,7 @@ def _measure_word_counts(document: MeasuredText, filters: FilterConfig) -> Attri
     return {"num_words": num_words, "num_word_chars": num_word_chars, "num_symbols": num_symbols}
 
 
-def _decide_mean_word_length(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_mean_word_length(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     num_words, num_word_chars = values["num_words"], values["num_word_chars"]
     mean_length = num_word_chars / max(num_words, 1)
     if not filters.min_mean_word_length <= mean_length <= filters.max_mean_word_length:
@@ -257,7 +261,7 @@ def _decide_mean_word_length(values: Attributes, filters: FilterConfig) -> str |
     return None
 
 
-def _decide_symbol_ratio(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_symbol_ratio(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     num_symbols = values["num_symbols"]
     num_alphanumeric = values["num_word_chars"] - num_symbols
     if num_symbols > filters.max_symbol_ratio * num_alphanumeric:
@@ -271,7 +275,7 @@ def _measure_duplicate_lines(document: MeasuredText, filters: FilterConfig) -> A
     return {"duplicate_line_fraction": duplicate_line_fraction(document.text)}
 
 
-def _decide_duplicate_lines(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_duplicate_lines(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     fraction = values["duplicate_line_fraction"]
     if fraction > filters.max_duplicate_line_fraction:
         return (f"{fraction:.1%} of the characters are in repeated lines, above "
@@ -288,7 +292,7 @@ def _measure_language(document: MeasuredText, filters: FilterConfig) -> Attribut
     return {"language": code, "language_score": score}
 
 
-def _decide_language(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_language(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     if filters.language is None:
         return None
     code, score = values["language"], values["language_score"]
@@ -300,29 +304,42 @@ def _decide_language(values: Attributes, filters: FilterConfig) -> str | None:
             f"min_score={filters.language.min_score}")
 
 
+def _measured_by_verdict(statistics: LazyStatistics, verdict: Callable[[LazyStatistics], str | None]) -> Attributes:
+    """The statistics ``verdict`` read (it stops at its first failing rule: later ones stay unmeasured)."""
+    verdict(statistics)
+    return dict(statistics)
+
+
 def _measure_gopher_repetition(document: MeasuredText, filters: FilterConfig) -> Attributes:
     config = filters.gopher_repetition
-    return {} if config is None else gopher_repetition_values(document.text, document.words(), config)
+    if config is None:
+        return {}
+    statistics = gopher_repetition_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: gopher_repetition_verdict(values, config))
 
 
-def _decide_gopher_repetition(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_gopher_repetition(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.gopher_repetition
     return None if config is None else gopher_repetition_verdict(values, config)
 
 
 def _measure_gopher_quality(document: MeasuredText, filters: FilterConfig) -> Attributes:
     config = filters.gopher_quality
-    return {} if config is None else gopher_quality_values(document.text, document.words(), config)
+    if config is None:
+        return {}
+    statistics = gopher_quality_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: gopher_quality_verdict(values, config))
 
 
-def _decide_gopher_quality(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_gopher_quality(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.gopher_quality
     return None if config is None else gopher_quality_verdict(values, config)
 
 
 def _measure_c4(document: MeasuredText, filters: FilterConfig) -> Attributes:
-    """C4's statistics; with ``remove_lines`` its kept lines replace the text for later rows (a document rejected
-    here or later is stored as it came, and a re-decision that lets it through measures it again from that text)."""
+    """C4's statistics (all of them: one pass over the lines); with ``remove_lines`` its kept lines replace the text
+    for later rows (a document rejected here or later is stored as it came, and a re-decision that lets it through
+    measures it again from that text)."""
     config = filters.c4
     if config is None:
         return {}
@@ -332,17 +349,20 @@ def _measure_c4(document: MeasuredText, filters: FilterConfig) -> Attributes:
     return values
 
 
-def _decide_c4(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_c4(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.c4
     return None if config is None else c4_verdict(values, config)
 
 
 def _measure_fineweb(document: MeasuredText, filters: FilterConfig) -> Attributes:
     config = filters.fineweb
-    return {} if config is None else fineweb_values(document.text, document.words(), config)
+    if config is None:
+        return {}
+    statistics = fineweb_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: fineweb_verdict(values, config))
 
 
-def _decide_fineweb(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_fineweb(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.fineweb
     return None if config is None else fineweb_verdict(values, config)
 
@@ -357,7 +377,7 @@ def _measure_quality_score(document: MeasuredText, filters: FilterConfig) -> Att
     return {"quality_score": loaded_classifier(config.model_file(), config.sha256).score(document.text, config.label)}
 
 
-def _decide_quality_classifier(values: Attributes, filters: FilterConfig) -> str | None:
+def _decide_quality_classifier(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.quality_classifier
     if config is None:
         return None
@@ -379,18 +399,11 @@ class QualityFilter:
     """The row's measured values (``{}`` when its filter is off), from the text and the non-threshold settings
     (:data:`THRESHOLD_KEYS` never change them). May replace the document's text (``c4`` removing lines): later rows
     and the stored document see the new one."""
-    decide: Callable[[Attributes, FilterConfig], str | None]
+    decide: Callable[[Mapping[str, Any], FilterConfig], str | None]
     """The reject's one-line detail when the values (this row's and every earlier row's) fail the thresholds, else
     None; a pure function of stored values, so a threshold change re-decides without the text."""
     meaning: str
     """What the reason means, as ``REJECT_REASONS`` and the run report give it."""
-    measured_key: str | None = None
-    """The value whose presence says the row was measured (None: the row reads only earlier rows' values)."""
-
-    def is_on(self, filters: FilterConfig) -> bool:
-        """Whether the row runs under ``filters`` (an optional filter set to None is off)."""
-        return all(getattr(filters, name) is not None for name in self.config_fields)
-
     def check(self, document: MeasuredText, filters: FilterConfig) -> str | None:
         """This row's verdict on one document as if every earlier row had kept it (the reject's detail, or None):
         the values of the rows up to this one are measured, only this row decides."""
@@ -403,46 +416,43 @@ class QualityFilter:
 
 
 QUALITY_FILTERS: tuple[QualityFilter, ...] = (
-    QualityFilter("empty", (), _measure_chars, _decide_empty, "the text is empty after normalisation", "num_chars"),
+    QualityFilter("empty", (), _measure_chars, _decide_empty, "the text is empty after normalisation"),
     QualityFilter("too_long", ("max_chars",), _measure_nothing, _decide_too_long,
                   "more characters than filters.max_chars, or (not parsed; raw truncated to 1 MiB) more bytes than "
                   "12 × filters.max_chars + 64 MiB"),
     QualityFilter("binary", ("max_control_char_fraction",), _measure_control_chars, _decide_binary,
-                  "too many NUL/control characters (binary or garbage data)", "num_control_chars"),
+                  "too many NUL/control characters (binary or garbage data)"),
     QualityFilter("too_short", ("min_chars",), _measure_nothing, _decide_too_short,
                   "fewer characters than filters.min_chars"),
     QualityFilter("mean_word_length", ("min_mean_word_length", "max_mean_word_length"), _measure_word_counts,
                   _decide_mean_word_length,
-                  "mean word length outside filters.min_mean_word_length..max_mean_word_length", "num_words"),
+                  "mean word length outside filters.min_mean_word_length..max_mean_word_length"),
     QualityFilter("symbol_ratio", ("max_symbol_ratio",), _measure_nothing, _decide_symbol_ratio,
                   "more non-space symbols per letter/digit than filters.max_symbol_ratio"),
     QualityFilter("duplicate_lines", ("max_duplicate_line_fraction",), _measure_duplicate_lines,
                   _decide_duplicate_lines,
-                  "more of the text in repeated lines than filters.max_duplicate_line_fraction",
-                  "duplicate_line_fraction"),
+                  "more of the text in repeated lines than filters.max_duplicate_line_fraction"),
     QualityFilter("language", ("language",), _measure_language, _decide_language,
                   "identified language not in filters.language.allowed, or its score below filters.language.min_score "
-                  "(detail: language=<code> score=<0..1>)", "language_score"),
+                  "(detail: language=<code> score=<0..1>)"),
     QualityFilter("gopher_repetition", ("gopher_repetition",), _measure_gopher_repetition,
                   _decide_gopher_repetition,
                   "repeated lines, paragraphs or word n-grams above a filters.gopher_repetition threshold "
-                  "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)",
-                  "gopher_repetition_dup_line_frac"),
+                  "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)"),
     QualityFilter("gopher_quality", ("gopher_quality",), _measure_gopher_quality,
                   _decide_gopher_quality,
                   "word count, word length, symbol, bullet, ellipsis, alphabetic-word or stop-word rule of "
-                  "filters.gopher_quality failed (detail: rule=<gopher_short_doc|gopher_enough_stop_words|...>)",
-                  "gopher_quality_num_words"),
+                  "filters.gopher_quality failed (detail: rule=<gopher_short_doc|gopher_enough_stop_words|...>)"),
     QualityFilter("c4", ("c4",), _measure_c4, _decide_c4,
                   "fewer sentences than filters.c4.min_num_sentences in the lines C4 keeps, or lorem ipsum or a curly "
-                  "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)", "c4_kept_chars"),
+                  "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)"),
     QualityFilter("fineweb", ("fineweb",), _measure_fineweb, _decide_fineweb,
                   "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
                   "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
-                  "list_ratio>)", "fineweb_num_lines"),
+                  "list_ratio>)"),
     QualityFilter("quality_classifier", ("quality_classifier",), _measure_quality_score, _decide_quality_classifier,
                   "the fastText classifier of filters.quality_classifier gave its label a probability below "
-                  "filters.quality_classifier.min_score (detail: score=<0..1>)", "quality_score"),
+                  "filters.quality_classifier.min_score (detail: score=<0..1>)"),
 )
 """The quality filters, in the order :func:`check_filters` runs them; adding a filter is adding a row (and its
 ``FilterConfig`` field). Cheap checks that bound the work come first: ``empty`` guards the ratios against
@@ -494,15 +504,16 @@ UNMEASURED = "unmeasured"
 
 def redecide(values: Attributes, filters: FilterConfig) -> tuple[str, str] | str | None:
     """The verdict of :func:`check_filters` from a document's stored values under (new) thresholds ``filters``:
-    ``(reason, detail)``, None (kept), or :data:`UNMEASURED` when a row it now reaches was never measured (an
-    earlier row rejected it at ingest): the caller measures again from the stored text."""
-    for quality_filter in QUALITY_FILTERS:
-        key = quality_filter.measured_key
-        if quality_filter.is_on(filters) and key is not None and values.get(key) is None:
-            return UNMEASURED
-        detail = quality_filter.decide(values, filters)
-        if detail is not None:
-            return quality_filter.reason, detail
+    ``(reason, detail)``, None (kept), or :data:`UNMEASURED` when a value it now needs was never measured (an
+    earlier row or rule rejected it at ingest): the caller measures again from the stored text."""
+    stored = StoredStatistics(values)
+    try:
+        for quality_filter in QUALITY_FILTERS:
+            detail = quality_filter.decide(stored, filters)
+            if detail is not None:
+                return quality_filter.reason, detail
+    except NotMeasured:
+        return UNMEASURED
     return None
 
 

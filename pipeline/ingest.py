@@ -36,6 +36,7 @@ from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
 from pipeline.thresholds import decision_settings, measurement_settings
+from pipeline.web_filters import storable_statistics
 from pipeline.worker_preload import INGEST_PRELOAD  # noqa: F401  (flows.pipeline takes it from here)
 
 if TYPE_CHECKING:
@@ -556,7 +557,8 @@ def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
     """The attributes row of a parsed document from its documents or rejects ``row`` and measured ``values``."""
     identity = {"doc_id": doc_id_for(row["source"], row["uri"]), "source": row["source"],
                 "source_id": row["source_id"], "uri": row["uri"], "reason": row.get("reason")}
-    return {name: identity[name] if name in identity else values.get(name) for name in ATTRIBUTE_NAMES}
+    stored = storable_statistics(values)
+    return {name: identity[name] if name in identity else stored.get(name) for name in ATTRIBUTE_NAMES}
 
 
 def reject_row(reject: Reject, source: str) -> dict[str, Any]:

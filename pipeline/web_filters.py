@@ -11,9 +11,10 @@ agreement with datatrove is measured in ``tests/pipeline/test_web_filters.py``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pipeline.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
@@ -29,44 +30,124 @@ C4_POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses co
 _TERMINAL_PUNCTUATION = tuple(TERMINAL_PUNCTUATION)
 
 
+class NotMeasured(KeyError):
+    """A statistic a verdict reads was never measured: ingest stopped at an earlier failing rule (or filter)."""
+
+
+class LazyStatistics(dict[str, Any]):
+    """A filter's statistics, each computed when a verdict first reads it: a verdict that fails early leaves the
+    later ones unmeasured (and absent), so measuring costs what deciding did. ``producers``: key -> a function
+    returning its value, or a dict of values (one pass that yields several)."""
+
+    def __init__(self, producers: dict[str, Callable[[], Any]]) -> None:
+        super().__init__()
+        self._producers = producers
+
+    def __missing__(self, key: str) -> Any:
+        produce = self._producers.get(key)
+        if produce is None:
+            raise NotMeasured(key)
+        produced = produce()
+        self.update(produced if isinstance(produced, dict) else {key: produced})
+        return dict.__getitem__(self, key)
+
+
+class Cached:
+    """A value computed on first call (lines of a text that several statistics share)."""
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self._compute, self._value, self._done = compute, None, False
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._compute(), True
+        return self._value
+
+
+N_GRAM_COLUMNS = {"top": "gopher_repetition_top_n_gram_char_frac", "dup": "gopher_repetition_dup_n_gram_char_frac"}
+_N_GRAM_KEY = re.compile(r"gopher_repetition_(top|dup)_(\d+)_gram\Z")
+
+
+def storable_statistics(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with the per-n Gopher n-gram statistics gathered into their ``{n: share}`` map columns."""
+    stored: dict[str, Any] = {}
+    for key, value in values.items():
+        match = _N_GRAM_KEY.match(key)
+        if match is None:
+            stored[key] = value
+        else:
+            stored.setdefault(N_GRAM_COLUMNS[match.group(1)], {})[int(match.group(2))] = value
+    return stored
+
+
+class StoredStatistics(Mapping[str, Any]):
+    """A stored attributes row as a verdict reads it: a null value was not measured (:class:`NotMeasured`), and a
+    per-n Gopher n-gram statistic is looked up in its map column."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self._row = row
+
+    def __getitem__(self, key: str) -> Any:
+        match = _N_GRAM_KEY.match(key)
+        if match is None:
+            value = self._row.get(key)
+        else:  # a map column reads back as (n, share) pairs
+            value = dict(self._row.get(N_GRAM_COLUMNS[match.group(1)]) or ()).get(int(match.group(2)))
+        if value is None:
+            raise NotMeasured(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
 def _failure(rule: str, measured: str, key: str, threshold: object) -> str:
     return f"rule={rule} {measured}; filters.{key}={threshold}"
 
 
 def gopher_quality_failure(text: str, words: list[str], config: GopherQualityConfig) -> str | None:
     """The detail of the first Gopher quality rule ``text`` (split into ``words``) fails, else None."""
-    return gopher_quality_verdict(gopher_quality_values(text, words, config), config)
+    return gopher_quality_verdict(gopher_quality_statistics(text, words, config), config)
 
 
-def gopher_quality_values(text: str, words: list[str], config: GopherQualityConfig) -> dict[str, Any]:
-    """What every Gopher quality rule compares (``gopher_quality_*`` attributes); only ``stop_words`` of ``config``
-    is read: the thresholds decide in :func:`gopher_quality_verdict`."""
-    non_symbol_lengths = [len(word) for word in words if not PUNCTUATION.issuperset(word)]
-    num_non_symbol = len(non_symbol_lengths)
+def gopher_quality_statistics(text: str, words: list[str], config: GopherQualityConfig) -> LazyStatistics:
+    """What Gopher's quality rules compare (``gopher_quality_*`` attributes), each computed when a rule first reads
+    it; of ``config`` only ``stop_words`` is read (the thresholds are :func:`gopher_quality_verdict`'s)."""
     num_words = max(len(words), 1)
-    lines = text.splitlines() or [""]
-    return {
-        "gopher_quality_num_words": num_non_symbol,
-        "gopher_quality_mean_word_length": sum(non_symbol_lengths) / num_non_symbol if num_non_symbol else None,
-        "gopher_quality_hashes_per_word": text.count("#") / num_words,
-        "gopher_quality_ellipses_per_word": (text.count("...") + text.count("…")) / num_words,
-        "gopher_quality_bullet_lines_ratio": sum(line.lstrip().startswith(("•", "-")) for line in lines) / len(lines),
-        "gopher_quality_ellipsis_lines_ratio": sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines),
-        "gopher_quality_alpha_words_ratio": sum(any(character.isalpha() for character in word) for word in words)
-                                            / num_words,
-        "gopher_quality_num_stop_words": len(set(config.stop_words).intersection(words)),
-    }
+    lines = Cached(lambda: text.splitlines() or [""])
+
+    def counts() -> dict[str, Any]:
+        lengths = [len(word) for word in words if not PUNCTUATION.issuperset(word)]
+        return {"gopher_quality_num_words": len(lengths),
+                "gopher_quality_mean_word_length": sum(lengths) / len(lengths) if lengths else None}
+
+    return LazyStatistics({
+        "gopher_quality_num_words": counts, "gopher_quality_mean_word_length": counts,
+        "gopher_quality_hashes_per_word": lambda: text.count("#") / num_words,
+        "gopher_quality_ellipses_per_word": lambda: (text.count("...") + text.count("…")) / num_words,
+        "gopher_quality_bullet_lines_ratio":
+            lambda: sum(line.lstrip().startswith(("•", "-")) for line in lines()) / len(lines()),
+        "gopher_quality_ellipsis_lines_ratio":
+            lambda: sum(line.rstrip().endswith(("...", "…")) for line in lines()) / len(lines()),
+        "gopher_quality_alpha_words_ratio":
+            lambda: sum(any(character.isalpha() for character in word) for word in words) / num_words,
+        "gopher_quality_num_stop_words": lambda: len(set(config.stop_words).intersection(words)),
+    })
 
 
 def gopher_quality_verdict(values: Mapping[str, Any], config: GopherQualityConfig) -> str | None:
-    """The detail of the first Gopher quality rule the measured ``values`` fail under ``config``, else None."""
+    """The detail of the first Gopher quality rule the ``values`` fail under ``config``, else None (a rule that is
+    off reads nothing, and rules after the failing one are not read)."""
     num_words = values["gopher_quality_num_words"]
     if config.min_doc_words is not None and num_words < config.min_doc_words:
         return _failure("gopher_short_doc", f"words={num_words}", "gopher_quality.min_doc_words", config.min_doc_words)
     if config.max_doc_words is not None and num_words > config.max_doc_words:
         return _failure("gopher_long_doc", f"words={num_words}", "gopher_quality.max_doc_words", config.max_doc_words)
-    mean_length = values["gopher_quality_mean_word_length"]
-    if mean_length is not None:
+    if num_words:
+        mean_length = values["gopher_quality_mean_word_length"]
         if config.min_avg_word_length is not None and mean_length < config.min_avg_word_length:
             return _failure("gopher_below_avg_threshold", f"mean_word_length={mean_length:.2f}",
                             "gopher_quality.min_avg_word_length", config.min_avg_word_length)
@@ -85,14 +166,14 @@ def gopher_quality_verdict(values: Mapping[str, Any], config: GopherQualityConfi
         limit = getattr(config, setting)
         if limit is not None and values[key] > limit:
             return _failure(rule, f"line_share={values[key]:.3f}", f"gopher_quality.{setting}", limit)
-    ratio = values["gopher_quality_alpha_words_ratio"]
-    if config.min_alpha_words_ratio is not None and ratio < config.min_alpha_words_ratio:
-        return _failure("gopher_below_alpha_threshold", f"alpha_word_share={ratio:.3f}",
+    if config.min_alpha_words_ratio is not None and values["gopher_quality_alpha_words_ratio"] < \
+            config.min_alpha_words_ratio:
+        return _failure("gopher_below_alpha_threshold",
+                        f"alpha_word_share={values['gopher_quality_alpha_words_ratio']:.3f}",
                         "gopher_quality.min_alpha_words_ratio", config.min_alpha_words_ratio)
-    num_present = values["gopher_quality_num_stop_words"]
-    if config.min_stop_words is not None and num_present < config.min_stop_words:
-        return _failure("gopher_enough_stop_words", f"stop_words={num_present}", "gopher_quality.min_stop_words",
-                        config.min_stop_words)
+    if config.min_stop_words is not None and values["gopher_quality_num_stop_words"] < config.min_stop_words:
+        return _failure("gopher_enough_stop_words", f"stop_words={values['gopher_quality_num_stop_words']}",
+                        "gopher_quality.min_stop_words", config.min_stop_words)
     return None
 
 
@@ -114,51 +195,63 @@ def _duplicates(elements: list[str]) -> tuple[int, int]:
 def gopher_repetition_failure(text: str, words: list[str], config: GopherRepetitionConfig) -> str | None:
     """The detail of the first Gopher repetition rule ``text`` fails, else None (datatrove's order: paragraphs,
     lines, top n-grams, duplicated n-grams)."""
-    return gopher_repetition_verdict(gopher_repetition_values(text, words, config), config)
+    return gopher_repetition_verdict(gopher_repetition_statistics(text, words, config), config)
 
 
-def gopher_repetition_values(text: str, words: list[str], config: GopherRepetitionConfig) -> dict[str, Any]:
-    """What every Gopher repetition rule compares (``gopher_repetition_*`` attributes); of ``config`` only the n of
-    ``top_n_grams`` and ``dup_n_grams`` are read (a top n-gram longer than the text has no value)."""
+def gopher_repetition_statistics(text: str, words: list[str], config: GopherRepetitionConfig) -> LazyStatistics:
+    """What Gopher's repetition rules compare, each computed when a rule first reads it: ``gopher_repetition_dup_
+    {para,line}_{frac,char_frac}``, ``gopher_repetition_top_<n>_gram`` and ``..._dup_<n>_gram`` (stored as the
+    ``{n: share}`` maps of :func:`storable_statistics`; NaN: a top n-gram longer than the text). Of ``config`` only
+    the n are read."""
     num_chars = len(text)
-    values: dict[str, Any] = {}
-    for unit, pieces in (("para", _PARAGRAPH_BREAK.split(text.strip())), ("line", _LINE_BREAKS.split(text))):
-        num_duplicates, num_duplicate_chars = _duplicates(pieces)
-        values[f"gopher_repetition_dup_{unit}_frac"] = num_duplicates / len(pieces)
-        values[f"gopher_repetition_dup_{unit}_char_frac"] = num_duplicate_chars / num_chars
-    top_shares = {}
+    lengths = Cached(lambda: list(map(len, words)))
+
+    def pieces(unit: str, split: list[str]) -> Callable[[], dict[str, Any]]:
+        def share() -> dict[str, Any]:
+            num_duplicates, num_duplicate_chars = _duplicates(split)
+            return {f"gopher_repetition_dup_{unit}_frac": num_duplicates / len(split),
+                    f"gopher_repetition_dup_{unit}_char_frac": num_duplicate_chars / num_chars}
+        return share
+
+    def top_share(n: int) -> float:
+        if len(words) < n:
+            return math.nan
+        # Word tuples, not joined strings: the same counts (words hold no spaces) without building a string each.
+        top_gram, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
+        return (sum(map(len, top_gram)) + n - 1) * count / num_chars
+
+    paragraphs = pieces("para", _PARAGRAPH_BREAK.split(text.strip()))
+    lines = pieces("line", _LINE_BREAKS.split(text))
+    producers: dict[str, Callable[[], Any]] = {
+        "gopher_repetition_dup_para_frac": paragraphs, "gopher_repetition_dup_para_char_frac": paragraphs,
+        "gopher_repetition_dup_line_frac": lines, "gopher_repetition_dup_line_char_frac": lines}
     for n in config.top_n_grams:
-        if len(words) >= n:
-            # Word tuples, not joined strings: the same counts (words hold no spaces) without building a string each.
-            top_gram, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
-            top_shares[n] = (sum(map(len, top_gram)) + n - 1) * count / num_chars
-    lengths = list(map(len, words))
-    values["gopher_repetition_top_n_gram_char_frac"] = top_shares
-    values["gopher_repetition_dup_n_gram_char_frac"] = {n: _repeated_n_gram_chars(words, lengths, n) / num_chars
-                                                        for n in config.dup_n_grams}
-    return values
+        producers[f"gopher_repetition_top_{n}_gram"] = lambda n=n: top_share(n)
+    for n in config.dup_n_grams:
+        producers[f"gopher_repetition_dup_{n}_gram"] = (
+            lambda n=n: _repeated_n_gram_chars(words, lengths(), n) / num_chars)
+    return LazyStatistics(producers)
 
 
 def gopher_repetition_verdict(values: Mapping[str, Any], config: GopherRepetitionConfig) -> str | None:
-    """The detail of the first Gopher repetition rule the measured ``values`` fail under ``config``, else None."""
+    """The detail of the first Gopher repetition rule the ``values`` fail under ``config``, else None."""
     for unit in ("para", "line"):
-        share, char_share = (values[f"gopher_repetition_dup_{unit}_frac"],
-                             values[f"gopher_repetition_dup_{unit}_char_frac"])
         share_limit, char_limit = getattr(config, f"dup_{unit}_frac"), getattr(config, f"dup_{unit}_char_frac")
+        share = values[f"gopher_repetition_dup_{unit}_frac"]
         if share_limit is not None and share > share_limit:
             return _failure(f"dup_{unit}_frac", f"share={share:.3f}", f"gopher_repetition.dup_{unit}_frac", share_limit)
+        char_share = values[f"gopher_repetition_dup_{unit}_char_frac"]
         if char_limit is not None and char_share > char_limit:
             return _failure(f"dup_{unit}_char_frac", f"char_share={char_share:.3f}",
                             f"gopher_repetition.dup_{unit}_char_frac", char_limit)
-    top_shares = dict(values["gopher_repetition_top_n_gram_char_frac"])  # a stored map reads back as pairs
     for n, limit in config.top_n_grams.items():
-        if n in top_shares and top_shares[n] > limit:
-            return _failure(f"top_{n}_gram", f"char_share={top_shares[n]:.3f}", f"gopher_repetition.top_n_grams.{n}",
-                            limit)
-    dup_shares = dict(values["gopher_repetition_dup_n_gram_char_frac"])
+        share = values[f"gopher_repetition_top_{n}_gram"]
+        if share > limit:  # NaN (fewer words than n) never is
+            return _failure(f"top_{n}_gram", f"char_share={share:.3f}", f"gopher_repetition.top_n_grams.{n}", limit)
     for n, limit in config.dup_n_grams.items():
-        if dup_shares[n] > limit:
-            return _failure(f"duplicated_{n}_n_grams", f"char_share={dup_shares[n]:.3f}",
+        share = values[f"gopher_repetition_dup_{n}_gram"]
+        if share > limit:
+            return _failure(f"duplicated_{n}_n_grams", f"char_share={share:.3f}",
                             f"gopher_repetition.dup_n_grams.{n}", limit)
     return None
 
@@ -234,8 +327,9 @@ def c4_values(text: str, config: C4Config) -> tuple[dict[str, Any], str]:
 
 def c4_verdict(values: Mapping[str, Any], config: C4Config) -> str | None:
     """The detail of the C4 page rule the measured ``values`` fail under ``config`` (the earliest line's), else None."""
-    lorem = values["c4_lorem_ipsum_line"] if config.filter_lorem_ipsum else None
-    curly = values["c4_curly_bracket_line"] if config.filter_curly_bracket else None
+    kept_chars = values["c4_kept_chars"]  # first: C4 is measured whole or not at all
+    lorem = values.get("c4_lorem_ipsum_line") if config.filter_lorem_ipsum else None
+    curly = values.get("c4_curly_bracket_line") if config.filter_curly_bracket else None
     if lorem is not None and (curly is None or lorem <= curly):
         return _failure("lorem_ipsum", "phrase=lorem_ipsum", "c4.filter_lorem_ipsum", "true")
     if curly is not None:
@@ -244,28 +338,29 @@ def c4_verdict(values: Mapping[str, Any], config: C4Config) -> str | None:
     if config.min_num_sentences is not None and num_sentences < config.min_num_sentences:
         return _failure("too_few_sentences", f"sentences={num_sentences}", "c4.min_num_sentences",
                         config.min_num_sentences)
-    if not values["c4_kept_chars"]:  # only with min_num_sentences off; datatrove would keep an empty document
+    if not kept_chars:  # only with min_num_sentences off; datatrove would keep an empty document
         return _failure("no_lines_kept", "lines=0", "c4.min_num_sentences", config.min_num_sentences)
     return None
 
 
 def fineweb_failure(text: str, words: list[str], config: FineWebConfig) -> str | None:
     """The detail of the first FineWeb line rule ``text`` fails, else None."""
-    return fineweb_verdict(fineweb_values(text, words, config), config)
+    return fineweb_verdict(fineweb_statistics(text, words, config), config)
 
 
-def fineweb_values(text: str, words: list[str], config: FineWebConfig) -> dict[str, Any]:
-    """What FineWeb's line rules compare (``fineweb_*`` attributes; the ratios null without a non-blank line); of
+def fineweb_statistics(text: str, words: list[str], config: FineWebConfig) -> LazyStatistics:
+    """What FineWeb's line rules compare (``fineweb_*`` attributes), each computed when a rule first reads it; of
     ``config`` only ``short_line_length`` is read."""
-    lines = [line for line in text.split("\n") if line.strip()]
-    values: dict[str, Any] = {"fineweb_num_lines": len(lines), "fineweb_line_punct_ratio": None,
-                              "fineweb_short_line_ratio": None, "fineweb_char_dup_ratio": None,
-                              "fineweb_new_line_ratio": text.count("\n") / max(len(words), 1)}
-    if lines:
-        values["fineweb_line_punct_ratio"] = sum(line.endswith(_TERMINAL_PUNCTUATION) for line in lines) / len(lines)
-        values["fineweb_short_line_ratio"] = sum(len(line) <= config.short_line_length for line in lines) / len(lines)
-        values["fineweb_char_dup_ratio"] = _duplicates(lines)[1] / (len(text) - text.count("\n"))
-    return values
+    lines = Cached(lambda: [line for line in text.split("\n") if line.strip()])
+    return LazyStatistics({
+        "fineweb_num_lines": lambda: len(lines()),
+        "fineweb_line_punct_ratio":
+            lambda: sum(line.endswith(_TERMINAL_PUNCTUATION) for line in lines()) / len(lines()),
+        "fineweb_short_line_ratio":
+            lambda: sum(len(line) <= config.short_line_length for line in lines()) / len(lines()),
+        "fineweb_char_dup_ratio": lambda: _duplicates(lines())[1] / (len(text) - text.count("\n")),
+        "fineweb_new_line_ratio": lambda: text.count("\n") / max(len(words), 1),
+    })
 
 
 def fineweb_verdict(values: Mapping[str, Any], config: FineWebConfig) -> str | None:

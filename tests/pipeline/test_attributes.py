@@ -22,6 +22,7 @@ from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import FilterConfig
 from pipeline.query import run_query
 from pipeline.thresholds import measurement_settings
+from pipeline.web_filters import storable_statistics
 from tests.test_readme_sql import QUERIES
 
 PAGES = 8
@@ -111,7 +112,8 @@ def test_a_verdict_from_stored_values_is_the_verdict_of_the_filters(text: str) -
 
 def test_web_filter_verdicts_from_stored_statistics_are_the_filters_own() -> None:
     """Gopher, C4 and FineWeb measured with the published settings and stored (a Parquet round trip of the
-    attributes' columns), then decided under other thresholds: the verdicts and details of filtering anew."""
+    attributes' columns, n-gram maps included), then decided under other thresholds: the verdicts and details of
+    filtering anew, wherever the stored statistics suffice."""
     texts = [normalise_text(text[:6000]) for _, text in debian_doc_texts(40)]
     texts += [normalise_text(text) for _, text in man_page_texts("en", 10, min_words=50)]
     measured_with = FilterConfig(gopher_repetition={}, gopher_quality={}, c4={}, fineweb={})
@@ -122,13 +124,17 @@ def test_web_filter_verdicts_from_stored_statistics_are_the_filters_own() -> Non
         fineweb={"line_punct_thr": 0.5, "line_punct_exclude_zero": True})
     assert measurement_settings(measured_with) == measurement_settings(decided_with)
     measured = [measure_text(text, measured_with) for text in texts]
-    stored = pa.Table.from_pylist([values for _, _, values in measured],
+    stored = pa.Table.from_pylist([storable_statistics(values) for _, _, values in measured],
                                   schema=pa.schema(ATTRIBUTE_VALUE_FIELDS)).to_pylist()
     verdicts = [redecide(values, decided_with) for values in stored]
     compared = [(verdict, check_filters(text, decided_with)) for verdict, text in zip(verdicts, texts, strict=True)
                 if verdict != UNMEASURED]
-    assert all(verdict == anew for verdict, anew in compared)
-    assert len(compared) >= len(texts) // 2
+    assert all(verdict == anew for verdict, anew in compared) and len(compared) >= 10
+    # A document the filters kept has every statistic; one rejected has those up to its failing rule (ingest keeps
+    # its speed), so some re-decisions need the stored text measured again.
+    assert all(verdict != UNMEASURED for verdict, (_, failed, _) in zip(verdicts, measured, strict=True)
+               if failed is None)
+    assert len(compared) < len(texts)
     changed = sum((verdict is None) != (failed is None) for verdict, (_, failed, _) in zip(verdicts, measured,
                                                                                             strict=True))
     assert changed > 0  # the new thresholds decide some documents otherwise
