@@ -77,8 +77,8 @@ ATTRIBUTE_VALUE_FIELDS = (
     pa.field("quality_score", pa.float64()),  # the quality classifier's probability of its label, 0..1
 )
 """One nullable column per measured value of the quality filters (``pipeline.filters.QUALITY_FILTERS``): null when
-that filter is off, or when an earlier filter rejected the document (rows after the first failing one are not
-measured)."""
+that filter is off, or when it was never needed: ingest stops at the first failing filter, and within a web-grade
+filter at its first failing rule, so later values are not measured."""
 
 ATTRIBUTES_SCHEMA = pa.schema(
     [
