@@ -29,7 +29,7 @@ CODE_VERSION = "0.1.0"
 """Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
 
 
-MARKER_KEYS = ("fingerprint", "part", "summary")
+MARKER_KEYS = ("fingerprint", "part", "summary", "measured", "decided")
 """The keys a marker keeps when it is migrated from a run dir written before ``stages/`` held every marker."""
 
 
@@ -69,6 +69,11 @@ class RunPaths:
     @property
     def rejects(self) -> Path:
         return self.root / "rejects"
+
+    @property
+    def attributes(self) -> Path:
+        """``attributes/part-NNNNN.parquet``: what the quality filters measured for every parsed document."""
+        return self.root / "attributes"
 
     @property
     def dedupe(self) -> Path:

@@ -32,8 +32,64 @@ REJECTS_SCHEMA = pa.schema(
         pa.field("reason", pa.string(), nullable=False),  # one of pipeline.filters.REJECT_REASONS
         pa.field("detail", pa.string(), nullable=False),
         pa.field("raw", pa.large_binary()),  # original bytes, so a fixed record can be re-ingested
+        # the normalised text a quality filter rejected (null for a broken record): a relaxed threshold brings it back
+        pa.field("text", pa.large_string()),
     ],
     metadata={"format_version": str(FORMAT_VERSION), "artifact": "rejects"},
+)
+
+ATTRIBUTE_VALUE_FIELDS = (
+    pa.field("num_chars", pa.int64()),  # characters of the normalised text (before C4 removes lines)
+    pa.field("num_control_chars", pa.int64()),  # NUL/control characters (binary)
+    pa.field("num_words", pa.int64()),  # whitespace-separated words (mean_word_length)
+    pa.field("num_word_chars", pa.int64()),  # characters in those words
+    pa.field("num_symbols", pa.int64()),  # non-space symbols among them (symbol_ratio)
+    pa.field("duplicate_line_fraction", pa.float64()),  # share of characters in repeated lines (duplicate_lines)
+    pa.field("language", pa.string()),  # fastText lid.176 code (filters.language)
+    pa.field("language_score", pa.float64()),  # its probability, 0..1
+    # filters.gopher_repetition: share of paragraphs / lines repeating an earlier one, and of their characters
+    pa.field("gopher_repetition_dup_para_frac", pa.float64()),
+    pa.field("gopher_repetition_dup_para_char_frac", pa.float64()),
+    pa.field("gopher_repetition_dup_line_frac", pa.float64()),
+    pa.field("gopher_repetition_dup_line_char_frac", pa.float64()),
+    pa.field("gopher_repetition_top_n_gram_char_frac", pa.map_(pa.int32(), pa.float64())),  # {n: share}
+    pa.field("gopher_repetition_dup_n_gram_char_frac", pa.map_(pa.int32(), pa.float64())),  # {n: share}
+    # filters.gopher_quality
+    pa.field("gopher_quality_num_words", pa.int64()),  # words that are not only punctuation
+    pa.field("gopher_quality_mean_word_length", pa.float64()),  # null without such a word
+    pa.field("gopher_quality_hashes_per_word", pa.float64()),
+    pa.field("gopher_quality_ellipses_per_word", pa.float64()),
+    pa.field("gopher_quality_bullet_lines_ratio", pa.float64()),
+    pa.field("gopher_quality_ellipsis_lines_ratio", pa.float64()),
+    pa.field("gopher_quality_alpha_words_ratio", pa.float64()),
+    pa.field("gopher_quality_num_stop_words", pa.int64()),
+    # filters.c4: sentences and characters in the kept lines; first line (0-based) with lorem ipsum / a curly bracket
+    pa.field("c4_num_sentences", pa.int64()),
+    pa.field("c4_kept_chars", pa.int64()),
+    pa.field("c4_lorem_ipsum_line", pa.int64()),
+    pa.field("c4_curly_bracket_line", pa.int64()),
+    # filters.fineweb: non-blank lines, and its ratios (null without a non-blank line)
+    pa.field("fineweb_num_lines", pa.int64()),
+    pa.field("fineweb_line_punct_ratio", pa.float64()),
+    pa.field("fineweb_short_line_ratio", pa.float64()),
+    pa.field("fineweb_char_dup_ratio", pa.float64()),
+    pa.field("fineweb_new_line_ratio", pa.float64()),
+    pa.field("quality_score", pa.float64()),  # the quality classifier's probability of its label, 0..1
+)
+"""One nullable column per measured value of the quality filters (``pipeline.filters.QUALITY_FILTERS``): null when
+that filter is off, or when it was never needed: ingest stops at the first failing filter, and within a web-grade
+filter at its first failing rule, so later values are not measured."""
+
+ATTRIBUTES_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),  # the documents' doc_id (kept or not): hash of (source, uri)
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("source_id", pa.string()),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),  # the verdict: the rejects reason, null when the document is kept
+        *ATTRIBUTE_VALUE_FIELDS,
+    ],
+    metadata={"format_version": str(FORMAT_VERSION), "artifact": "attributes"},
 )
 
 DUPLICATES_SCHEMA = pa.schema(

@@ -11,10 +11,17 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
+from core.documents import document_part_files
 from core.errors import ConfigError
 from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
-from pipeline.manifest import CorpusManifest, changed_manifest_keys, load_manifest, portable_manifest
+from pipeline.manifest import (
+    CorpusManifest,
+    changed_manifest_keys,
+    changed_threshold_keys,
+    load_manifest,
+    portable_manifest,
+)
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
 from trainer.mixture_config import MixtureScheduleConfig
@@ -278,9 +285,25 @@ def refuse_changed_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
 
 
 def _refuse_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest]) -> None:
-    if path.is_file() and (changed := recipe_changes(path, recipe, manifests)):
+    if not path.is_file():
+        return
+    if changed := recipe_changes(path, recipe, manifests):
         raise ConfigError(f"{path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
                           "use another --run-dir, or delete the run dir to start fresh.")
+    previous = _recorded_manifests(path, load_yaml_mapping(path, "run recipe", RUN_YAML_FIX))
+    thresholds = changed_threshold_keys(previous, manifests) if previous is not None else {}
+    unattributed = [name for name in _ingested_part_names(path.parent) if not (RunPaths(path.parent).attributes
+                                                                             / name).is_file()]
+    if thresholds and unattributed:
+        keys = "; ".join(f"manifest corpus '{corpus}': {', '.join(keys)}" for corpus, keys in thresholds.items())
+        raise ConfigError(f"{path}: thresholds changed ({keys}) but {len(unattributed)} ingested part(s) have no "
+                          f"attributes/ to re-decide from (ingested by an earlier tokenmill, e.g. {unattributed[0]}); "
+                          "use another --run-dir, or delete the run dir to start fresh.")
+
+
+def _ingested_part_names(run_dir: Path) -> list[str]:
+    """``part-NNNNN.parquet`` of each ingested documents part of the run."""
+    return [part.name for part in document_part_files(RunPaths(run_dir))]
 
 
 def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
@@ -290,8 +313,10 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     names (filters, a source's path, format, glob, fields, a new or removed source): its documents, tokenizer
     and shards were made with the old settings. ``train``, ``model`` and the sources' ``weight`` and
     ``license`` may change (the trainer reads the mixture from run.yaml and checks its checkpoints); new files
-    in a source folder are the refresh's business, not a change. To start over, the user deletes the run dir
-    (or its ``run.yaml``), as the error says.
+    in a source folder are the refresh's business, not a change. So may a filter's thresholds
+    (:data:`pipeline.thresholds.THRESHOLD_KEYS`): ingest re-decides its parts from their stored attributes, and
+    run.yaml records the new manifests. To start over, the user deletes the run dir (or its ``run.yaml``), as the
+    error says.
     """
     paths = RunPaths(run_dir)
     path = paths.recipe

@@ -10,15 +10,28 @@ import ipaddress
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
 
 from core.schemas import NON_FILTER_REJECT_REASONS
 from pipeline.manifest import FilterConfig
-from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
+from pipeline.web_filters import (
+    LazyStatistics,
+    NotMeasured,
+    StoredStatistics,
+    c4_values,
+    c4_verdict,
+    fineweb_statistics,
+    fineweb_verdict,
+    gopher_quality_statistics,
+    gopher_quality_verdict,
+    gopher_repetition_statistics,
+    gopher_repetition_verdict,
+)
 from pipeline.words import split_words
 
 # C0 controls except \t \n \v \f \r, DEL and the C1 block: what binary data decoded as text is made of.
@@ -190,18 +203,35 @@ class MeasuredText:
         return self._word_counts
 
 
-def _check_empty(document: MeasuredText, filters: FilterConfig) -> str | None:
-    return "no text left after normalisation" if document.num_chars == 0 else None
+Attributes = dict[str, Any]
+"""One document's measured values (``core.schemas.ATTRIBUTE_VALUE_FIELDS`` names; absent: not measured)."""
 
 
-def _check_too_long(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if document.num_chars > filters.max_chars:
-        return f"{document.num_chars} characters, above filters.max_chars={filters.max_chars}"
+def _measure_chars(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    return {"num_chars": document.num_chars}
+
+
+def _measure_nothing(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    return {}
+
+
+def _decide_empty(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    return "no text left after normalisation" if values["num_chars"] == 0 else None
+
+
+def _decide_too_long(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    num_chars = values["num_chars"]
+    if num_chars > filters.max_chars:
+        return f"{num_chars} characters, above filters.max_chars={filters.max_chars}"
     return None
 
 
-def _check_binary(document: MeasuredText, filters: FilterConfig) -> str | None:
-    num_chars, num_control = document.num_chars, count_control_chars(document.text)
+def _measure_control_chars(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    return {"num_control_chars": count_control_chars(document.text)}
+
+
+def _decide_binary(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    num_chars, num_control = values["num_chars"], values["num_control_chars"]
     if num_control / num_chars > filters.max_control_char_fraction:
         return (f"{num_control} of {num_chars} characters are NUL/control characters "
                 f"({num_control / num_chars:.1%}), above filters.max_control_char_fraction="
@@ -209,14 +239,20 @@ def _check_binary(document: MeasuredText, filters: FilterConfig) -> str | None:
     return None
 
 
-def _check_too_short(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if document.num_chars < filters.min_chars:
-        return f"{document.num_chars} characters, below filters.min_chars={filters.min_chars}"
+def _decide_too_short(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    num_chars = values["num_chars"]
+    if num_chars < filters.min_chars:
+        return f"{num_chars} characters, below filters.min_chars={filters.min_chars}"
     return None
 
 
-def _check_mean_word_length(document: MeasuredText, filters: FilterConfig) -> str | None:
-    num_words, num_word_chars, _ = document.word_counts()
+def _measure_word_counts(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    num_words, num_word_chars, num_symbols = document.word_counts()
+    return {"num_words": num_words, "num_word_chars": num_word_chars, "num_symbols": num_symbols}
+
+
+def _decide_mean_word_length(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    num_words, num_word_chars = values["num_words"], values["num_word_chars"]
     mean_length = num_word_chars / max(num_words, 1)
     if not filters.min_mean_word_length <= mean_length <= filters.max_mean_word_length:
         return (f"mean word length {mean_length:.1f} characters over {num_words} words, outside filters."
@@ -225,9 +261,9 @@ def _check_mean_word_length(document: MeasuredText, filters: FilterConfig) -> st
     return None
 
 
-def _check_symbol_ratio(document: MeasuredText, filters: FilterConfig) -> str | None:
-    _, num_word_chars, num_symbols = document.word_counts()
-    num_alphanumeric = num_word_chars - num_symbols
+def _decide_symbol_ratio(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    num_symbols = values["num_symbols"]
+    num_alphanumeric = values["num_word_chars"] - num_symbols
     if num_symbols > filters.max_symbol_ratio * num_alphanumeric:
         ratio = num_symbols / max(num_alphanumeric, 1)
         return (f"{num_symbols} symbols to {num_alphanumeric} letters/digits (ratio {ratio:.2f}), above "
@@ -235,20 +271,31 @@ def _check_symbol_ratio(document: MeasuredText, filters: FilterConfig) -> str | 
     return None
 
 
-def _check_duplicate_lines(document: MeasuredText, filters: FilterConfig) -> str | None:
-    fraction = duplicate_line_fraction(document.text)
+def _measure_duplicate_lines(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    return {"duplicate_line_fraction": duplicate_line_fraction(document.text)}
+
+
+def _decide_duplicate_lines(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    fraction = values["duplicate_line_fraction"]
     if fraction > filters.max_duplicate_line_fraction:
         return (f"{fraction:.1%} of the characters are in repeated lines, above "
                 f"filters.max_duplicate_line_fraction={filters.max_duplicate_line_fraction}")
     return None
 
 
-def _check_language(document: MeasuredText, filters: FilterConfig) -> str | None:
+def _measure_language(document: MeasuredText, filters: FilterConfig) -> Attributes:
     if filters.language is None:
-        return None
+        return {}
     from pipeline.language import detect_language  # fastText: loaded only by a manifest that asks for it
 
     code, score = detect_language(document.text)
+    return {"language": code, "language_score": score}
+
+
+def _decide_language(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    if filters.language is None:
+        return None
+    code, score = values["language"], values["language_score"]
     allowed = filters.language.allowed
     if code in allowed and score >= filters.language.min_score:
         return None
@@ -257,42 +304,84 @@ def _check_language(document: MeasuredText, filters: FilterConfig) -> str | None
             f"min_score={filters.language.min_score}")
 
 
-def _check_gopher_repetition(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if filters.gopher_repetition is None:
-        return None
-    return gopher_repetition_failure(document.text, document.words(), filters.gopher_repetition)
+def _measured_by_verdict(statistics: LazyStatistics, verdict: Callable[[LazyStatistics], str | None]) -> Attributes:
+    """The statistics ``verdict`` read (it stops at its first failing rule: later ones stay unmeasured)."""
+    verdict(statistics)
+    return dict(statistics)
 
 
-def _check_gopher_quality(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if filters.gopher_quality is None:
-        return None
-    return gopher_quality_failure(document.text, document.words(), filters.gopher_quality)
+def _measure_gopher_repetition(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.gopher_repetition
+    if config is None:
+        return {}
+    statistics = gopher_repetition_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: gopher_repetition_verdict(values, config))
 
 
-def _check_c4(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if filters.c4 is None:
-        return None
-    failure, kept_text = c4_failure(document.text, filters.c4)
-    if failure is None and filters.c4.remove_lines and kept_text != document.text:
+def _decide_gopher_repetition(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    config = filters.gopher_repetition
+    return None if config is None else gopher_repetition_verdict(values, config)
+
+
+def _measure_gopher_quality(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.gopher_quality
+    if config is None:
+        return {}
+    statistics = gopher_quality_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: gopher_quality_verdict(values, config))
+
+
+def _decide_gopher_quality(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    config = filters.gopher_quality
+    return None if config is None else gopher_quality_verdict(values, config)
+
+
+def _measure_c4(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    """C4's statistics (all of them: one pass over the lines); with ``remove_lines`` its kept lines replace the text
+    for later rows (a document rejected here or later is stored as it came, and a re-decision that lets it through
+    measures it again from that text)."""
+    config = filters.c4
+    if config is None:
+        return {}
+    values, kept_text = c4_values(document.text, config)
+    if config.remove_lines and kept_text != document.text:
         document.replace_text(kept_text)
-    return failure
+    return values
 
 
-def _check_fineweb(document: MeasuredText, filters: FilterConfig) -> str | None:
-    if filters.fineweb is None:
-        return None
-    return fineweb_failure(document.text, document.words(), filters.fineweb)
+def _decide_c4(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    config = filters.c4
+    return None if config is None else c4_verdict(values, config)
 
 
-def _check_quality_classifier(document: MeasuredText, filters: FilterConfig) -> str | None:
+def _measure_fineweb(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.fineweb
+    if config is None:
+        return {}
+    statistics = fineweb_statistics(document.text, document.words(), config)
+    return _measured_by_verdict(statistics, lambda values: fineweb_verdict(values, config))
+
+
+def _decide_fineweb(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
+    config = filters.fineweb
+    return None if config is None else fineweb_verdict(values, config)
+
+
+def _measure_quality_score(document: MeasuredText, filters: FilterConfig) -> Attributes:
+    config = filters.quality_classifier
+    if config is None:
+        return {}
+    from pipeline.quality_classifier import loaded_classifier  # fastText: loaded only by a manifest that asks
+
+    assert config.sha256 is not None  # filled in by load_manifest with the model file
+    return {"quality_score": loaded_classifier(config.model_file(), config.sha256).score(document.text, config.label)}
+
+
+def _decide_quality_classifier(values: Mapping[str, Any], filters: FilterConfig) -> str | None:
     config = filters.quality_classifier
     if config is None:
         return None
-    from pipeline.quality_classifier import loaded_classifier  # fastText: loaded only by a manifest that asks
-
-    model_file = config.model_file()
-    assert config.sha256 is not None  # filled in by load_manifest with the model file
-    score = loaded_classifier(model_file, config.sha256).score(document.text, config.label)
+    score = values["quality_score"]
     if score >= config.min_score:
         return None
     return f"score={score:.3f}; filters.quality_classifier label={config.label} min_score={config.min_score}"
@@ -300,50 +389,68 @@ def _check_quality_classifier(document: MeasuredText, filters: FilterConfig) -> 
 
 @dataclass(frozen=True)
 class QualityFilter:
-    """One quality filter: a row of :data:`QUALITY_FILTERS`."""
+    """One quality filter: a row of :data:`QUALITY_FILTERS`, split into what it measures and how it decides."""
 
     reason: str
     """The ``rejects.reason`` a failing document is recorded with."""
     config_fields: tuple[str, ...]
-    """The ``FilterConfig`` fields (``filters:`` keys of a manifest) the check reads."""
-    check: Callable[[MeasuredText, FilterConfig], str | None]
-    """The reject's one-line detail when the document fails, else None; may assume every earlier row passed. A row
-    may replace the document's text (``c4`` removing lines): later rows and the stored document see the new one."""
+    """The ``FilterConfig`` fields (``filters:`` keys of a manifest) the row reads."""
+    measure: Callable[[MeasuredText, FilterConfig], Attributes]
+    """The row's measured values (``{}`` when its filter is off), from the text and the non-threshold settings
+    (:data:`THRESHOLD_KEYS` never change them). May replace the document's text (``c4`` removing lines): later rows
+    and the stored document see the new one."""
+    decide: Callable[[Mapping[str, Any], FilterConfig], str | None]
+    """The reject's one-line detail when the values (this row's and every earlier row's) fail the thresholds, else
+    None; a pure function of stored values, so a threshold change re-decides without the text."""
     meaning: str
     """What the reason means, as ``REJECT_REASONS`` and the run report give it."""
+    def check(self, document: MeasuredText, filters: FilterConfig) -> str | None:
+        """This row's verdict on one document as if every earlier row had kept it (the reject's detail, or None):
+        the values of the rows up to this one are measured, only this row decides."""
+        values: Attributes = {}
+        for row in QUALITY_FILTERS:
+            values.update(row.measure(document, filters))
+            if row is self:
+                break
+        return self.decide(values, filters)
 
 
 QUALITY_FILTERS: tuple[QualityFilter, ...] = (
-    QualityFilter("empty", (), _check_empty, "the text is empty after normalisation"),
-    QualityFilter("too_long", ("max_chars",), _check_too_long,
+    QualityFilter("empty", (), _measure_chars, _decide_empty, "the text is empty after normalisation"),
+    QualityFilter("too_long", ("max_chars",), _measure_nothing, _decide_too_long,
                   "more characters than filters.max_chars, or (not parsed; raw truncated to 1 MiB) more bytes than "
                   "12 × filters.max_chars + 64 MiB"),
-    QualityFilter("binary", ("max_control_char_fraction",), _check_binary,
+    QualityFilter("binary", ("max_control_char_fraction",), _measure_control_chars, _decide_binary,
                   "too many NUL/control characters (binary or garbage data)"),
-    QualityFilter("too_short", ("min_chars",), _check_too_short, "fewer characters than filters.min_chars"),
-    QualityFilter("mean_word_length", ("min_mean_word_length", "max_mean_word_length"), _check_mean_word_length,
+    QualityFilter("too_short", ("min_chars",), _measure_nothing, _decide_too_short,
+                  "fewer characters than filters.min_chars"),
+    QualityFilter("mean_word_length", ("min_mean_word_length", "max_mean_word_length"), _measure_word_counts,
+                  _decide_mean_word_length,
                   "mean word length outside filters.min_mean_word_length..max_mean_word_length"),
-    QualityFilter("symbol_ratio", ("max_symbol_ratio",), _check_symbol_ratio,
+    QualityFilter("symbol_ratio", ("max_symbol_ratio",), _measure_nothing, _decide_symbol_ratio,
                   "more non-space symbols per letter/digit than filters.max_symbol_ratio"),
-    QualityFilter("duplicate_lines", ("max_duplicate_line_fraction",), _check_duplicate_lines,
+    QualityFilter("duplicate_lines", ("max_duplicate_line_fraction",), _measure_duplicate_lines,
+                  _decide_duplicate_lines,
                   "more of the text in repeated lines than filters.max_duplicate_line_fraction"),
-    QualityFilter("language", ("language",), _check_language,
+    QualityFilter("language", ("language",), _measure_language, _decide_language,
                   "identified language not in filters.language.allowed, or its score below filters.language.min_score "
                   "(detail: language=<code> score=<0..1>)"),
-    QualityFilter("gopher_repetition", ("gopher_repetition",), _check_gopher_repetition,
+    QualityFilter("gopher_repetition", ("gopher_repetition",), _measure_gopher_repetition,
+                  _decide_gopher_repetition,
                   "repeated lines, paragraphs or word n-grams above a filters.gopher_repetition threshold "
                   "(detail: rule=<dup_line_frac|top_2_gram|duplicated_5_n_grams|...>)"),
-    QualityFilter("gopher_quality", ("gopher_quality",), _check_gopher_quality,
+    QualityFilter("gopher_quality", ("gopher_quality",), _measure_gopher_quality,
+                  _decide_gopher_quality,
                   "word count, word length, symbol, bullet, ellipsis, alphabetic-word or stop-word rule of "
                   "filters.gopher_quality failed (detail: rule=<gopher_short_doc|gopher_enough_stop_words|...>)"),
-    QualityFilter("c4", ("c4",), _check_c4,
+    QualityFilter("c4", ("c4",), _measure_c4, _decide_c4,
                   "fewer sentences than filters.c4.min_num_sentences in the lines C4 keeps, or lorem ipsum or a curly "
                   "bracket (detail: rule=<too_few_sentences|lorem_ipsum|curly_bracket>)"),
-    QualityFilter("fineweb", ("fineweb",), _check_fineweb,
+    QualityFilter("fineweb", ("fineweb",), _measure_fineweb, _decide_fineweb,
                   "too few lines ending in punctuation, too many short or repeated lines, or too many newlines per "
                   "word for filters.fineweb (detail: rule=<line_punct_ratio|short_line_ratio|char_dup_ratio|"
                   "list_ratio>)"),
-    QualityFilter("quality_classifier", ("quality_classifier",), _check_quality_classifier,
+    QualityFilter("quality_classifier", ("quality_classifier",), _measure_quality_score, _decide_quality_classifier,
                   "the fastText classifier of filters.quality_classifier gave its label a probability below "
                   "filters.quality_classifier.min_score (detail: score=<0..1>)"),
 )
@@ -352,7 +459,9 @@ QUALITY_FILTERS: tuple[QualityFilter, ...] = (
 zero, a huge binary blob is reported as too_long without scanning it, a short blob of binary as binary; the
 model-based ones (language identification, the quality classifier) run on documents every cheap row kept; the
 web-grade filters (off by default) run between them, in the order of FineWeb's pipeline (after its language
-filter): Gopher repetition, Gopher quality, C4 (whose kept lines later rows and the classifier see), FineWeb."""
+filter): Gopher repetition, Gopher quality, C4 (whose kept lines later rows and the classifier see), FineWeb.
+A row after the first failing one is not measured (ingest keeps its speed); :func:`redecide` measures it from the
+stored text when a relaxed threshold lets the document reach it."""
 
 REJECT_REASONS: dict[str, str] = {**NON_FILTER_REJECT_REASONS,
                                   **{row.reason: row.meaning for row in QUALITY_FILTERS}}
@@ -373,12 +482,39 @@ def check_filters(text: str, filters: FilterConfig) -> tuple[str, str] | None:
 def screen_text(text: str, filters: FilterConfig) -> tuple[str, tuple[str, str] | None]:
     """``(text to store, (reason, detail) of the first failing row or None)``: :func:`check_filters`, and the text
     the rows leave (``text`` itself unless ``filters.c4.remove_lines`` removed lines from it)."""
+    kept, failed, _ = measure_text(text, filters)
+    return kept, failed
+
+
+def measure_text(text: str, filters: FilterConfig) -> tuple[str, tuple[str, str] | None, Attributes]:
+    """:func:`screen_text` and the values every row up to the first failing one measured (the attributes)."""
     document = MeasuredText(text)
+    values: Attributes = {}
     for quality_filter in QUALITY_FILTERS:
-        detail = quality_filter.check(document, filters)
+        values.update(quality_filter.measure(document, filters))
+        detail = quality_filter.decide(values, filters)
         if detail is not None:
-            return text, (quality_filter.reason, detail)
-    return document.text, None
+            return text, (quality_filter.reason, detail), values
+    return document.text, None, values
+
+
+UNMEASURED = "unmeasured"
+"""What :func:`redecide` returns when the stored values stop before a row the document now reaches."""
+
+
+def redecide(values: Attributes, filters: FilterConfig) -> tuple[str, str] | str | None:
+    """The verdict of :func:`check_filters` from a document's stored values under (new) thresholds ``filters``:
+    ``(reason, detail)``, None (kept), or :data:`UNMEASURED` when a value it now needs was never measured (an
+    earlier row or rule rejected it at ingest): the caller measures again from the stored text."""
+    stored = StoredStatistics(values)
+    try:
+        for quality_filter in QUALITY_FILTERS:
+            detail = quality_filter.decide(stored, filters)
+            if detail is not None:
+                return quality_filter.reason, detail
+    except NotMeasured:
+        return UNMEASURED
+    return None
 
 
 def _word_counts(text: str) -> tuple[int, int, int]:

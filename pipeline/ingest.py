@@ -1,4 +1,5 @@
-"""Ingest stage: source files -> ``docs/part-NNNNN.parquet`` (documents) + ``rejects/part-NNNNN.parquet``.
+"""Ingest stage: source files -> ``docs/part-NNNNN.parquet`` (documents) + ``rejects/part-NNNNN.parquet`` +
+``attributes/part-NNNNN.parquet`` (what the filters measured).
 
 Two steps, so a Prefect task per part can be retried alone: :func:`plan_ingest` groups the sources'
 files into parts and persists that plan (``docs/plan.json``), :func:`ingest_part` reads one part,
@@ -26,14 +27,16 @@ from core.atomic import read_json
 from core.documents import doc_id_for
 from core.errors import ManifestError
 from core.rundir import RunPaths, fingerprint
-from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
-from pipeline.filters import content_hash, normalise_text, redact_pii, screen_text, split_for
+from pipeline.filters import Attributes, content_hash, measure_text, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
 from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
+from pipeline.thresholds import decision_settings, measurement_settings
+from pipeline.web_filters import storable_statistics
 from pipeline.worker_preload import INGEST_PRELOAD  # noqa: F401  (flows.pipeline takes it from here)
 
 if TYPE_CHECKING:
@@ -286,12 +289,22 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
         paths.write_json(plan_path, plan)
     for part in plan["parts"]:  # a run dir of before stages/ held every marker: move its part markers there
         paths.migrate_marker("ingest", part_unit(part["part_id"]))
+    decisions = {path: fingerprint("ingest_decision", decision_settings(load_manifest(path).filters))
+                 for path in {manifest_path for manifest_path, _ in sources.values()}}
     return [
         IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
                    sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
         for part in plan["parts"]
-        if part["source"] in sources and not part_finished(paths, part["part_id"])
+        if part["source"] in sources and (not part_finished(paths, part["part_id"])
+                                          or _decided_otherwise(paths, part["part_id"],
+                                                                decisions[sources[part["source"]][0]]))
     ]
+
+
+def _decided_otherwise(paths: RunPaths, part_id: int, decided: str) -> bool:
+    """Whether a finished part was decided with other thresholds (a marker of before attributes records none)."""
+    marker = paths.marker("ingest", part_unit(part_id))
+    return marker.is_file() and read_json(marker).get("decided", decided) != decided
 
 
 def largest_first(parts: list[IngestPart]) -> list[IngestPart]:
@@ -359,20 +372,31 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     With ``near`` (the run's near-dedupe settings), the part's MinHash signatures are computed here, from
     each row group's text while it is in memory, and left as the dedupe stage's signature cache: dedupe
     then need not decode the part's text again. Without it, a signature cache from earlier is removed.
+
+    Besides documents and rejects (with the text a filter rejected), every parsed record's measured values go to
+    ``attributes/part-NNNNN.parquet``. A part done with the same files and measurement settings but other thresholds
+    (:mod:`pipeline.thresholds`) is re-decided from those (:func:`pipeline.redecide.redecide_part`): no source file
+    is opened.
     """
     manifest_path = Path(part.manifest_path)
     manifest, source = _part_source(part, manifest_path)
-    part_fingerprint = _part_fingerprint(part, manifest, source, val_fraction)
-    done = _finished_summary(part, part_fingerprint, paths)
+    measured, decided = _part_fingerprints(part, manifest, source, val_fraction)
+    done = _finished_summary(part, (measured, decided), paths)
     if done is not None:
         return {**done, "skipped": True}
+    record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
+    if _redecidable(part, measured, paths):
+        from pipeline.redecide import redecide_part  # only on a threshold change
+
+        return redecide_part(part, manifest.filters, val_fraction, paths, (measured, decided), near, record)
+    part_fingerprint = fingerprint(measured, decided)
     root = source_root(source, manifest_path)
     with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
         summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
                               signatures)
         signatures.write()
-    record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
-    paths.mark_done("ingest", part_fingerprint, summary, part_unit(part.part_id), part=record)
+    paths.mark_done("ingest", part_fingerprint, summary, part_unit(part.part_id), part=record, measured=measured,
+                    decided=decided)
     return summary
 
 
@@ -384,23 +408,50 @@ def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPath
     pending = []
     for part in parts:
         manifest, source = _part_source(part, Path(part.manifest_path))
-        if _finished_summary(part, _part_fingerprint(part, manifest, source, val_fraction), paths) is None:
+        if _finished_summary(part, _part_fingerprints(part, manifest, source, val_fraction), paths) is None:
             pending.append(part)
     return pending
 
 
-def _part_fingerprint(part: IngestPart, manifest: CorpusManifest, source: SourceConfig, val_fraction: float) -> str:
+def _part_fingerprints(part: IngestPart, manifest: CorpusManifest, source: SourceConfig,
+                       val_fraction: float) -> tuple[str, str]:
+    """``(measured, decided)``: what the part's attributes depend on (files, reading and measurement settings),
+    and the thresholds its verdicts were decided with (:mod:`pipeline.thresholds`)."""
     settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
-    # exclude_none: a manifest without filters.language fingerprints as it did before the key existed
-    filters = manifest.filters.model_dump(exclude_none=True)
-    return fingerprint("ingest_part", list(part.files), settings, filters, val_fraction)
+    measured = fingerprint("ingest_part", ATTRIBUTES_VERSION, list(part.files), settings,
+                           measurement_settings(manifest.filters), val_fraction)
+    return measured, fingerprint("ingest_decision", decision_settings(manifest.filters))
 
 
-def _finished_summary(part: IngestPart, part_fingerprint: str, paths: RunPaths) -> dict[str, Any] | None:
-    done = paths.done_summary("ingest", part_fingerprint, part_unit(part.part_id))
-    if done is None or not (paths.docs / part_file_name(part.part_id)).is_file():
+ATTRIBUTES_VERSION = 1
+"""In the measurement fingerprint: a part ingested before attributes were stored is ingested again (once)."""
+
+
+def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: RunPaths) -> dict[str, Any] | None:
+    """The part's recorded summary when it is done with these files, measurements and thresholds, else None.
+
+    A part re-decided keeps its marker's fingerprint while its kept documents stay the same (later stages key on
+    it), so the marker's ``measured`` and ``decided`` are compared as well."""
+    if not (paths.docs / part_file_name(part.part_id)).is_file():
         return None
-    return done
+    done = paths.done_summary("ingest", fingerprint(*fingerprints), part_unit(part.part_id))
+    if done is not None:
+        return done
+    marker = paths.marker("ingest", part_unit(part.part_id))
+    if not marker.is_file():
+        return None
+    recorded = read_json(marker)
+    if (recorded.get("measured"), recorded.get("decided")) == fingerprints:
+        return recorded.get("summary")
+    return None
+
+
+def _redecidable(part: IngestPart, measured: str, paths: RunPaths) -> bool:
+    """Whether the part was measured with these settings and its attributes are there: only thresholds changed."""
+    marker = paths.marker("ingest", part_unit(part.part_id))
+    name = part_file_name(part.part_id)
+    return (marker.is_file() and read_json(marker).get("measured") == measured
+            and all((folder / name).is_file() for folder in (paths.docs, paths.rejects, paths.attributes)))
 
 
 def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:
@@ -419,23 +470,29 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
-    with paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp:
-        docs = _ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
-        rejects = _ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+    with (paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp,
+          paths.atomic_write(paths.attributes / name) as attributes_tmp):
+        docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
+        rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
+        attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
         sizes = {rel: _file_size(root / rel, root) for rel in part.files}
         for rel in part.files:
             items = read_file(root / rel, rel, source, filters.max_chars)
             for item in _reporting(items, on_progress, sizes[rel]):
-                row = (_document_row(item, source.name, filters, val_fraction, redactions)
-                       if isinstance(item, Record) else item)
-                if isinstance(row, Reject):
-                    rejects.append(_reject_row(row, source.name), len(row.raw or b""))
-                    reasons[row.reason] += 1
+                if isinstance(item, Record):
+                    row, values = _document_row(item, source.name, filters, val_fraction, redactions)
+                    attributes.append(attribute_row(row, values), 0)
+                else:
+                    row = reject_row(item, source.name)
+                if "reason" in row:
+                    rejects.append(row, len(row["raw"] or b""))
+                    reasons[row["reason"]] += 1
                 else:
                     docs.append(row, row["num_chars"])
                     num_documents += 1
         docs.close()
         rejects.close()
+        attributes.close()
     num_rejects = sum(reasons.values())
     return {"part_id": part.part_id, "source": part.source, "num_records": num_documents + num_rejects,
             "num_documents": num_documents, "num_rejects": num_rejects,
@@ -471,25 +528,42 @@ def _ignore(*_: int) -> None:
 
 
 def _document_row(record: Record, source: str, filters: FilterConfig, val_fraction: float,
-                  redactions: Counter[str]) -> dict | Reject:
-    """Normalise, redact (when configured: before hashing, so copies differing only in PII collapse), filter."""
+                  redactions: Counter[str]) -> tuple[dict[str, Any], Attributes]:
+    """Normalise, redact (when configured: before hashing, so copies differing only in PII collapse), filter:
+    ``(the documents row, or the rejects row with its text; the values the filters measured)``."""
     text = normalise_text(record.text)
     if filters.redact_pii:
         text, found = redact_pii(text)
         redactions.update(found)
-    text, failed = screen_text(text, filters)
+    text, failed, values = measure_text(text, filters)
     if failed is not None:
         raw = record.raw if record.raw is not None else record.text.encode("utf-8")
-        return Reject(record.uri, failed[0], failed[1], raw, record.source_id)
+        row = reject_row(Reject(record.uri, failed[0], failed[1], raw, record.source_id), source)
+        return {**row, "text": text}, values
+    return document_row(source, record.uri, record.source_id, text, val_fraction), values
+
+
+def document_row(source: str, uri: str, source_id: str | None, text: str, val_fraction: float) -> dict[str, Any]:
+    """The documents row of a kept text (its id, hash and split follow from it)."""
     text_hash = content_hash(text)
-    return {"doc_id": doc_id_for(source, record.uri), "source": source, "source_id": record.source_id,
-            "uri": record.uri, "text": text, "num_chars": len(text), "content_hash": text_hash,
-            "split": split_for(text_hash, val_fraction)}
+    return {"doc_id": doc_id_for(source, uri), "source": source, "source_id": source_id, "uri": uri, "text": text,
+            "num_chars": len(text), "content_hash": text_hash, "split": split_for(text_hash, val_fraction)}
 
 
-def _reject_row(reject: Reject, source: str) -> dict[str, Any]:
+ATTRIBUTE_NAMES = tuple(field.name for field in ATTRIBUTES_SCHEMA)
+
+
+def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
+    """The attributes row of a parsed document from its documents or rejects ``row`` and measured ``values``."""
+    identity = {"doc_id": doc_id_for(row["source"], row["uri"]), "source": row["source"],
+                "source_id": row["source_id"], "uri": row["uri"], "reason": row.get("reason")}
+    stored = storable_statistics(values)
+    return {name: identity[name] if name in identity else stored.get(name) for name in ATTRIBUTE_NAMES}
+
+
+def reject_row(reject: Reject, source: str) -> dict[str, Any]:
     return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
-            "detail": reject.detail, "raw": reject.raw}
+            "detail": reject.detail, "raw": reject.raw, "text": None}
 
 
 def part_file_name(part_id: int) -> str:
@@ -552,7 +626,7 @@ class SignatureCollector:
 UNDICTIONARIED_COLUMNS = frozenset({"text", "raw"})
 
 
-class _ParquetSink:
+class ParquetSink:
     """Rows in, row groups out: buffers rows as columns and flushes them at a size bound.
 
     With ``group_column``, rows of each value of that column are buffered and flushed apart, so every row group

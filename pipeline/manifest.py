@@ -15,6 +15,7 @@ from core.errors import ConfigError, ManifestError
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
+from pipeline.thresholds import decision_settings, measurement_settings
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
@@ -303,8 +304,9 @@ def _portable_path(path: str) -> str:
 
 
 def changed_manifest_keys(previous: list[CorpusManifest], current: list[CorpusManifest]) -> dict[str, list[str]]:
-    """``{corpus name: changed keys}`` between two recipes' manifests, e.g. ``{"x": ["filters.min_chars",
-    "sources[stdlib].glob"]}``; empty when every source would be read and filtered as before.
+    """``{corpus name: changed keys}`` between two recipes' manifests, e.g. ``{"x": ["filters.max_chars",
+    "sources[stdlib].glob"]}``; empty when every source would be read and measured as before (a threshold change,
+    :func:`changed_threshold_keys`, is re-decided from stored attributes: not listed here).
 
     Sources are matched by name (unique across a recipe), each with its manifest's filters, so renaming a
     corpus, reordering manifests or moving a source between manifests with equal filters is no change. Keys in
@@ -326,11 +328,30 @@ def changed_manifest_keys(previous: list[CorpusManifest], current: list[CorpusMa
     return {corpus: sorted(keys) for corpus, keys in sorted(changed.items())}
 
 
+def changed_threshold_keys(previous: list[CorpusManifest], current: list[CorpusManifest]) -> dict[str, list[str]]:
+    """``{corpus name: changed threshold keys}`` (``filters.language.min_score``, ...) of the sources in both recipes:
+    the changes :func:`changed_manifest_keys` leaves out, because a run re-decides them from stored attributes."""
+    old, new = _source_thresholds(previous), _source_thresholds(current)
+    changed: dict[str, set[str]] = {}
+    for name in sorted(old.keys() & new.keys()):
+        before, after = old[name][1], new[name][1]
+        keys = {f"filters.{key}" for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+        if keys:
+            changed.setdefault(new[name][0], set()).update(keys)
+    return {corpus: sorted(keys) for corpus, keys in sorted(changed.items())}
+
+
+def _source_thresholds(manifests: list[CorpusManifest]) -> dict[str, tuple[str, dict[str, object]]]:
+    return {source.name: (manifest.name, decision_settings(manifest.filters))
+            for manifest in manifests for source in manifest.sources}
+
+
 def _source_settings(manifests: list[CorpusManifest]) -> dict[str, tuple[str, dict[str, object]]]:
-    """``{source name: (corpus name, {key: value})}``: what decides how the source is read and filtered."""
+    """``{source name: (corpus name, {key: value})}``: what decides how the source is read and measured (its
+    filters' thresholds are left out: :mod:`pipeline.thresholds`)."""
     settings = {}
     for manifest in manifests:
-        filters = {f"filters.{key}": value for key, value in manifest.filters.model_dump(mode="json").items()}
+        filters = {f"filters.{key}": value for key, value in measurement_settings(manifest.filters).items()}
         for source in manifest.sources:
             # storage_options say where the store answers (an endpoint), not what is read: moving is no change
             own = source.model_dump(mode="json", exclude={"name", "storage_options", *TRAINING_SIDE_KEYS})

@@ -30,12 +30,19 @@ from core.documents import DUPLICATES_FILE, document_part_files
 from core.errors import QueryError
 from core.eval_results import all_rows, result_files
 from core.rundir import RunPaths, path_inside_run
-from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA, shard_schema
+from core.schemas import (
+    ATTRIBUTES_SCHEMA,
+    DOCUMENTS_SCHEMA,
+    DUPLICATES_SCHEMA,
+    REJECTS_SCHEMA,
+    SHARD_INDEX_SCHEMA,
+    shard_schema,
+)
 from core.shards import SHARD_LAYOUT, scan_shard_files
 from pipeline.objects import is_remote
 
-VIEWS = ("documents", "rejects", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics", "eval_results",
-         "train_segments")
+VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
+         "eval_results", "train_segments")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
                                   ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
@@ -76,7 +83,7 @@ def connect(run_dir: str | Path, sql: str | None = None,
     (:mod:`pipeline.remote_run`), a statement naming eval_results, train_segments or a derived view runs on the
     run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
 
-    Views: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
+    Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
     (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
     ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
     names ``sequences`` (else that view is empty), so a damaged shard breaks only the queries that read it.
@@ -299,6 +306,9 @@ def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[s
         "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
         "duplicates": _parquet_dataset(run_dir, _existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA),
         "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA),
+        "attributes": _parquet_dataset(run_dir, _existing([paths.attributes / part.name
+                                                           for part in document_part_files(paths)]),
+                                       ATTRIBUTES_SCHEMA),
         "shards": _parquet_dataset(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
         "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
         "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),

@@ -20,7 +20,7 @@ from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from core.atomic import TEMP_PREFIX
 from core.errors import QueryError
-from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
 from core.shards import SHARD_LAYOUT
 from pipeline import query
 from pipeline.objects import ObjectPath, object_errors
@@ -69,6 +69,9 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
         "_docs": parquet(_finished_parts(keys, present), DOCUMENTS_SCHEMA),
         "duplicates": parquet([rel for rel in ["dedupe/duplicates.parquet"] if rel in present], DUPLICATES_SCHEMA),
         "rejects": parquet([rel for rel in keys if re.fullmatch(r"rejects/[^/]+\.parquet", rel)], REJECTS_SCHEMA),
+        "attributes": parquet([rel for rel in (f"attributes/{part.rsplit('/', 1)[1]}"
+                                               for part in _finished_parts(keys, present)) if rel in present],
+                              ATTRIBUTES_SCHEMA),
         "shards": parquet([rel for rel in ["shards/index.parquet"] if rel in present], SHARD_INDEX_SCHEMA),
         "train_metrics": query.metrics_table(query.jsonl_objects(text("metrics/train.jsonl")),
                                              f"{url}/metrics/train.jsonl", query.TRAIN_METRICS_SCHEMA),

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
 from core.shards import ShardRows, write_shard, write_shard_index
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -98,8 +98,14 @@ def build_query_run(run: Path) -> Path:
     (run / "docs/part-00000.json").write_text("{}")
     (run / "rejects").mkdir()
     pq.write_table(pa.table({"source": ["b"], "source_id": [None], "uri": ["h.jsonl:2"], "reason": ["invalid_json"],
-                             "detail": ["Expecting value"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
+                             "detail": ["Expecting value"], "raw": [b"{oops"], "text": [None]},
+                            schema=REJECTS_SCHEMA),
                    run / "rejects/part-00000.parquet")
+    (run / "attributes").mkdir()
+    pq.write_table(pa.Table.from_pylist([{"doc_id": 1, "source": "a", "uri": "f.py", "num_chars": 3},
+                                         {"doc_id": 4, "source": "a", "uri": "s.py", "reason": "too_short",
+                                          "num_chars": 1}], schema=ATTRIBUTES_SCHEMA),
+                   run / "attributes/part-00000.parquet")
     (run / "dedupe").mkdir()
     pq.write_table(pa.table({"doc_id": [2], "source": ["a"], "source_id": [None], "uri": ["g.py"],
                              "duplicate_of": [1], "kind": ["exact"], "similarity": [1.0]}, schema=DUPLICATES_SCHEMA),

@@ -35,6 +35,7 @@ TINY_ARGS = {
     "object_storage": ["--mb", "0.3", "--rows", "256", "--batches-per-round", "10"],
     "orchestration": ["--mb", "0.1", "--repeats", "1", "--with-work-only"],
     "peers": ["--mb", "1"],
+    "redecide": ["--docs", "60", "--max-chars", "2000"],
     "tokenize": ["--max-mb", "1", "--rounds", "1"],
     "train_hf_trainer": ["--steps", "3", "--warmup", "1", "--repeats", "1"],
     "train_step": ["--rounds", "1", "--steps-per-round", "1"],

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "pipeline", "tokenization", "trainer", "flows")
 LAYOUT_OWNER = REPO / "core" / "rundir.py"
 RUN_DIR_NAMES = {"run.yaml", ".lock", "docs", "rejects", "dedupe", "tokenizer", "shards", "checkpoints", "metrics",
-                 "model", "report", "stages", "eval"}
+                 "model", "report", "stages", "eval", "attributes"}
 """The top-level entries of a run dir (README, "runs/<name>/")."""
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json, sha256_file
-from core.documents import document_part_files, iter_documents
+from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.rundir import RunPaths, fingerprint
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
@@ -50,8 +50,26 @@ def _pack_inputs(paths: RunPaths, split: str, source: str,
     state = _load_state(shard_folder(paths, split, source), tokenizer_sha256, config.seq_len)
     parts = document_part_files(paths)
     stage_fingerprint = fingerprint("pack", STATE_VERSION, tokenizer_sha256, config.seq_len,
-                                    [part.name for part in parts])
+                                    sorted(part_fingerprints(paths, parts).items()))
     return tokenizer_sha256, state, parts, stage_fingerprint
+
+
+def part_fingerprints(paths: RunPaths, parts: list[Path]) -> dict[str, str]:
+    """``{part file name: its ingest marker's fingerprint}``: a part re-decided with other kept documents (new
+    thresholds, :mod:`pipeline.redecide`) gets a new one."""
+    return {part.name: read_json(document_part_marker(paths, part)).get("fingerprint", "") for part in parts}
+
+
+def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints: dict[str, str]) -> dict[str, Any]:
+    """``state``, or an empty one (its shards removed) when a part it packed now holds other documents.
+
+    Any such part re-packs every (split, source): its changed kept set may change which copy dedupe keeps in
+    other sources too. A state of before ``packed_fingerprints`` records them now, as unchanged."""
+    recorded = state.get("packed_fingerprints")
+    if recorded is None or all(fingerprints.get(name) == value for name, value in recorded.items()):
+        return state
+    _remove_unrecorded_shards(folder, 0)
+    return {**state, "vocab_size": 0, "packed_parts": [], "next_part": 0, "num_documents": 0, "shards": []}
 
 
 def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], stage_fingerprint: str) -> bool:
@@ -71,12 +89,16 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     """
     folder = shard_folder(paths, split, source)
     tokenizer_sha256, state, parts, stage_fingerprint = _pack_inputs(paths, split, source, config)
-    infos = [ShardInfo(**info) for info in state["shards"]]
     unit = pack_unit(split, source)
     if _is_packed(paths, split, source, state, stage_fingerprint):
-        return infos
+        return [ShardInfo(**info) for info in state["shards"]]
+    fingerprints = part_fingerprints(paths, parts)
+    state = _repacked_if_parts_changed(folder, state, fingerprints)
+    infos = [ShardInfo(**info) for info in state["shards"]]
     new_parts = [part for part in parts if part.name not in state["packed_parts"]]
     if not new_parts:  # packed by a version that kept no marker under stages/: record it now
+        state["packed_fingerprints"] = fingerprints
+        paths.write_json(folder / STATE_FILE, state)
         paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)
         return infos
     paths.remove_stale_temps(folder)
@@ -89,7 +111,7 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         vocab_size=writer.vocab_size,
         packed_parts=sorted([*state["packed_parts"], *(part.name for part in new_parts)]),
         next_part=writer.next_part, num_documents=state["num_documents"] + num_documents,
-        shards=[dataclasses.asdict(info) for info in infos],
+        shards=[dataclasses.asdict(info) for info in infos], packed_fingerprints=fingerprints,
     )
     paths.write_json(folder / STATE_FILE, state)  # the shards above are now committed
     paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)  # last

@@ -8,6 +8,7 @@ the recipe and its manifests lie (a copy elsewhere compares equal).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import yaml
 from core.errors import ConfigError
 from flows.recipe import load_recipe, record_recipe
 from pipeline.query import run_query
-from tests.chaos.conftest import build_chaos_corpus, tokenmill, write_chaos_recipe
+from tests.chaos.conftest import build_chaos_corpus, file_bytes, run_data_stages, tokenmill, write_chaos_recipe
 
 Manifest = dict[str, Any]
 
@@ -71,7 +72,7 @@ def add_source(data: Manifest) -> None:
 
 CHANGES: dict[str, tuple[Callable[[Manifest], None], str]] = {
     # name: (edit of the manifest, what the message must name)
-    "min_chars": (lambda m: m["filters"].update(min_chars=400), "filters.min_chars"),
+    "c4-on": (lambda m: m["filters"].update(c4={}), "filters.c4"),  # a filter switched on: values never measured
     "max_chars": (lambda m: m["filters"].update(max_chars=5000), "filters.max_chars"),
     "redact_pii": (lambda m: m["filters"].update(redact_pii=True), "filters.redact_pii"),
     "text_field": (lambda m: source(m, "notes").update(text_field="body"), "sources[notes].text_field"),
@@ -96,13 +97,13 @@ def test_changed_manifest_key_is_refused_naming_corpus_and_key(chaos_root: Path,
 
 
 def test_changes_in_both_recipe_and_manifest_are_named_together(chaos_root: Path) -> None:
-    edit_manifest(chaos_root, lambda m: (m["filters"].update(min_chars=400),
+    edit_manifest(chaos_root, lambda m: (m["filters"].update(max_chars=5000),
                                          source(m, "code").update(glob="json/*.py")))
     data = yaml.safe_load((chaos_root / "recipe.yaml").read_text())
     data["pack"]["seq_len"] = 128
     (chaos_root / "recipe.yaml").write_text(yaml.safe_dump(data))
     message = refusal(chaos_root)
-    assert "(pack.seq_len; manifest corpus 'chaos': filters.min_chars, sources[code].glob);" in message, message
+    assert "(pack.seq_len; manifest corpus 'chaos': filters.max_chars, sources[code].glob);" in message, message
 
 
 def test_a_new_manifest_in_the_recipe_is_refused_as_its_new_sources(chaos_root: Path) -> None:
@@ -164,8 +165,8 @@ def test_copy_of_run_dir_recipe_and_manifests_elsewhere_is_accepted(chaos_root: 
     shutil.copytree(chaos_root, copy, symlinks=True)
     shutil.rmtree(chaos_root)  # another machine: the original folder is gone
     record(copy)
-    edit_manifest(copy, lambda m: m["filters"].update(min_chars=400))
-    assert "filters.min_chars" in refusal(copy), "the copy still knows what it was prepared with"
+    edit_manifest(copy, lambda m: m["filters"].update(max_chars=5000))
+    assert "filters.max_chars" in refusal(copy), "the copy still knows what it was prepared with"
 
 
 def test_manifest_moved_with_the_recipe_path_updated_is_accepted(tmp_path: Path) -> None:
@@ -185,6 +186,72 @@ def test_manifest_moved_with_the_recipe_path_updated_is_accepted(tmp_path: Path)
     assert recorded(tmp_path / "run")["data"]["manifests"] == ["manifests/lib.yaml"]
 
 
+# ---- accepted: thresholds, re-decided from the stored attributes --------------------------------------
+
+
+def scramble_keeping_size_and_time(folder: Path) -> None:
+    """Every file's bytes replaced by ``#`` (same size and mtime, so planning sees no change): a source read
+    again would give other documents (or, for the .gz file, an unreadable_file reject)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            stat = path.stat()
+            path.write_bytes(b"#" * stat.st_size)
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def ingested(run_dir: Path) -> dict[str, str]:
+    """``{uri: text}`` of every document the filters kept (duplicates included)."""
+    return {row["uri"]: row["text"] for row in run_query(run_dir, "SELECT uri, text FROM _docs").to_pylist()}
+
+
+def test_a_threshold_change_is_re_decided_from_attributes_and_stages_redo_only_what_changed(tmp_path: Path) -> None:
+    recipe = write_chaos_recipe(tmp_path, build_chaos_corpus(tmp_path))
+    run = tmp_path / "run"
+    run_data_stages(recipe, run)
+    first = ingested(run)
+    scramble_keeping_size_and_time(tmp_path / "corpus")
+
+    edit_manifest(tmp_path, lambda m: m["filters"].update(min_chars=400))  # accepted: a threshold
+    run_data_stages(recipe, run)
+    assert recorded(run)["manifests"][0]["filters"]["min_chars"] == 400
+    second = ingested(run)
+    assert second == {uri: text for uri, text in first.items() if len(text) >= 400} and len(second) < len(first)
+    too_short = run_query(run, "SELECT uri, text FROM rejects WHERE reason = 'too_short'").to_pylist()
+    assert {row["uri"]: row["text"] for row in too_short} == {uri: first[uri] for uri in first.keys() - second}
+    verdicts = run_query(run, "SELECT uri, reason, num_chars FROM attributes WHERE uri IN "
+                              "(SELECT uri FROM _docs UNION ALL SELECT uri FROM rejects)").to_pylist()
+    assert all((row["reason"] is None) == (row["uri"] in second) for row in verdicts if row["uri"] in first)
+    # Packed again from the new documents: no shard row holds a document the filters now reject.
+    stale = "SELECT count(*) AS n FROM (SELECT unnest(doc_ids) AS d FROM sequences) WHERE d NOT IN " \
+            "(SELECT doc_id FROM _docs)"
+    assert run_query(run, stale).to_pylist() == [{"n": 0}]
+
+    # A threshold that changes no verdict: the part markers keep their fingerprints, every later stage is skipped.
+    later = file_bytes(run, ("docs/*", "dedupe/*.parquet", "shards/**/*.arrow", "shards/index.parquet",
+                             "stages/dedupe.json", "stages/pack/**/*.json"))
+    edit_manifest(tmp_path, lambda m: m["filters"].update(min_chars=min(map(len, second.values()))))
+    run_data_stages(recipe, run)
+    assert file_bytes(run, tuple(later)) == later and ingested(run) == second
+
+    edit_manifest(tmp_path, lambda m: m["filters"].update(min_chars=20))  # relaxed: the texts come back as stored
+    run_data_stages(recipe, run)
+    assert ingested(run) == first
+
+
+def test_a_threshold_change_is_refused_where_parts_have_no_attributes(chaos_root: Path) -> None:
+    run = chaos_root / "run"
+    (run / "docs").mkdir()
+    (run / "docs" / "part-00000.parquet").write_bytes(b"")  # ingested by a tokenmill that stored no attributes
+    (run / "stages" / "ingest").mkdir(parents=True)
+    (run / "stages" / "ingest" / "part-00000.json").write_text("{}")
+    edit_manifest(chaos_root, lambda m: m["filters"].update(min_chars=400))
+    with pytest.raises(ConfigError) as raised:
+        record(chaos_root)
+    message = str(raised.value)
+    assert "\n" not in message and "manifest corpus 'chaos': filters.min_chars" in message, message
+    assert "no attributes/ to re-decide from" in message and "part-00000.parquet" in message, message
+
+
 # ---- run dirs written before manifests were recorded ----------------------------------------------
 
 
@@ -197,12 +264,12 @@ def strip_recorded_manifests(run_dir: Path) -> None:
 
 def test_old_run_yaml_is_accepted_with_a_warning_and_its_manifests_recorded(chaos_root: Path) -> None:
     strip_recorded_manifests(chaos_root / "run")
-    edit_manifest(chaos_root, lambda m: m["filters"].update(min_chars=400))  # undetectable: nothing recorded
+    edit_manifest(chaos_root, lambda m: m["filters"].update(max_chars=5000))  # undetectable: nothing recorded
     with pytest.warns(UserWarning, match="did not record the manifests' content"):
         record(chaos_root)
-    assert recorded(chaos_root / "run")["manifests"][0]["filters"]["min_chars"] == 400
-    edit_manifest(chaos_root, lambda m: m["filters"].update(min_chars=500))
-    assert "manifest corpus 'chaos': filters.min_chars" in refusal(chaos_root), "recorded now: later changes seen"
+    assert recorded(chaos_root / "run")["manifests"][0]["filters"]["max_chars"] == 5000
+    edit_manifest(chaos_root, lambda m: m["filters"].update(max_chars=6000))
+    assert "manifest corpus 'chaos': filters.max_chars" in refusal(chaos_root), "recorded now: later changes seen"
 
 
 def test_old_run_yaml_still_refuses_a_changed_manifest_list(chaos_root: Path) -> None:
@@ -260,7 +327,7 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return errors[0]
 
 
-CLI_CHANGES = ("min_chars", "text_field", "format", "glob", "new-source")
+CLI_CHANGES = ("max_chars", "text_field", "format", "glob", "new-source")
 
 
 @pytest.mark.slow

@@ -316,7 +316,7 @@ def test_index_columns_that_disagree_with_the_path_are_refused(run_dir: Path) ->
 def test_hostile_source_and_reason_names_are_text_in_the_report(run_dir: Path) -> None:
     source, reason = "<img src=x onerror=alert(1)>$\\undefined{$", "[click](javascript:alert(1))|`x`"
     pq.write_table(pa.table({"source": [source], "source_id": [None], "uri": ["h.jsonl:2"], "reason": [reason],
-                             "detail": ["d"], "raw": [b"{oops"]}, schema=REJECTS_SCHEMA),
+                             "detail": ["d"], "raw": [b"{oops"], "text": [None]}, schema=REJECTS_SCHEMA),
                    run_dir / "rejects/part-00000.parquet")
     index = write_report(RunPaths(run_dir))  # before the fix: matplotlib parsed the name as a formula and raised
     markdown = (index.parent / "report.md").read_text()

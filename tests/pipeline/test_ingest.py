@@ -293,12 +293,13 @@ def write_short_docs(path: Path, count: int) -> None:
 
 
 def spy_parquet_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """``(first column, rows)`` of every table a ParquetWriter writes (``pq.write_table`` included), in order."""
+    """``(first column, rows)`` of every table a ParquetWriter writes (``pq.write_table`` included), in order; a
+    documents table is named ``documents`` (attributes also start with ``doc_id``)."""
     writes: list[tuple[str, int]] = []
     write_table = pq.ParquetWriter.write_table
 
     def spy(self: pq.ParquetWriter, table: pa.Table, *args: object, **kwargs: object) -> None:
-        writes.append((table.column_names[0], table.num_rows))
+        writes.append(("documents" if "content_hash" in table.column_names else table.column_names[0], table.num_rows))
         write_table(self, table, *args, **kwargs)
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", spy)
@@ -323,7 +324,7 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
     assert ingest_part(part, 0.0, paths, near=near)["num_documents"] == 2_000
     blocks = [rows for column, rows in writes if column == "signature"]
     assert max(blocks) <= 200 and sum(blocks) == 2_000
-    docs_writes = [index for index, (column, _) in enumerate(writes) if column == "doc_id"]
+    docs_writes = [index for index, (column, _) in enumerate(writes) if column == "documents"]
     assert len(docs_writes) == 7 and writes.index(("signature", blocks[0])) < docs_writes[-1]
     # The cache's format is unchanged: what dedupe reads back is what it computes from the documents' text.
     cache = paths.dedupe / near_dedupe.MINHASH_DIR / "part-00000.parquet"

@@ -19,6 +19,7 @@ from tests.conftest import build_query_run
 VIEW_QUERIES = {
     "documents": "SELECT * FROM documents ORDER BY doc_id",
     "rejects": "SELECT * FROM rejects ORDER BY uri",
+    "attributes": "SELECT * FROM attributes ORDER BY uri",
     "duplicates": "SELECT * FROM duplicates ORDER BY doc_id",
     "shards": "SELECT * FROM shards ORDER BY path",
     "sequences": "SELECT * EXCLUDE (input_ids), list_sum(input_ids) AS token_sum FROM sequences "

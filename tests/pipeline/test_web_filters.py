@@ -18,7 +18,7 @@ from core.errors import ManifestError
 from core.rundir import RunPaths
 from pipeline.filters import check_filters, content_hash, normalise_text
 from pipeline.ingest import IngestPart, ingest_part, parts_to_ingest, plan_ingest
-from pipeline.manifest import FilterConfig, changed_manifest_keys, load_manifest
+from pipeline.manifest import FilterConfig, changed_manifest_keys, changed_threshold_keys, load_manifest
 from pipeline.query import run_query
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
@@ -150,14 +150,17 @@ def test_ingest_records_each_filter_and_rule_and_stores_c4_kept_lines(tmp_path: 
     [prose] = documents
     assert prose["text"] == PROSE.strip()  # C4 removed the menu line and the JavaScript line
     assert prose["num_chars"] == len(prose["text"]) and prose["content_hash"] == content_hash(prose["text"])
-    # A threshold changed: the done part is to ingest again (its fingerprint holds the filters), the recipe check
-    # names the key, and the C4 rule now fires.
+    # A threshold changed: the done part is to re-decide from its stored statistics (the recipe check accepts it,
+    # naming the key as a threshold), and the C4 rule now fires. A line-removal rule is a change of what is measured.
     previous = load_manifest(manifest)
     write_manifest(tmp_path, {**all_on, "c4": {"min_num_sentences": 20}})
     assert parts_to_ingest(parts, 0.0, RunPaths(tmp_path / "run")) == parts
-    assert changed_manifest_keys([previous], [load_manifest(manifest)]) == {"web": ["filters.c4"]}
+    assert changed_manifest_keys([previous], [load_manifest(manifest)]) == {}
+    assert changed_threshold_keys([previous], [load_manifest(manifest)]) == {"web": ["filters.c4.min_num_sentences"]}
     documents, rejects = ingest(manifest, tmp_path / "run", parts)
     assert not documents and ("prose.txt", "c4", "too_few_sentences") in [tuple(row.values()) for row in rejects]
+    write_manifest(tmp_path, {**all_on, "c4": {"min_num_sentences": 20, "filter_javascript": False}})
+    assert changed_manifest_keys([previous], [load_manifest(manifest)]) == {"web": ["filters.c4"]}
 
 
 def test_filters_off_leave_documents_as_before(tmp_path: Path) -> None:
