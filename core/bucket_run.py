@@ -89,6 +89,7 @@ class BucketRun:
         for rel in sorted(set(self._local_files()) - set(remote)):
             (self.local / rel).unlink()
             state.pop(rel, None)
+            self._remove_empty_folders((self.local / rel).parent)
         fetched = []
         for rel, (_, etag) in sorted(remote.items()):
             if not self._matches(rel, state.get(rel), etag):
@@ -97,6 +98,13 @@ class BucketRun:
         self._write_state(state)
         self._check_shards(state, set(fetched))
         return self.local
+
+    def _remove_empty_folders(self, folder: Path) -> None:
+        """Folders the bucket no longer holds a key under, up to the copy's root: a checkpoint whose publication was
+        cut leaves no empty ``step-N`` folder that the trainer would take for a save that did not finish."""
+        while folder != self.local and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
 
     def _check_shards(self, state: dict[str, list[Any]], fetched: set[str]) -> None:
         """Each shard fetched now is checked against the index's sha256; fetched once more if it differs."""

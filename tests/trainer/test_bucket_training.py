@@ -1,9 +1,11 @@
 """Training from a run dir in a bucket (real SeaweedFS): ``kill -9`` the trainer, delete its cache, resume from the
-bucket's newest checkpoint; the final weights are bitwise those of a run never interrupted."""
+bucket's newest checkpoint; the final weights are bitwise those of a run never interrupted. The same when the store
+goes away while a checkpoint is being published and comes back."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from core.bucket_run import BUCKET_RUN_ENV, BucketRun
+from tests.pipeline.test_s3_faults import BUCKET, restartable_s3  # noqa: F401 - a store this module may kill
+from tests.s3_server import SeaweedServer
 from tests.trainer.conftest import MakeRunDir
 from tests.trainer.test_resume import REPO_ROOT, wait_for_step
 from trainer.train import main
@@ -100,3 +104,60 @@ def test_two_machines_with_separate_caches_train_together_from_one_bucket_run_di
     assert "random_states_1.pkl" in json.loads((step / "manifest.json").read_text())["files"]
     assert (published / "model" / "model.safetensors").is_file()
     assert not [path for path in (published / "checkpoints").iterdir() if path.name.startswith(".tmp-")]
+
+
+class KillOnFirstUpload(logging.Filter):
+    """Kills the store as botocore is about to send the first PUT of a key containing ``marker`` (botocore logs each
+    request at DEBUG before sending it): the publication of that checkpoint is cut before its first file."""
+
+    def __init__(self, server: SeaweedServer, marker: str) -> None:
+        super().__init__()
+        self.server, self.marker, self.killed = server, marker, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not self.killed and "name=PutObject" in message and self.marker in message:
+            self.killed = True
+            self.server.kill()
+        return True
+
+
+@pytest.mark.slow
+def test_a_store_lost_mid_checkpoint_then_back_resumes_to_the_weights_of_an_uninterrupted_run(
+        make_run_dir: MakeRunDir, restartable_s3: SeaweedServer, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    straight = make_run_dir("straight", train=SETTINGS)
+    assert main(["--run-dir", str(straight)]) == 0
+    expected = (straight / "model" / "model.safetensors").read_bytes()
+
+    url = f"s3://{BUCKET}/runs/mid-checkpoint"
+    prepared = make_run_dir("prepared", train=SETTINGS)
+    BucketRun(url, prepared).publish()
+    shutil.rmtree(prepared)
+    local = BucketRun(url, tmp_path / "cache" / "run").pull()
+    monkeypatch.setenv(BUCKET_RUN_ENV, f"{url} {local}")
+    killer = KillOnFirstUpload(restartable_s3, "/checkpoints/step-0000004/")
+    endpoint_log = logging.getLogger("botocore.endpoint")
+    level = endpoint_log.level
+    endpoint_log.setLevel(logging.DEBUG)
+    endpoint_log.addFilter(killer)
+    try:
+        assert main(["--run-dir", str(local)]) == 2  # the publication of step 4 fails: one line, exit 2
+    finally:
+        endpoint_log.removeFilter(killer)
+        endpoint_log.setLevel(level)
+    assert killer.killed
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("error: ") and url in said[-1], said[-3:]
+
+    restartable_s3.start()  # the same data folder and ports: the bucket as the cut publication left it
+    bucket = BucketRun(url, tmp_path / "reader" / "run")
+    latest = json.loads(bucket._client.get_object(Bucket=bucket.bucket,
+                                                  Key=f"{bucket.prefix}/checkpoints/latest")["Body"].read())
+    assert latest["step"] == 2, "the bucket still names the last checkpoint it holds whole"
+    BucketRun(url, local).pull()  # what the re-run command does first, on the same machine's cache
+    assert not (local / "checkpoints" / "step-0000004").exists(), "no half checkpoint is left in the copy"
+    assert main(["--run-dir", str(local)]) == 0
+    assert "Resuming from checkpoint at step 2" in capsys.readouterr().out
+    exported = bucket.pull()
+    assert (exported / "model" / "model.safetensors").read_bytes() == expected
