@@ -31,15 +31,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
-THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-"""Set to 1 in os.environ by a library inside the test session (seen in CI: the launched trainers of later tests
-inherited it, and the launcher keeps a user's OMP_NUM_THREADS, so they trained on one core of two)."""
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
+"""Dask's ``distributed.nanny.pre-spawn-environ``, which a Nanny started in this process (tests/flows/test_dask.py's
+LocalCluster) writes into os.environ ("this leaks variables into the nanny process", its config says), so every
+process a later test starts inherited them. OMP_NUM_THREADS=1: the launcher keeps a user's value, so trainers ran on
+one core of two. MALLOC_TRIM_THRESHOLD_=65536: glibc hands freed memory back to the kernel at once, and a training
+step, which frees and reallocates its activations, then spent 2-3x the time (much of it in the kernel: measured
+on 20 steps of the quick start's model, median step 3.0/5.0 s against 1.6/1.9 s without, on a loaded machine); the
+quick start trained 200 steps in 206 s inside the test session against ~115 s outside it."""
 _SESSION_THREAD_COUNTS = {name: os.environ.get(name) for name in THREAD_COUNT_VARIABLES}
 
 
 @pytest.fixture(autouse=True)
 def _thread_counts_as_the_session_began() -> Iterator[None]:
-    """Undo a test's (or a library's) change of the thread-count variables before the next test runs."""
+    """Undo a test's (or a library's) change of those variables before the next test runs."""
     yield
     for name, value in _SESSION_THREAD_COUNTS.items():
         if value is None:
