@@ -148,6 +148,21 @@ def die_with_parent() -> bool:
         return False
 
 
+def keep_lent_lock_here() -> None:
+    """Stop the run-dir lock's descriptor this process inherited (:func:`launched_fds`) from going further.
+
+    A process this one starts with ``exec`` (a tracker's service, a compiler worker) would otherwise hold the lock
+    too, and keep the run dir locked after the trainer is gone. Python opens descriptors non-inheritable, so the
+    inheritable ones here came through ``pass_fds``; only those open on a ``.lock`` file are changed.
+    """
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            with contextlib.suppress(OSError):
+                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith("/.lock"):
+                    os.set_inheritable(fd, False)
+
+
 _watching: list[int] = []
 """The launcher this process already watches (exit_with_parent runs in trainer.launch_one and again in the module
 it runs in the same process)."""
@@ -170,6 +185,7 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     launcher = int(parent)
     _watching.append(launcher)
     die_with_parent()
+    keep_lent_lock_here()
     if int(os.environ.get("RANK", "0")) != 0 and is_ancestor(launcher):
         fence_on(launcher)  # rank 0 is fenced through the lock its launcher lends it (core.runlock)
 

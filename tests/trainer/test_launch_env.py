@@ -18,7 +18,7 @@ from core.atomic import TEMP_PREFIX
 from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir
 from trainer.checkpoint_writer import PUBLISH_GATE_ENV
-from trainer.launch import PARENT_PID_ENV, launched_env
+from trainer.launch import PARENT_PID_ENV, launched_env, launched_fds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,3 +82,17 @@ def test_kill_9_of_the_launcher_as_a_checkpoint_is_published_lands_no_write(make
         for process in trainers:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+def test_the_lock_a_launched_process_inherits_goes_no_further(tmp_path: Path) -> None:
+    """A process the trainer starts with exec (a tracker's service) would keep the run dir locked after the trainer
+    is gone, were the lock's descriptor passed on."""
+    paths = RunPaths(tmp_path / "run")
+    with paths.lock():
+        (fd,) = launched_fds(paths)
+        probe = ("import subprocess, sys; from trainer.launch import exit_with_parent\n"
+                 "if sys.argv[1] == 'launched': exit_with_parent()\n"
+                 f"sys.exit(subprocess.run(['test', '-e', '/proc/self/fd/{fd}'], close_fds=False).returncode)")
+        codes = {how: subprocess.run([sys.executable, "-c", probe, how], cwd=REPO_ROOT, pass_fds=(fd,),
+                                     env={**os.environ, **launched_env()}).returncode for how in ("plain", "launched")}
+    assert codes == {"plain": 0, "launched": 1}  # without exit_with_parent, its child has the lock's descriptor
