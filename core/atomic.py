@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import OutOfSpaceError, UnwritableError
+from core.fence import check_fence
 
 TEMP_PREFIX = ".tmp-"
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -55,6 +56,7 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared with the data team
+        check_fence()
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException as err:
@@ -62,6 +64,24 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
         if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
             raise OutOfSpaceError(no_space_message(target, err.errno, size_hint_bytes)) from err
         raise
+
+
+def replace_folder(source: Path, target: Path) -> None:
+    """Rename the complete folder ``source`` to ``target``, replacing an existing ``target`` (moved aside first,
+    then deleted); both in one folder. Fenced (:func:`core.fence.check_fence`) like every write here."""
+    old = target.with_name(f"{TEMP_PREFIX}old-{target.name}")
+    check_fence()
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    source.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_folder(folder: Path) -> None:
+    """Delete ``folder`` and everything in it (an old checkpoint pruned); fenced like every write here."""
+    check_fence()
+    shutil.rmtree(folder)
 
 
 def unwritable(err: OSError, folder: Path) -> UnwritableError | None:

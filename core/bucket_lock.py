@@ -9,7 +9,10 @@ rewrites it every ``lease/4`` seconds (a heartbeat: ``If-Match`` on its own ETag
 finds out); a lock whose object was last written more than the lease ago (``TOKENMILL_BUCKET_LOCK_LEASE_S``,
 default 60 s; both times are the store's own clock, its ``Last-Modified`` and ``Date``, so machines' clocks need
 not agree) was left by a holder that died, and is taken over by a conditional write too (``If-Match`` on the
-stale ETag: of two takers, one wins).
+stale ETag: of two takers, one wins). The lease is for holders on other machines: a holder on this machine (same
+host name, boot and pid namespace, all recorded in the lock) whose process is gone, or whose pid now belongs to
+another process (its start time differs from the one recorded), is taken over at once, by the same conditional
+write.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import threading
 import time
 import uuid
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any
 
 from core.errors import ObjectStoreError, RunLockedError
@@ -77,7 +81,7 @@ class BucketLock:
         self.lease_s = float(lease_s if lease_s is not None else os.environ.get(LEASE_ENV, DEFAULT_LEASE_S))
         self.record = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
                        "command": " ".join(["tokenmill", *sys.argv[1:2]]) if command == "" else command,
-                       "lease_s": self.lease_s, "beat": 0}
+                       "lease_s": self.lease_s, "beat": 0, **this_process()}
         self.lost: str | None = None
         """Set by the heartbeat when another process took the lock over: this one must stop writing."""
         self._client = s3_client()
@@ -112,7 +116,8 @@ class BucketLock:
                 raise
         holder = _holder_record(answer["Body"].read())
         age_s = _age_s(answer)
-        if age_s <= self.lease_s:
+        gone = died_on_this_machine(holder)
+        if age_s <= self.lease_s and not gone:
             raise RunLockedError(
                 f"{self.url}: run directory is in use by {_describe(holder)} (lock {self.lock_url}, written "
                 f"{age_s:.0f} s ago); wait for it to finish or use another --run-dir. A holder that died is "
@@ -123,8 +128,12 @@ class BucketLock:
             if _conflict(err):
                 raise self._taken() from None
             raise
-        LOGGER.warning("%s: took over the lock of %s, silent for %.0f s (more than the %.0f s lease)", self.url,
-                       _describe(holder), age_s, self.lease_s)
+        if gone:
+            LOGGER.warning("%s: took over the lock of %s, a process of this machine that is gone", self.url,
+                           _describe(holder))
+        else:
+            LOGGER.warning("%s: took over the lock of %s, silent for %.0f s (more than the %.0f s lease)", self.url,
+                           _describe(holder), age_s, self.lease_s)
 
     def _taken(self) -> RunLockedError:
         return RunLockedError(f"{self.url}: run directory was just taken by another process (lock {self.lock_url}); "
@@ -177,6 +186,49 @@ class BucketLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def _proc_stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat``'s fields from the state on (state, ppid, …; starttime is index 19), None without it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _machine() -> dict[str, str] | None:
+    """This machine's boot and this process's pid namespace: pids recorded under both name the same processes."""
+    try:
+        return {"boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                "pid_ns": os.readlink("/proc/self/ns/pid")}
+    except OSError:
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    """What the lock records to tell, later and on this machine, whether its holder still runs (empty without
+    ``/proc``: such a holder is only ever taken over after the lease)."""
+    machine, fields = _machine(), _proc_stat_fields("self")
+    if machine is None or fields is None:
+        return {}
+    return {**machine, "started": int(fields[19])}
+
+
+def died_on_this_machine(holder: dict[str, Any]) -> bool:
+    """Whether ``holder`` (a lock record) is a process of this machine that no longer runs.
+
+    Same host name, boot and pid namespace as this process, and its pid is gone, a zombie, or a process started
+    at another time than the one recorded (the pid was reused). A holder on another machine, or one whose lock
+    records no start time, is never judged here: its lease decides.
+    """
+    here = _machine()
+    pid, started = holder.get("pid"), holder.get("started")
+    if here is None or holder.get("host") != socket.gethostname() or any(holder.get(k) != v for k, v in here.items()):
+        return False
+    if not isinstance(pid, int) or not isinstance(started, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    fields = _proc_stat_fields(pid)
+    return fields is None or fields[0] == "Z" or int(fields[19]) != started
 
 
 def _holder_record(body: bytes) -> dict[str, Any]:

@@ -16,13 +16,16 @@ from core.atomic import (
     atomic_path,
     out_of_space,
     read_json,
+    remove_folder,
     remove_stale_temps,
+    replace_folder,
     sha256_file,
     unwritable,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
 )
+from core.fence import check_fence
 from core.runlock import RunLock
 
 CODE_VERSION = "0.1.0"
@@ -238,6 +241,7 @@ class RunPaths:
         UnwritableError.
         """
         target = self._inside(path)
+        check_fence()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "a", encoding="utf-8") as handle:
@@ -248,6 +252,14 @@ class RunPaths:
                 raise user_error from err
             raise
 
+    def replace_folder(self, source: Path, target: Path) -> None:
+        """Rename the complete folder ``source`` over ``target`` (a checkpoint, an export), both in the run dir."""
+        replace_folder(self._inside(source), self._inside(target))
+
+    def remove_folder(self, folder: Path) -> None:
+        """Delete a run-dir folder and its contents (an old checkpoint pruned)."""
+        remove_folder(self._inside(folder))
+
     def remove_stale_temps(self, folder: Path) -> int:
         """Delete what writers killed mid-write left in ``folder`` (a run-dir folder); return how many."""
         return remove_stale_temps(self._inside(folder))
@@ -255,6 +267,10 @@ class RunPaths:
     def lock(self, *, launched_by: int | None = None) -> RunLock:
         """The run-dir lock (a context manager): a second process writing this run dir is refused."""
         return RunLock(self.lock_file, launched_by=launched_by)
+
+    def held_lock_fd(self) -> int | None:
+        """The descriptor of this run dir's lock when this process holds it itself (see RunLock.held_fd)."""
+        return RunLock.held_fd(self.lock_file)
 
     def _inside(self, path: Path) -> Path:
         """``path`` itself; ValueError when it does not lie in this run dir (a writer was handed a foreign path)."""

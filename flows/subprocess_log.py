@@ -18,15 +18,17 @@ from core.errors import ChildProcessFailed
 
 def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAdapter, *,
                   deadline_s: float | None, env: dict[str, str] | None = None,
-                  on_line: Callable[[str], None] | None = None) -> None:
+                  on_line: Callable[[str], None] | None = None, pass_fds: Sequence[int] = ()) -> None:
     """Run ``argv`` (never through a shell); every output line becomes a log line.
+
+    ``pass_fds``: descriptors the child inherits (the run-dir lock it works under, trainer.launch.launched_fds).
 
     Prefect task timeouts cannot stop a child process, so the deadline is enforced here: the whole
     process group gets SIGTERM, then SIGKILL. A non-zero exit raises with the last lines of output.
     """
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               bufsize=1, env=child_env, start_new_session=True)
+                               bufsize=1, env=child_env, start_new_session=True, pass_fds=tuple(pass_fds))
     timer = _deadline_timer(process, deadline_s)
     tail: list[str] = []
     try:

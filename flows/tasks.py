@@ -29,7 +29,7 @@ from tokenization.stage import pack_split_source, packed_shards, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 from trainer.config import EvalConfig, ModelConfig
 from trainer.eval_tasks import prepare_eval_tasks
-from trainer.launch import eval_launch_command, launch_command, launched_env
+from trainer.launch import eval_launch_command, launch_command, launched_env, launched_fds
 
 
 @task(name="plan-ingest")
@@ -132,7 +132,8 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
     """
     argv = launch_command(paths.root, num_processes, until_step)
     with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
-        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=launched_env())
+        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=launched_env(),
+                      pass_fds=launched_fds(paths))
 
 
 @task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
@@ -140,7 +141,7 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
 def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool) -> None:
     """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export."""
     argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
-    run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env())
+    run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths))
 
 
 @task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")

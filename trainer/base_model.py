@@ -16,10 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from core.atomic import TEMP_PREFIX, sha256_file
+from core.atomic import TEMP_PREFIX, replace_folder, sha256_file
 from core.errors import ConfigError
 from core.rundir import RunPaths, fingerprint
-from trainer.checkpoint import replace_dir
 from trainer.config import ModelConfig
 from trainer.hf_model import (
     CONFIG_NAME,
@@ -86,7 +85,7 @@ def _link_folder(files: dict[str, Path], target: Path) -> None:
     try:
         for name, path in files.items():
             _link_or_copy(path.resolve(), staging / name)
-        replace_dir(staging, target)
+        replace_folder(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -34,7 +34,14 @@ from core.bucket_run import publish_working_copy, share_checkpoint_parts
 from core.errors import CheckpointError
 from core.rundir import RunPaths, path_inside_run
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
-from trainer.checkpoint_writer import BackgroundSave, StateSnapshot, fsync_files, pause_for_drill, snapshot_state
+from trainer.checkpoint_writer import (
+    BackgroundSave,
+    StateSnapshot,
+    fsync_files,
+    hold_at_publish_gate,
+    pause_for_drill,
+    snapshot_state,
+)
 from trainer.dcp_metadata import unsafe_metadata
 from trainer.tensor_parallel_checkpoint import (
     TENSOR_PARALLEL_DIR,
@@ -170,7 +177,8 @@ class Checkpointer:
 
     def _publish(self, staging: Path, target: Path, step: int) -> None:
         """Rename the complete ``staging`` folder into place, then point ``latest`` at it and prune (rank 0)."""
-        replace_dir(staging, target)
+        hold_at_publish_gate()
+        self.paths.replace_folder(staging, target)
         self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
         self._prune()
         publish_working_copy(self.paths.root, "metrics/", "checkpoints/")  # a bucket run dir's: `latest` last
@@ -259,7 +267,7 @@ class Checkpointer:
 
     def _prune(self) -> None:
         for _, folder in list_checkpoints(self.checkpoints_dir)[:-self.keep_last]:
-            shutil.rmtree(folder)
+            self.paths.remove_folder(folder)
 
     def load_latest(self) -> int | None:
         """Restore the newest checkpoint that verifies and return its step; None when there is none.
@@ -380,13 +388,3 @@ def set_aside(folder: Path) -> Path:
     shutil.rmtree(aside, ignore_errors=True)
     folder.rename(aside)
     return aside
-
-
-def replace_dir(source: Path, target: Path) -> None:
-    """Rename ``source`` to ``target``, replacing an existing ``target`` (moved aside first, then deleted)."""
-    old = target.with_name(f"{TEMP_PREFIX}old-{target.name}")
-    if target.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        target.rename(old)
-    source.rename(target)
-    shutil.rmtree(old, ignore_errors=True)

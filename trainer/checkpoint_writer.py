@@ -70,6 +70,17 @@ class StateSnapshot:
             pause_for_drill()
             save(state, folder / name, safe_serialization=safe)
 
+PUBLISH_GATE_ENV = "TOKENMILL_CHECKPOINT_PUBLISH_GATE"
+"""Test and drill knob: a file's path; while that file exists, rank 0 waits with a complete checkpoint folder just
+before publishing it (the rename, ``latest``, pruning), so a kill at that very moment can be tested."""
+
+
+def hold_at_publish_gate() -> None:
+    """Wait while the PUBLISH_GATE_ENV file exists (tests and kill drills only; unset = no wait)."""
+    gate = os.environ.get(PUBLISH_GATE_ENV)
+    while gate and Path(gate).exists():
+        time.sleep(0.01)
+
 
 def pause_for_drill() -> None:
     """Sleep WRITE_DELAY_ENV seconds when it is set (tests and kill drills only)."""

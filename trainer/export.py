@@ -22,7 +22,6 @@ from core.atomic import TEMP_PREFIX, out_of_space, read_json
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
-from trainer.checkpoint import replace_dir
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
 
@@ -108,7 +107,7 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
             own = staging / "tokenizer_config.json"
             paths.write_json(own, model_tokenizer_config(staging) if own.is_file() else tokenizer_config())
         paths.write_json(staging / EXPORT_STATE_NAME, training_state or {})
-        replace_dir(staging, model_dir)
+        paths.replace_folder(staging, model_dir)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         if (no_space := out_of_space(err, model_dir, 4 * sum(t.numel() for t in state_dict.values()))) is not None:

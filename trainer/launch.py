@@ -11,13 +11,16 @@ parallelism or DeepSpeed come from the recipe (``trainer.parallel``), not from f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.fence import fence_on, is_ancestor
 from core.rundir import RunPaths
 
 
@@ -29,7 +32,9 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
 
     One process on one machine: ``python -m trainer.launch_one`` with the same options, which applies
     Accelerate's simple launcher in the process it runs the module in (:mod:`trainer.launch_one`: one torch
-    start-up per launch instead of two). Several machines: run the same argv on each with its own
+    start-up per launch instead of two). Several processes: ``python -m trainer.launch_one`` too, which hands
+    them to ``accelerate launch`` in its own process, so that process (torchrun's agent, the ranks' parent) dies
+    with its launcher (:func:`exit_with_parent`). Several machines: run the same argv on each with its own
     ``machine_rank`` (0 on the machine at ``main_process_ip``); ``num_processes`` counts the processes of ALL
     machines (Accelerate's convention).
     """
@@ -37,8 +42,7 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     if num_machines > 1 and main_process_ip is None:
         raise ValueError("several machines need main_process_ip (the address of the machine with machine_rank 0)")
-    one_process = num_processes == 1 and num_machines == 1
-    command = [sys.executable, "-m", "trainer.launch_one" if one_process else "accelerate.commands.launch"]
+    command = [sys.executable, "-m", "trainer.launch_one"]
     if num_processes > 1:
         command.append("--multi_gpu")
     command += ["--num_processes", str(num_processes), "--num_machines", str(num_machines)]
@@ -114,23 +118,84 @@ def run_dir_lock(run_dir: Path) -> contextlib.AbstractContextManager[object]:
     return RunPaths(run_dir).lock(launched_by=int(parent) if parent and parent.isdigit() else None)
 
 
-def exit_with_parent(poll_s: float = 1.0) -> None:
-    """Exit this process soon after the process named in ``TOKENMILL_PARENT_PID`` is gone.
+def launched_fds(paths: RunPaths) -> tuple[int, ...]:
+    """The descriptors a launched trainer inherits (``Popen(pass_fds=…)``): the run-dir lock this process holds.
 
-    The flow that launched training may be killed with ``kill -9``; its run-dir lock dies with it,
-    and an orphaned trainer would keep writing into a run dir that a re-run then also writes. Every
-    checkpoint and export is atomic, so exiting at any moment loses at most the steps since the last one.
+    Sharing the lock's open file description, the launched process keeps the run dir locked until it is gone,
+    even when its launcher is killed first: a re-run waits for it (:class:`core.runlock.RunLock`) instead of
+    writing beside it. Empty when this process does not hold the lock itself.
+    """
+    fd = paths.held_lock_fd()
+    return () if fd is None else (fd,)
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that started it exits (Linux)."""
+
+
+def die_with_parent() -> bool:
+    """Have the kernel SIGKILL this process the moment its parent exits (Linux ``PR_SET_PDEATHSIG``); False elsewhere.
+
+    The signal comes when the *thread* that forked this process exits: the flow's run_streaming thread and
+    torchrun's agent thread each wait for their child, so they outlive it unless their process dies.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def keep_lent_lock_here() -> None:
+    """Stop the run-dir lock's descriptor this process inherited (:func:`launched_fds`) from going further.
+
+    A process this one starts with ``exec`` (a tracker's service, a compiler worker) would otherwise hold the lock
+    too, and keep the run dir locked after the trainer is gone. Python opens descriptors non-inheritable, so the
+    inheritable ones here came through ``pass_fds``; only those open on a ``.lock`` file are changed.
+    """
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            with contextlib.suppress(OSError):
+                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith("/.lock"):
+                    os.set_inheritable(fd, False)
+
+
+_watching: list[int] = []
+"""The launcher this process already watches (exit_with_parent runs in trainer.launch_one and again in the module
+it runs in the same process)."""
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit this process at once when the process that started it, or the one named in ``TOKENMILL_PARENT_PID``
+    (the flow holding the run-dir lock), is gone.
+
+    The flow that launched training may be killed with ``kill -9``. Three things keep the orphan from writing:
+    the kernel kills it with its parent (:func:`die_with_parent`, set in every process tokenmill starts in the
+    chain: trainer.launch_one, torchrun's agent in it, each rank); every run-dir write checks the launcher is
+    still an ancestor first (:mod:`core.fence`: rank 0 through the lock it shares, the other ranks here); and,
+    where the kernel cannot help, a watchdog polls the launcher every ``poll_s``. Every checkpoint and export is
+    atomic, so exiting at any moment loses at most the steps since the last one.
     """
     parent = os.environ.get(PARENT_PID_ENV)
-    if not parent:
+    if not parent or not parent.isdigit() or _watching:
         return
+    launcher = int(parent)
+    _watching.append(launcher)
+    die_with_parent()
+    keep_lent_lock_here()
+    if int(os.environ.get("RANK", "0")) != 0 and is_ancestor(launcher):
+        fence_on(launcher)  # rank 0 is fenced through the lock its launcher lends it (core.runlock)
 
     def watch() -> None:
         while True:
             try:
-                os.kill(int(parent), 0)
+                os.kill(launcher, 0)
             except ProcessLookupError:
                 os._exit(137)
             time.sleep(poll_s)
 
+    # Its first look comes at once: a launcher that died before the parent-death signal was set is caught here.
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

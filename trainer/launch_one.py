@@ -25,6 +25,8 @@ from accelerate.commands.launch import _validate_launch_command, launch_command,
 from accelerate.utils import ComputeEnvironment
 from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
+from trainer.launch import exit_with_parent
+
 
 def simple_launch(args: Namespace) -> Namespace | None:
     """``args`` as Accelerate checked them, when ``accelerate launch`` would use its simple launcher; else None."""
@@ -38,6 +40,7 @@ def simple_launch(args: Namespace) -> Namespace | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    exit_with_parent()  # the ranks' parent (here, or torchrun's agent in this process) dies with its launcher
     args = launch_command_parser().parse_args(argv)
     checked = simple_launch(args)
     if checked is None:

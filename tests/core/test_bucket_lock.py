@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,8 +36,8 @@ print("released", flush=True)
 """
 
 
-def start_racer(url: str, go: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "TOKENMILL_BUCKET_LOCK_LEASE_S": str(LEASE_S)}
+def start_racer(url: str, go: Path, lease_s: float = LEASE_S) -> subprocess.Popen[str]:
+    env = {**os.environ, "TOKENMILL_BUCKET_LOCK_LEASE_S": str(lease_s)}
     return subprocess.Popen([sys.executable, "-c", RACER, url, str(go)], cwd=REPO_ROOT, env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -94,3 +96,64 @@ def test_wrong_credentials_are_one_line_naming_the_lock(s3_prefix: str, monkeypa
     with pytest.raises(ObjectStoreError, match=rf"^{s3_prefix}/runs/x/\.lock: access denied \(.*\); set "
                                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         BucketLock(f"{s3_prefix}/runs/x").acquire()
+
+
+LONG_LEASE_S = 600.0
+"""A lease no test waits out: a lock taken over under it was taken because its holder is known to be gone."""
+
+
+def test_a_holder_killed_on_this_machine_is_taken_over_at_once(s3_prefix: str, tmp_path: Path) -> None:
+    url = f"{s3_prefix}/runs/killed-here"
+    go = tmp_path / "go"
+    go.touch()
+    holder = start_racer(url, go, LONG_LEASE_S)
+    assert first_line(holder) == "acquired"
+    holder.send_signal(signal.SIGKILL)  # kill -9: no release, the lock object stays, fresh
+    holder.wait(timeout=30)
+    heir = start_racer(url, go, LONG_LEASE_S)
+    assert first_line(heir) == (f"{url}: took over the lock of pid {holder.pid} on host {socket.gethostname()} "
+                                "(racer), a process of this machine that is gone")
+    assert first_line(heir) == "acquired"
+    assert heir.communicate("", timeout=30)[0].strip().endswith("released")
+
+
+def hand_written_lock(url: str, **changes: object) -> dict[str, object]:
+    """Put a lock object as a live holder of this process's machine would write it, with ``changes``; return it."""
+    from core.bucket_lock import LOCK_KEY, s3_client, split_url, this_process
+
+    bucket, prefix = split_url(url)
+    record = {"owner": "someone", "host": socket.gethostname(), "pid": os.getpid(), "command": "tokenmill train",
+              "lease_s": LONG_LEASE_S, "beat": 1, **this_process(), **changes}
+    s3_client().put_object(Bucket=bucket, Key=f"{prefix}/{LOCK_KEY}", Body=json.dumps(record).encode())
+    return record
+
+
+@pytest.mark.parametrize("holder", ["pid reused", "alive here", "gone elsewhere", "no start time"])
+def test_only_a_holder_known_dead_on_this_machine_is_taken_over_before_the_lease(s3_prefix: str,
+                                                                                holder: str) -> None:
+    from core.bucket_lock import BucketLock
+    from core.errors import RunLockedError
+
+    url = f"{s3_prefix}/runs/{holder.replace(' ', '-')}"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(f"/proc/{sleeper.pid}/stat") as stat:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19])
+        if holder == "pid reused":  # the recorded pid runs, but it is another process than the one that locked
+            hand_written_lock(url, pid=sleeper.pid, started=started + 1)
+        elif holder == "alive here":
+            hand_written_lock(url, pid=sleeper.pid, started=started)
+        elif holder == "gone elsewhere":  # a pid that is gone here means nothing about another machine's
+            hand_written_lock(url, host="elsewhere", boot_id="another-boot", pid=2**22 + 1)
+        else:  # a lock from before start times were recorded: only the lease can tell
+            hand_written_lock(url, pid=2**22 + 1, started=None)
+        lock = BucketLock(url, "test", lease_s=LONG_LEASE_S)
+        if holder == "pid reused":
+            lock.acquire()  # at once, under a lease no test waits out
+            lock.release()
+        else:
+            with pytest.raises(RunLockedError, match=rf"^{url}: run directory is in use by pid \d+ on host "):
+                lock.acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
