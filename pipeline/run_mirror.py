@@ -16,7 +16,7 @@ from typing import Any
 
 from core.atomic import TEMP_PREFIX
 from core.errors import ObjectStoreError
-from pipeline.objects import ObjectPath, object_errors, object_version
+from pipeline.objects import ObjectPath, checked_url, object_errors, object_version
 
 SKIPPED_PREFIXES = ("checkpoints/", "model/", "eval/models/")
 """Keys not mirrored (weights); their small JSON files are, so the report still lists the checkpoints."""
@@ -36,7 +36,7 @@ def mirror_root(url: str) -> Path:
 
 def mirror_run(url: str) -> Path:
     """The local mirror of the run dir at ``url``, brought up to date; ObjectStoreError when nothing is there."""
-    root = ObjectPath(url.rstrip("/"))
+    root = ObjectPath(checked_url(url, "run dir").rstrip("/"))
     fs, base = root.filesystem()
     with object_errors(url):
         listed = fs.find(base, detail=True)
