@@ -172,7 +172,7 @@ def query(run_dir: RunDirArg,
     from pipeline.objects import is_remote
 
     if not is_remote(run_dir):
-        RunPaths(Path(run_dir)).check_is_run()  # a folder with no run: one line, not 0 rows
+        RunPaths(run_dir).check_is_run()  # a folder with no run: one line, not 0 rows
     table = _interruptible(run_query, run_dir, sql)
     emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
 
@@ -340,7 +340,7 @@ def local_run_dir(run_dir: str) -> Path:
     from pipeline.objects import is_remote
 
     if not is_remote(run_dir):
-        return RunPaths(Path(run_dir)).check_is_run().root
+        return RunPaths(run_dir).check_is_run().root
     from pipeline.run_mirror import mirror_run
 
     local = mirror_run(run_dir)

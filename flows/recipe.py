@@ -166,7 +166,6 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
     """
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.recipe.is_file():
-        paths.check_is_run()  # no folder, or no run in it: said as for every reading command
         if paths.recipe.is_dir():
             raise ConfigError(f"{paths.recipe}: a folder where the run's recipe file must be; move it out of the "
                               "way, or give a run dir that tokenmill wrote (runs/<name>).")

@@ -151,7 +151,10 @@ def test_a_folder_that_holds_no_run_is_refused_by_every_reading_command(tmp_path
     (folder / "notes").mkdir(parents=True)
     argv = [*command[:-1], folder, command[-1]] if command[0] in ("query", "generate") else [*command, folder]
     result = tokenmill(*argv)
-    assert_one_line_error(result, f"{folder}: not a tokenmill run dir", "give the run dir a tokenmill run wrote")
+    if command[0] == "eval":  # it needs the run's recipe itself, and says so
+        assert_one_line_error(result, f"{folder}: no run.yaml; give a run dir that tokenmill wrote")
+    else:
+        assert_one_line_error(result, f"{folder}: not a tokenmill run dir", "give the run dir a tokenmill run wrote")
     assert sorted(path.name for path in folder.rglob("*")) == ["notes"], "nothing was written into it"
 
 
