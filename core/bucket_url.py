@@ -80,6 +80,21 @@ def key_problem(key: str) -> str | None:
     return None
 
 
+def object_and_folder(rels: set[str]) -> tuple[str, str] | None:
+    """``(key, key under it)`` when a key of a run dir in a bucket is an object and also a prefix of others, else None.
+
+    A bucket may hold ``run.yaml`` and ``run.yaml/x`` side by side; a local copy cannot hold both a file and a
+    folder at one path, so the pull or mirror would fail half-way (``IsADirectoryError``, ``FileExistsError``).
+    """
+    for rel in sorted(rels):
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(parts[:depth])
+            if folder in rels:
+                return folder, rel
+    return None
+
+
 def _is_ip_address(bucket: str) -> bool:
     try:
         ipaddress.ip_address(bucket)

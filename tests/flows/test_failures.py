@@ -163,3 +163,24 @@ def test_a_run_dir_without_run_yaml_still_answers(tmp_path: Path) -> None:
     run = build_query_run(tmp_path / "run")
     result = tokenmill("query", run, "SELECT count(*) AS n FROM documents", "--format", "csv")
     assert result.returncode == 0 and result.stdout == "n\n2\n", result.stderr
+
+
+def test_a_folder_where_a_run_file_must_be_in_a_bucket_is_one_line(tmp_path: Path, s3_prefix: str) -> None:
+    """``run.yaml`` as a key prefix (``run.yaml/x``), and a key that is an object and a prefix at once."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    run = build_query_run(tmp_path / "q")
+    url = f"{s3_prefix}/runs/q"
+    fs.put(f"{run}/", f"{url}/", recursive=True)
+    fs.pipe(f"{url}/run.yaml/x", b"not a recipe\n")
+    recipe = write_recipe(tmp_path)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the working copies and mirrors: the test's
+    argv = [TOKENMILL, "prepare", str(recipe), "--run-dir", url]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=180)
+    assert_one_line_error(result, "run.yaml: a folder where the run's recipe file must be", "move it out of the way")
+    fs.pipe(f"{url}/shards/index.parquet/x", b"in the way\n")
+    for argv in ([TOKENMILL, "shards", "stats", url], [TOKENMILL, "prepare", str(recipe), "--run-dir", url]):
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=180)
+        assert_one_line_error(result, f"{url}: key 'shards/index.parquet' is an object and also a folder of others",
+                              "remove one of them from the bucket")
