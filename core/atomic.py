@@ -16,6 +16,7 @@ from typing import Any
 
 from core.errors import OutOfSpaceError, UnwritableError
 from core.fence import check_fence
+from core.path_limits import NAME_MAX_BYTES
 
 TEMP_PREFIX = ".tmp-"
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -29,6 +30,8 @@ UNWRITABLE_ERRNOS = {
                    "move that file out of the way, or use another run dir (--run-dir)"),
     errno.ENOENT: ("nothing can be created there", "use another run dir (--run-dir) on a writable file system"),
     errno.ENAMETOOLONG: ("the path is too long", "use a shorter run dir (--run-dir)"),
+    errno.EISDIR: ("a folder is in the way where a file must be",
+                   "move that folder out of the way, or use another run dir (--run-dir)"),
     errno.ELOOP: ("the path loops through symbolic links", "fix the link, or use another run dir (--run-dir)"),
 }
 """Why a folder cannot be made or written, and what to do, by errno: the user's to fix (another path, permissions)."""
@@ -63,6 +66,9 @@ def atomic_path(path: str | os.PathLike[str], size_hint_bytes: int | None = None
         tmp.unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
             raise OutOfSpaceError(no_space_message(target, err.errno, size_hint_bytes)) from err
+        if isinstance(err, OSError) and err.errno == errno.EISDIR and err.filename2 is not None \
+                and os.fspath(err.filename2) == os.fspath(target):
+            raise (unwritable(err, target) or err) from err  # the rename: a folder is where the file goes
         raise
 
 
@@ -92,8 +98,23 @@ def unwritable(err: OSError, folder: Path) -> UnwritableError | None:
     if err.errno not in UNWRITABLE_ERRNOS:
         return None
     reason, fix = UNWRITABLE_ERRNOS[err.errno]
-    where = f": {err.filename}" if err.filename is not None and Path(err.filename) != Path(folder) else ""
+    culprit = err.filename2 if err.filename2 is not None else err.filename  # a rename names its target second
+    if err.errno == errno.ENAMETOOLONG and (long_name := _too_long_name(culprit)) is not None:
+        reason, fix = long_name, "use a shorter name"
+    where = f": {culprit}" if culprit is not None and Path(culprit) != Path(folder) else ""
     return UnwritableError(f"{folder}: cannot write there ({reason}{where}); {fix}.")
+
+
+def _too_long_name(path: str | bytes | None) -> str | None:
+    """Which file name in ``path`` is longer than a file system allows (NAME_MAX), said in words; else None."""
+    if path is None:
+        return None
+    limit = NAME_MAX_BYTES
+    for name in Path(os.fsdecode(path)).parts:
+        if len(os.fsencode(name)) > limit:
+            return f"the file name {name[:20]!r}… is {len(os.fsencode(name))} bytes, above the {limit} a file " \
+                   "system allows per name"
+    return None
 
 
 _OS_ERROR_IN_TEXT = re.compile(r"\(os error (\d+)\)")

@@ -29,7 +29,8 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
-from core.errors import ObjectStoreError, RunLockedError
+from core.bucket_url import check_bucket_url
+from core.errors import ConfigError, ObjectStoreError, RunLockedError
 from core.object_errors import object_errors
 
 LOCK_KEY = ".lock"
@@ -56,6 +57,10 @@ def split_url(url: str) -> tuple[str, str]:
     if scheme not in ("s3", "s3a") or not bucket:
         raise ObjectStoreError(f"{url}: a run dir in a bucket is an s3:// URL (s3://bucket/runs/NAME); other "
                                "object stores are not supported as run dirs yet")
+    try:
+        check_bucket_url(url)  # before any request: botocore's ParamValidationError or a 400 would be a traceback
+    except ValueError as err:
+        raise ConfigError(f"run dir: {err}.") from None
     return bucket, key.strip("/")
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from core.atomic import TEMP_PREFIX, sha256_file
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
-from core.errors import ObjectStoreError
+from core.bucket_url import object_and_folder
+from core.errors import ObjectStoreError, RunDirError
 from core.object_errors import object_errors
 from core.rundir import RunPaths
 
@@ -211,6 +212,9 @@ class BucketRun:
                         raise ObjectStoreError(f"{self.url}: key {rel!r} climbs out of the run dir; remove it "
                                                "from the bucket")
                     found[rel] = (int(entry["Size"]), str(entry["ETag"]))
+        if (clash := object_and_folder(set(found))) is not None:
+            raise RunDirError(f"{self.url}: key {clash[0]!r} is an object and also a folder of others ({clash[1]!r}); "
+                              "a run dir holds a file or a folder there, not both: remove one of them from the bucket")
         return found
 
     def _local_files(self) -> dict[str, Path]:

@@ -41,7 +41,8 @@ def load_yaml_mapping(path: str | Path, what: str, fix: str | None = None) -> di
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: {what} file not found; check the path.")
+        problem = f"a folder, not a {what} file" if path.is_dir() else f"{what} file not found"
+        raise ConfigError(f"{path}: {problem}; check the path.")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:

@@ -25,11 +25,18 @@ from core.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
+from core.errors import ConfigError, RunDirError
 from core.fence import check_fence
+from core.path_limits import run_dir_problem
 from core.runlock import RunLock
 
 CODE_VERSION = "0.1.0"
 """Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
+
+
+RUN_DIR_SIGNS = ("run.yaml", "stages", "shards/index.parquet", "model/config.json", "checkpoints/latest",
+                 "metrics/train.jsonl")
+"""What only a run dir holds (with ``docs/part-*.parquet``): a folder with none of them is no run."""
 
 
 MARKER_KEYS = ("fingerprint", "part", "summary", "measured", "decided")
@@ -50,6 +57,8 @@ class RunPaths:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))  # a str from the CLI or a flow parameter
+        if (problem := run_dir_problem(self.root)) is not None:  # before any work: not `File name too long` later
+            raise ConfigError(f"{self.root}: cannot be a run dir: {problem}.")
 
     @property
     def recipe(self) -> Path:
@@ -214,6 +223,22 @@ class RunPaths:
 
     def command_seal(self, command: str) -> Path:
         return self.seals / f"{command}.json"
+
+    def check_is_run(self) -> RunPaths:
+        """Itself when the folder holds a run's files (:data:`RUN_DIR_SIGNS`); RunDirError, one line, otherwise.
+
+        The reading commands (query, report, shards, eval, generate) call it first: over a folder that holds no
+        run, every view would be empty and a query would answer 0 rows as if that were the run's answer.
+        """
+        if not self.root.is_dir():
+            problem = "is a file, not a folder" if self.root.exists() else "does not exist"
+            raise RunDirError(f"{self.root}: {problem}; give the run dir a tokenmill run wrote (runs/<name>).")
+        if not any((self.root / sign).exists() for sign in RUN_DIR_SIGNS) \
+                and next(self.docs.glob("part-*.parquet"), None) is None:
+            raise RunDirError(f"{self.root}: not a tokenmill run dir (no run.yaml, stages/, shards/index.parquet, "
+                              "docs/part-*.parquet or model/); give the run dir a tokenmill run wrote (runs/<name>), "
+                              "or make one: tokenmill prepare RECIPE --run-dir DIR.")
+        return self
 
     # ---- writes: every file of a run is written through these --------------------------------------------
 

@@ -169,7 +169,10 @@ def query(run_dir: RunDirArg,
     (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
     """
     from flows.run_sql import run_query
+    from pipeline.objects import is_remote
 
+    if not is_remote(run_dir):
+        RunPaths(run_dir).check_is_run()  # a folder with no run: one line, not 0 rows
     table = _interruptible(run_query, run_dir, sql)
     emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
 
@@ -233,7 +236,7 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
     check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
     from trainer.generate import generate_text, load_exported_model
 
-    model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).model)
+    model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).check_is_run().model)
     typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))
 
@@ -332,16 +335,17 @@ def classifier_train(
 
 def local_run_dir(run_dir: str) -> Path:
     """``run_dir`` as a local folder: a URL (``s3://…``) becomes its local mirror (:mod:`pipeline.run_mirror`),
-    fetched or brought up to date first, for the commands that memory-map, hash or write files."""
+    fetched or brought up to date first, for the commands that memory-map, hash or write files. RunDirError when
+    the folder holds no run (:meth:`core.rundir.RunPaths.check_is_run`)."""
     from pipeline.objects import is_remote
 
     if not is_remote(run_dir):
-        return Path(run_dir)
+        return RunPaths(run_dir).check_is_run().root
     from pipeline.run_mirror import mirror_run
 
     local = mirror_run(run_dir)
     typer.echo(f"reading {run_dir} through its local mirror {local}", err=True)
-    return local
+    return RunPaths(local).check_is_run().root
 
 
 @contextlib.contextmanager
@@ -430,7 +434,7 @@ def _import_flows_with_a_server(start_workers: Callable[[], None] | None = None)
     once when no server boots, beside Prefect's imports; after them when one does, so that the server's boot
     (~3.9 CPU-s, the longest path) has a core of its own, and the workers' imports fill the wait for it.
     """
-    server = start_temporary_server()
+    server = start_temporary_server(log_to_terminal=STATE["debug"])
     STATE["temporary_server"] = server is not None
     if start_workers is not None and server is None:
         start_workers()
@@ -517,11 +521,16 @@ def main() -> None:
 
 
 def _exit_on_error(err: Exception) -> NoReturn:
-    """A user error: one line, exit 2; a usage error: one line and click's status; anything else: re-raised."""
+    """A user error (an OS limit on a path too, or the temporary server failing for one: flows.failures): one
+    line, exit 2; a usage error: one line and click's status; anything else: re-raised."""
     if isinstance(err, typer.Exit):
         sys.exit(err.exit_code)
     if isinstance(err, typer.Abort):
         _exit_interrupted()
+    if not STATE["debug"] and not isinstance(err, TokenmillError | typer.TyperException):
+        from flows.failures import user_error  # an OS limit on a path, or the temporary server failing for one
+
+        err = user_error(err, temporary_server=STATE["temporary_server"]) or err
     if STATE["debug"] or not isinstance(err, TokenmillError | typer.TyperException):
         raise err
     if isinstance(err, TokenmillError):

@@ -5,14 +5,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.documents import document_part_files
 from core.errors import ConfigError
+from core.path_limits import checked_name
 from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import (
@@ -30,7 +31,7 @@ DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml
 
 
 class RunRecipe(FrozenConfig):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"), AfterValidator(checked_name)]
     """Run name; the default run dir is ``runs/<name>``."""
     run_dir: str | None = None
     """Where the run writes (default ``runs/<name>``, relative to the working directory)."""
@@ -165,6 +166,9 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
     """
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.recipe.is_file():
+        if paths.recipe.is_dir():
+            raise ConfigError(f"{paths.recipe}: a folder where the run's recipe file must be; move it out of the "
+                              "way, or give a run dir that tokenmill wrote (runs/<name>).")
         raise ConfigError(f"{paths.root}: no run.yaml; give a run dir that tokenmill wrote (runs/<name>).")
     recorded = load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX)
     return ResolvedRun(_recorded_recipe(paths.recipe, recorded), paths.root, paths)
@@ -280,6 +284,9 @@ def refuse_changed_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     The CLI calls it before a Prefect server starts, so the refusal is one line in well under a second.
     """
     path = RunPaths(run_dir).recipe
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder where the run's recipe file must be; move it out of the way, or use "
+                          "another --run-dir.")
     if path.is_file():
         _refuse_changes(path, recipe, [portable_manifest(manifest) for manifest in load_manifests(recipe, base)])
 

@@ -29,12 +29,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import IO, Any
 
 from core.errors import TokenmillError
 
@@ -63,14 +64,28 @@ class TemporaryServer:
 
     process: subprocess.Popen[bytes]
     api_url: str
+    log: IO[bytes] | None = None
+    """Where the server's own output goes (an unnamed temporary file): its tracebacks are not the command's
+    output; :func:`flows.failures.server_failure` reads them when the server fails (None: the terminal)."""
+
+    def log_tail(self, max_bytes: int = 1 << 16) -> str:
+        """The last ``max_bytes`` of the server's output ("" when it goes to the terminal)."""
+        if self.log is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            self.log.seek(max(0, os.fstat(self.log.fileno()).st_size - max_bytes))
+            return self.log.read().decode("utf-8", "replace")
+        return ""
 
     def wait_until_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Block until the server answers ``/api/health``; TokenmillError if it exits or stays silent."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TokenmillError(f"the temporary Prefect server exited with status {self.process.returncode} "
-                                     "before it was ready; run with --debug, or set PREFECT_API_URL to a server")
+                from flows.failures import server_failure
+
+                raise server_failure(f"exited with status {self.process.returncode} before it was ready",
+                                     self.log_tail())
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
                 if answer.status == 200:
                     return
@@ -89,7 +104,11 @@ class TemporaryServer:
                 self.process.wait()
 
 
-def start_temporary_server() -> TemporaryServer | None:
+RUNNING: list[TemporaryServer] = []
+"""The temporary server this process started (at most one), for :func:`flows.failures.user_error`."""
+
+
+def start_temporary_server(*, log_to_terminal: bool = False) -> TemporaryServer | None:
     """Start tokenmill's temporary server now, unless the user configured Prefect or Prefect is imported already.
 
     "Configured" is what :func:`flows.settings.configure_environment` leaves alone: a ``PREFECT_API_URL`` or
@@ -98,7 +117,8 @@ def start_temporary_server() -> TemporaryServer | None:
     process's environment (Prefect reads it when it is imported; launched processes inherit it), and the
     server is stopped at exit, after Prefect's own exit handlers (atexit runs them in reverse order of
     registration, and Prefect registers its handlers after this). Returns None when nothing was started (then
-    Prefect starts its own when it needs one, and guard_temporary_server guards it).
+    Prefect starts its own when it needs one, and guard_temporary_server guards it). The server's own output
+    (its tracebacks of failed requests) goes to an unnamed temporary file unless ``log_to_terminal`` (--debug).
     """
     from flows.settings import TOKENMILL_PREFECT_HOME_ENV
 
@@ -109,21 +129,25 @@ def start_temporary_server() -> TemporaryServer | None:
             or ephemeral in ("0", "false", "no", "off")):
         return None
     read_port, write_port = os.pipe()
+    log = None if log_to_terminal else tempfile.TemporaryFile()  # noqa: SIM115 - the server's, kept open with it
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", RUN_THIS_FILE, __file__, str(os.getpid()), str(write_port), APP],
-            env={**os.environ, **SERVER_ENV}, pass_fds=(write_port,), start_new_session=True)
+            env={**os.environ, **SERVER_ENV}, pass_fds=(write_port,), start_new_session=True, stdout=log,
+            stderr=log)
     finally:
         os.close(write_port)
     with os.fdopen(read_port) as reported:
         port = reported.readline().strip()
+    server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
     if not port.isdigit():
         process.wait()
-        raise TokenmillError(f"the temporary Prefect server exited with status {process.returncode} before it "
-                             "bound a port; set PREFECT_API_URL to a running server (prefect server start)")
-    server = TemporaryServer(process, f"http://127.0.0.1:{port}/api")
+        from flows.failures import server_failure
+
+        raise server_failure(f"exited with status {process.returncode} before it bound a port", server.log_tail())
     os.environ["PREFECT_API_URL"] = server.api_url
     atexit.register(server.stop)
+    RUNNING.append(server)
     return server
 
 

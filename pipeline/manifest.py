@@ -6,12 +6,13 @@ import hashlib
 import re
 import sysconfig
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ManifestError
+from core.path_limits import checked_name
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
@@ -116,7 +117,7 @@ class FilterConfig(FrozenConfig):
 
 
 class SourceConfig(FrozenConfig):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Annotated[str, Field(pattern=NAME_PATTERN), AfterValidator(checked_name)]
     """Source name: a shard folder (``source=<name>``) and the ``source`` column."""
     path: str
     """File or folder, relative to the manifest's folder; may start with ``${PYTHON_STDLIB}``; or an object or
@@ -164,7 +165,7 @@ class SourceConfig(FrozenConfig):
 
 
 class CorpusManifest(FrozenConfig):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Annotated[str, Field(pattern=NAME_PATTERN), AfterValidator(checked_name)]
     """Corpus name."""
     sources: list[SourceConfig] = Field(min_length=1)
     """The corpus's sources; names must be unique across all manifests of a recipe."""

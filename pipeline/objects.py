@@ -22,7 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from core.errors import ObjectStoreError, StoreUnavailableError
+from core.bucket_url import check_bucket_url
+from core.errors import ConfigError, ObjectStoreError, StoreUnavailableError
 from core.object_errors import (  # also imported from here (tests)
     _one_line,
     object_errors,
@@ -69,7 +70,7 @@ def _check_url_value(key: str, value: Any) -> None:
     """A URL option (an endpoint) must not carry credentials either."""
     if isinstance(value, str) and "://" in value:
         try:
-            check_url(value)
+            _check_no_credentials(value)
         except ValueError:
             raise ValueError(f"storage_options.{key} holds credentials (user info before @); set them in the AWS "
                              "environment or config instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)") from None
@@ -85,7 +86,20 @@ def _check_option(key: str, allowed: frozenset[str] | set[str]) -> None:
 
 
 def check_url(url: str) -> str:
-    """``url`` when it carries no credentials (``s3://KEY:SECRET@bucket/…``); ValueError otherwise."""
+    """``url`` when it carries no credentials (``s3://KEY:SECRET@bucket/…``) and its bucket and key follow the
+    store's rules (:func:`core.bucket_url.check_bucket_url`); ValueError naming the URL otherwise."""
+    return check_bucket_url(_check_no_credentials(url))
+
+
+def checked_url(url: str, what: str) -> str:
+    """:func:`check_url` for a URL given as ``what`` (``run dir``): ConfigError, one line, before any request."""
+    try:
+        return check_url(url)
+    except ValueError as err:
+        raise ConfigError(f"{what}: {err}.") from None
+
+
+def _check_no_credentials(url: str) -> str:
     if "@" in url.split("://", 1)[1].split("/", 1)[0]:
         raise ValueError(f"{url.split('@')[-1]}: a URL with user info (KEY:SECRET@) holds credentials; set them in "
                          "the AWS environment or config instead (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")

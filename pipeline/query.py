@@ -39,7 +39,7 @@ from core.schemas import (
     shard_schema,
 )
 from core.shards import SHARD_LAYOUT, scan_shard_files
-from pipeline.objects import is_remote
+from pipeline.objects import checked_url, is_remote
 
 VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
          "eval_results", "train_segments")
@@ -92,6 +92,8 @@ def connect(run_dir: str | Path, sql: str | None = None,
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
     mirrored = [*(derived or {}), TRAIN_SEGMENTS_VIEW, "eval_results"]
+    if is_remote(str(run_dir)):
+        checked_url(str(run_dir), "run dir")  # a bad bucket name or key: one line, before any request
     if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
         from pipeline.remote_run import remote_run_tables  # fsspec: only a run dir in a bucket needs it
 

@@ -53,17 +53,29 @@ def parse_json_line(line: bytes, uri: str, source: SourceConfig) -> Record | Rej
     except (ValueError, RecursionError) as err:
         return Reject(uri, "invalid_json", " ".join(str(err).split())[:200], line)
     if not isinstance(obj, dict):
-        return Reject(uri, "not_an_object", f"the line holds a JSON {type(obj).__name__}, not an object", line)
+        return Reject(uri, "not_an_object", f"the line holds {json_kind(obj)}, not a JSON object", line)
     source_id = source_id_text(obj.get(source.id_field)) if source.id_field else None
     value = obj.get(source.text_field)
+    if source.text_field in obj and value is None:
+        return Reject(uri, "missing_text", f"'{source.text_field}' is null", line, source_id)
     if value is None:
         keys = ", ".join(sorted(obj)[:10])
         detail = f"no '{source.text_field}' field (keys: {keys}); set text_field in the manifest"
         return Reject(uri, "missing_text", detail, line, source_id)
     if not isinstance(value, str):
-        detail = f"'{source.text_field}' holds a JSON {type(value).__name__}, not a string"
+        detail = f"'{source.text_field}' holds {json_kind(value)}, not a string"
         return Reject(uri, "non_string_text", detail, line, source_id)
     return Record(uri, value, source_id, line)
+
+
+JSON_KINDS = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number",
+              str: "a string", type(None): "null"}
+"""What a parsed JSON value is, in JSON's own words (``json.loads`` gives Python types)."""
+
+
+def json_kind(value: object) -> str:
+    """``value``'s JSON kind, with an article: "an array", "a number", "null"."""
+    return JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 def source_id_text(value: object) -> str | None:

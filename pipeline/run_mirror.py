@@ -15,8 +15,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from core.atomic import TEMP_PREFIX
-from core.errors import ObjectStoreError
-from pipeline.objects import ObjectPath, object_errors, object_version
+from core.bucket_url import object_and_folder
+from core.errors import ObjectStoreError, RunDirError
+from pipeline.objects import ObjectPath, checked_url, object_errors, object_version
 
 SKIPPED_PREFIXES = ("checkpoints/", "model/", "eval/models/")
 """Keys not mirrored (weights); their small JSON files are, so the report still lists the checkpoints."""
@@ -36,7 +37,7 @@ def mirror_root(url: str) -> Path:
 
 def mirror_run(url: str) -> Path:
     """The local mirror of the run dir at ``url``, brought up to date; ObjectStoreError when nothing is there."""
-    root = ObjectPath(url.rstrip("/"))
+    root = ObjectPath(checked_url(url, "run dir").rstrip("/"))
     fs, base = root.filesystem()
     with object_errors(url):
         listed = fs.find(base, detail=True)
@@ -48,6 +49,9 @@ def mirror_run(url: str) -> Path:
         if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
             raise ObjectStoreError(f"{url}: key {rel!r} climbs out of the run dir; remove it from the bucket")
         wanted[rel] = [int(info.get("size") or 0), object_version(info)]
+    if (clash := object_and_folder(set(wanted))) is not None:
+        raise RunDirError(f"{url}: key {clash[0]!r} is an object and also a folder of others ({clash[1]!r}); a run "
+                          "dir holds a file or a folder there, not both: remove one of them from the bucket")
     if not wanted:
         raise ObjectStoreError(f"{url}: no run dir there (no objects under that prefix); give the prefix a "
                                "tokenmill run was uploaded to, e.g. s3://bucket/runs/NAME.")

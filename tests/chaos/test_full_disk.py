@@ -208,3 +208,25 @@ def read_metric_rows_from(files: dict[str, bytes]) -> list[dict]:
     import json
 
     return [json.loads(line) for line in files["metrics/train.jsonl"].decode().splitlines() if line]
+
+
+def test_a_file_size_limit_that_stops_the_temporary_prefect_server_is_the_no_room_line(tmp_path: Path) -> None:
+    """``ulimit -f 64`` during ``prepare`` with no server configured: the temporary server's SQLite database
+    cannot grow (EFBIG), the server fails; the command says so in one line naming the database and the limit,
+    and none of the server's tracebacks reach the terminal."""
+    from tests.chaos.test_bad_inputs import MANIFEST, RECIPE
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("A small document, long enough to pass the quality filters.\n")
+    (tmp_path / "m.yaml").write_text(MANIFEST)
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    unset = ("PREFECT_API_URL", "PREFECT_HOME", "TOKENMILL_PREFECT_HOME")
+    env = {key: value for key, value in os.environ.items() if key not in unset} | {"XDG_CACHE_HOME": str(tmp_path)}
+    tokenmill = Path(sys.executable).parent / "tokenmill"
+    result = subprocess.run([str(tokenmill), "prepare", "recipe.yaml", "--run-dir", "run"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=300, preexec_fn=limit_file_size(64 * 1024))
+    line = error_line(result)
+    database = tmp_path / "tokenmill" / "prefect" / "prefect.db"
+    assert line.startswith("error: the temporary Prefect server "), line
+    assert f"could not write its database {database} past the file-size limit of 65,536 bytes (`ulimit -f`)" in line
+    assert result.stderr.strip() == line, "the server's own tracebacks stay off the terminal"

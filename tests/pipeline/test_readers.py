@@ -217,3 +217,18 @@ def test_hf_local_broken_empty_and_unknown_files(tmp_path: Path) -> None:
     script.write_text("x = 1\n")
     _, rejects = read_all(script, source("hf_local", on_error="skip"))
     assert rejects[0].reason == "unreadable_file" and ".parquet" in rejects[0].detail
+
+
+def test_a_null_text_says_it_is_null_and_an_absent_one_that_it_is_absent(tmp_path: Path) -> None:
+    """``"text": null`` is not a missing field: the detail must not send the user to look for a key that is there."""
+    path = tmp_path / "nulls.jsonl"
+    path.write_bytes(b'{"id": 1, "text": null}\n{"id": 2, "body": "x"}\n{"id": 3, "text": [1]}\n'
+                     b'{"id": 4, "text": {"a": 1}}\n{"id": 5, "text": true}\n')
+    records, rejects = read_all(path, source("jsonl", id_field="id"))
+    assert not records
+    assert [(r.uri, r.reason, r.detail) for r in rejects] == [
+        ("nulls.jsonl:1", "missing_text", "'text' is null"),
+        ("nulls.jsonl:2", "missing_text", "no 'text' field (keys: body, id); set text_field in the manifest"),
+        ("nulls.jsonl:3", "non_string_text", "'text' holds an array, not a string"),
+        ("nulls.jsonl:4", "non_string_text", "'text' holds an object, not a string"),
+        ("nulls.jsonl:5", "non_string_text", "'text' holds a boolean, not a string")]

@@ -110,7 +110,7 @@ def test_a_missing_bucket_is_one_line_naming_the_url(tmp_path: Path, s3_endpoint
                                                  "storage_options.endpoint_url holds credentials")])
 def test_a_secret_in_a_manifest_is_refused(tmp_path: Path, options: dict, named: str):
     path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "s", "path": "s3://b/p/", "format": "text",
+    path.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "s", "path": "s3://bkt/p/", "format": "text",
                                                               "storage_options": options}]}))
     with pytest.raises(ManifestError, match=named.replace(".", r"\.")) as err:
         load_manifest(path)
@@ -124,7 +124,7 @@ def test_credentials_in_a_url_are_refused_and_endpoint_options_allowed(tmp_path:
     with pytest.raises(ManifestError, match="holds credentials") as err:
         load_manifest(path)
     assert "xyz" not in str(err.value)
-    path.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "s", "path": "s3://b/p/", "format": "text",
+    path.write_text(yaml.safe_dump({"name": "m", "sources": [{"name": "s", "path": "s3://bkt/p/", "format": "text",
                                     "storage_options": {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1"},
                                                         "region_name": "eu-west-1"}}]}))
     assert load_manifest(path).sources[0].storage_options["region_name"] == "eu-west-1"
