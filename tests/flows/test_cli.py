@@ -105,6 +105,8 @@ def test_shards_verify_passes_then_catches_a_flipped_byte(tmp_path: Path) -> Non
 @pytest.mark.parametrize(("recipe_text", "expected"), [
     ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {max_stepz: 3}\n",
      "train.max_stepz: unknown key"),
+    ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {max_stpes: 3}\n",
+     "train.max_stpes: unknown key (misspelt?); did you mean `max_steps`?"),
     ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {lr: -1}\n", "train.lr"),
     ("name: x\ndata: {manifests: [missing.yaml]}\ntokenizer: {vocab_size: 512}\n", "missing.yaml does not exist"),
     ("name: x\ndata: {manifests: [m.yaml]\n", "invalid YAML"),
