@@ -234,7 +234,8 @@ def _recorded_manifests(path: Path, recorded: dict[str, Any]) -> list[CorpusMani
             raise ValueError(f"manifests: a list of manifests, not {type(items).__name__}")
         return [CorpusManifest.model_validate(item) for item in items]
     except (ValidationError, ValueError) as err:
-        detail = describe_validation_error(err, path, CorpusManifest) if isinstance(err, ValidationError) else f"{path}: {err}"
+        detail = (describe_validation_error(err, path, CorpusManifest) if isinstance(err, ValidationError)
+                  else f"{path}: {err}")
         raise ConfigError(detail + "; the run dir was written by an incompatible tokenmill: use another "
                           "--run-dir.") from None
 
