@@ -22,7 +22,7 @@ from core.rundir import RunPaths
 from core.seeds import MAX_SEED
 from flows.output import OutputFormat, emit_rows
 from flows.server import guard_temporary_server, start_temporary_server
-from flows.settings import QUIET_ENV, configure_environment
+from flows.settings import QUIET_ENV, configure_environment, show_library_progress
 
 if TYPE_CHECKING:
     from flows.recipe import ResolvedRun
@@ -80,12 +80,15 @@ def _classifier(ctx: typer.Context) -> None:
 
 @app.callback()
 def _main(ctx: typer.Context,
-          debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+          debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors, and other "
+                                                               "libraries' progress bars.")] = False,
           quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                                help="No progress bars and no per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"], STATE["quiet"] = debug, quiet
+    if debug:
+        show_library_progress()
     if quiet:
         os.environ[QUIET_ENV] = "1"
     _help_without_a_command(ctx)
