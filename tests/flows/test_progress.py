@@ -356,13 +356,17 @@ def run_in_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     return process.wait(timeout=300), b"".join(chunks).decode(errors="replace"), stdout
 
 
-@pytest.fixture(scope="module")
-def cli_env(prefect_server: None) -> dict[str, str]:
+def cli_env_for() -> dict[str, str]:
     """The session's Prefect test server (no temporary server per command) and a known terminal width."""
     from prefect.settings import PREFECT_API_URL
 
     env = {key: value for key, value in os.environ.items() if key != QUIET_ENV}
     return {**env, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "COLUMNS": "120", "TERM": "xterm"}
+
+
+@pytest.fixture(scope="module")
+def cli_env(prefect_server: None) -> dict[str, str]:
+    return cli_env_for()
 
 
 @pytest.mark.slow
