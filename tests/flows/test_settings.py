@@ -9,8 +9,6 @@ import textwrap
 
 import pytest
 
-from flows.settings import LIBRARY_PROGRESS_OFF
-
 # What the CLI does first (configure_environment), then the libraries' own bars, as a launched process meets them.
 LIBRARIES_DRAW_BARS = textwrap.dedent("""
     import sys
@@ -28,13 +26,15 @@ LIBRARIES_DRAW_BARS = textwrap.dedent("""
         pass
 """)
 BARS = ("a tqdm bar", "a datasets bar", "a transformers bar")
+SWITCHES = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
+"""The libraries' own switches (flows.settings.LIBRARY_PROGRESS_OFF): the child starts without any of them."""
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["default", "--debug"])
 def test_other_libraries_draw_no_bars_unless_debug(debug: bool) -> None:
     # datasets ("Generating test split"), transformers ("Loading weights") and lm-eval bars reached tokenmill's
     # terminal and logs. The child starts without the variables, as from a user's shell.
-    env = {key: value for key, value in os.environ.items() if key not in LIBRARY_PROGRESS_OFF}
+    env = {key: value for key, value in os.environ.items() if key not in SWITCHES}
     command = [sys.executable, "-c", LIBRARIES_DRAW_BARS, *(["--debug"] if debug else [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
