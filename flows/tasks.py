@@ -143,7 +143,8 @@ def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: 
     On a terminal its bar counts the rows scored (the evaluator's progress lines); a log gets its result line.
     """
     argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
-    with stage_meter(f"evaluate step {step}", "rows" if score else None) as meter:
+    bar = (f"evaluate step {step}", "rows") if score else (f"export step {step}", None)  # export only: a spinner
+    with stage_meter(*bar) as meter:
         run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(),
                       on_progress=lambda line: meter.update(completed=line.done, total=line.total))
 
