@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,17 +63,48 @@ def load_yaml_mapping(path: str | Path, what: str, fix: str | None = None) -> di
     return data
 
 
-def describe_validation_error(err: ValidationError, source: str | Path) -> str:
-    """One line per problem: ``file: key.path: message``, so the user knows which key to fix."""
+def describe_validation_error(err: ValidationError, source: str | Path,
+                              model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``file: key.path: message``, so the user knows which key to fix.
+
+    ``model``: the model that was validated; with it an unknown key names the near one it may be a typo of
+    (``train.max_stpes: unknown key (misspelt?); did you mean `max_steps`?``).
+    """
     lines = []
     for problem in err.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
         message = problem["msg"]
         if problem["type"] == "extra_forbidden":
-            message = "unknown key (misspelt?); remove it or check the documented keys"
+            near = near_key(model, problem["loc"]) if model is not None else None
+            hint = f"did you mean `{near}`? " if near else ""
+            message = f"unknown key (misspelt?); {hint}remove it or check the documented keys"
         elif problem["type"] == "value_error":  # a validator's own message; pydantic prefixes "Value error, "
             message = str(problem.get("ctx", {}).get("error", message))
         elif problem["type"] == "finite_number":
             message = f"must be a finite number, got {problem['input']!r}; give a number (no .inf or .nan)"
         lines.append(f"{source}: {key}: {message}")
     return "; ".join(lines)
+
+
+def near_key(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
+    """The documented key closest to the unknown ``loc[-1]`` among the keys of the model(s) ``loc`` leads to.
+
+    The path is followed through nested models, lists, dicts and unions: a part that is not a key of the
+    models reached so far (a list index, a dict key, pydantic's union tag) keeps them.
+    """
+    models = {model}
+    for part in loc[:-1]:
+        fields = [found.model_fields[part] for found in models if isinstance(part, str) and part in found.model_fields]
+        if fields:
+            models = {nested for field in fields for nested in _models_in(field.annotation)}
+    names = {alias for found in models for name, field in found.model_fields.items()
+             for alias in (name, field.alias) if alias}
+    matches = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1, cutoff=0.6) if loc else []
+    return matches[0] if matches else None
+
+
+def _models_in(annotation: Any) -> set[type[BaseModel]]:
+    """The pydantic models an annotation holds (``Model``, ``Model | None``, ``list[Model]``, ``dict[str, Model]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {annotation}
+    return {found for argument in typing.get_args(annotation) for found in _models_in(argument)}

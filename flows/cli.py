@@ -15,13 +15,14 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
 from core.errors import TokenmillError
 from core.rundir import RunPaths
 from core.seeds import MAX_SEED
 from flows.output import OutputFormat, emit_rows
 from flows.server import guard_temporary_server, start_temporary_server
-from flows.settings import QUIET_ENV, configure_environment
+from flows.settings import QUIET_ENV, configure_environment, show_library_progress
 
 if TYPE_CHECKING:
     from flows.recipe import ResolvedRun
@@ -79,12 +80,15 @@ def _classifier(ctx: typer.Context) -> None:
 
 @app.callback()
 def _main(ctx: typer.Context,
-          debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
+          debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors, and other "
+                                                               "libraries' progress bars.")] = False,
           quiet: Annotated[bool, typer.Option("--quiet", "-q",
                                                help="No progress bars and no per-stage progress lines.")] = False,
           _version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                  help="Print the version and exit.")] = False) -> None:
     STATE["debug"], STATE["quiet"] = debug, quiet
+    if debug:
+        show_library_progress()
     if quiet:
         os.environ[QUIET_ENV] = "1"
     _help_without_a_command(ctx)
@@ -158,12 +162,25 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
         _print_summary(summary)
 
 
-@app.command()
+class QueryCommand(TyperCommand):
+    """``tokenmill query``: its help names every view of :func:`flows.run_sql.view_names`, read when the help is
+    shown (the registry imports DuckDB: every other use of the command line would pay for it)."""
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        from flows.run_sql import view_names
+
+        self.help = (self.help or "").replace(VIEWS_PLACEHOLDER, ", ".join(view_names()))
+        super().format_help(ctx, formatter)
+
+
+VIEWS_PLACEHOLDER = "{views}"
+
+
+@app.command(cls=QueryCommand, short_help="Read-only SQL over a run's views (documents, shards, metrics, …).")
 def query(run_dir: RunDirArg,
           sql: Annotated[str, typer.Argument(help="One read-only SQL statement over the run's views.")],
           output_format: FormatOpt = OutputFormat.table) -> None:
-    """Read-only SQL over a run: documents, rejects, duplicates, shards, sequences, train_metrics, eval_metrics,
-    eval_results, train_segments, consumed (the rows each step trained on), row_losses.
+    """Read-only SQL over a run's views: {views}.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
     (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
@@ -508,7 +525,8 @@ def main() -> None:
     configure_environment()
     signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
-        exit_code = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
+        command = without_type_tags(typer.main.get_command(app))
+        exit_code = command(standalone_mode=False)  # click returns typer.Exit's code instead of raising it
     except KeyboardInterrupt:
         _exit_interrupted()
     except Exception as err:
@@ -518,6 +536,22 @@ def main() -> None:
     if STATE["interrupted"]:  # typer returns 130 for a KeyboardInterrupt in a command
         _exit_interrupted()
     sys.exit(exit_code if isinstance(exit_code, int) else 0)
+
+
+def without_type_tags(command: T) -> T:
+    """``command`` (and its sub-commands) with ``--help`` showing no type tag (``<str>``, ``<bool>``, ``<int
+    range>``) beside each option and argument: the help text says what a value is, and a flag takes none.
+    Ranges (``[x>=1]``) stay."""
+    help_option = command.get_help_option(typer.Context(command))  # made once and kept by the command
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        param.display_type_rich = _no_type_tag
+    for sub_command in getattr(command, "commands", {}).values():  # a group's
+        without_type_tags(sub_command)
+    return command
+
+
+def _no_type_tag(ctx: typer.Context) -> None:
+    return None
 
 
 def _exit_on_error(err: Exception) -> NoReturn:

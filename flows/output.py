@@ -77,16 +77,30 @@ def write_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO
 
 
 def write_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, width: int | None) -> None:
-    """A rich table when every column fits ``width`` readably, else one block per record (:func:`write_records`)."""
+    """A rich table when every column fits ``width`` readably, else one block per record (:func:`write_records`).
+
+    Off a terminal (a pipe, a file) with no ``width`` given, the table is drawn as wide as its values: a value
+    is never wrapped (folded mid-word, it could not be read back or grepped); the choice of table or records
+    still follows the terminal width (``COLUMNS``, else 80).
+    """
     from rich.console import Console
 
     console = Console(file=out, width=width, highlight=False, markup=False, emoji=False)
     cells = [[terminal_text(text_value(value)) for value in row] for row in rows]
     headers = [terminal_text(str(column)) for column in columns]
-    if table_fits(headers, cells, console.width):
-        _print_rich_table(console, headers, cells)
-    else:
+    if not table_fits(headers, cells, console.width):
         write_records(headers, cells, out)
+    elif width is None and not console.is_terminal:
+        console.width = natural_width(headers, cells)
+        _print_rich_table(console, headers, cells, wrap=False)
+    else:
+        _print_rich_table(console, headers, cells)
+
+
+def natural_width(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> int:
+    """The cells a table needs to show every value on its own lines unwrapped, borders included."""
+    return 1 + sum(3 + max([_widest_line(header), *(_widest_line(row[number]) for row in cells)])
+                   for number, header in enumerate(headers))
 
 
 def table_fits(headers: Sequence[str], cells: Sequence[Sequence[str]], width: int) -> bool:
@@ -99,12 +113,13 @@ def table_fits(headers: Sequence[str], cells: Sequence[Sequence[str]], width: in
     return needed <= width
 
 
-def _print_rich_table(console: Console, headers: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
+def _print_rich_table(console: Console, headers: Sequence[str], cells: Sequence[Sequence[str]],
+                      wrap: bool = True) -> None:
     from rich.table import Column, Table
     from rich.text import Text
 
     # Text(), never markup: "[/version]" would crash the table and "[link=…]" become a terminal hyperlink.
-    table = Table(*(Column(header=Text(header), overflow="fold") for header in headers))
+    table = Table(*(Column(header=Text(header), overflow="fold", no_wrap=not wrap) for header in headers))
     for row in cells:
         table.add_row(*(Text(value) for value in row))
     console.print(table)

@@ -132,11 +132,16 @@ class _Bar:
 
 
 class _Board:
-    """The live bars of this process, by stage name; safe to feed from the task runner's threads."""
+    """The live bars of this process, one row per stage name; safe to feed from the task runner's threads.
+
+    A name keeps its row: a retry or a later call of the same stage (``report`` after ``prepare`` and again
+    after training, a retried ``train``) starts that row again instead of drawing a second one below it.
+    """
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self._shared: dict[str, _Bar] = {}
+        self._rows: dict[str, TaskID] = {}
         self._lock = threading.Lock()
 
     def task(self, bar: _Bar) -> Task:
@@ -144,28 +149,38 @@ class _Board:
 
     def open_shared(self, name: str, unit: str, total: int, num_calls: int) -> None:
         with self._lock:
-            task_id = self.progress.add_task(name, total=total, unit=unit, counts={}, note="")
-            self._shared[name] = _Bar(task_id, num_calls)
+            self._shared[name] = _Bar(self._row(name, unit, total), num_calls)
 
     def join(self, name: str, unit: str | None, total: int | None) -> _Bar:
-        """The shared bar ``name`` if one is open, else a new bar of the caller's own."""
+        """The shared bar ``name`` if one is open, else a bar of the caller's own (on the row of that name)."""
         with self._lock:
             if name in self._shared:
                 return self._shared[name]
-        return _Bar(self.progress.add_task(name, total=total, unit=unit, counts={}, note=""))
+            return _Bar(self._row(name, unit, total))
+
+    def _row(self, name: str, unit: str | None, total: int | None) -> TaskID:
+        """The row ``name``: a new one, or the one an earlier call drew, started again from 0."""
+        fields = {"unit": unit, "counts": {}, "note": ""}
+        if name not in self._rows:
+            self._rows[name] = self.progress.add_task(name, total=total, **fields)
+        else:
+            self.progress.reset(self._rows[name], total=total, description=name, **fields)
+        return self._rows[name]
 
     def advance(self, bar: _Bar, amount: int, counts: dict[str, int]) -> None:
         with self._lock:
             bar.counts.update(counts)
             self.progress.update(bar.task_id, advance=amount, counts=dict(bar.counts))
 
-    def leave(self, name: str, bar: _Bar, meter: Meter, failed: bool) -> None:
-        """A call is over: a failed one takes back what it counted (its retry counts again); the last one ends."""
-        if failed:
+    def leave(self, name: str, bar: _Bar, meter: Meter, ended_by: BaseException | None) -> None:
+        """A call is over: a failed one takes back what it counted (its retry counts again); the last one ends.
+
+        A call ended by Ctrl-C marks its row ``(interrupted)``, any other error ``(failed)``.
+        """
+        if ended_by is not None:
             self.advance(bar, -meter.advanced, {key: -value for key, value in meter.counted.items()})
             if bar.calls_left == 1 and self._shared.get(name) is not bar:
-                self.progress.update(bar.task_id, description=f"{name} (failed)")
-                self.progress.stop_task(bar.task_id)
+                self.stop(bar.task_id, "interrupted" if isinstance(ended_by, KeyboardInterrupt) else "failed")
             return
         with self._lock:
             bar.calls_left -= 1
@@ -175,6 +190,18 @@ class _Board:
         completed = self.task(bar).completed
         self.progress.update(bar.task_id, total=completed, completed=completed)
         self.progress.stop_task(bar.task_id)
+
+    def stop(self, task_id: TaskID, why: str) -> None:
+        """Stop a row where it is, its name followed by ``(why)``."""
+        name = next(name for name, row in self._rows.items() if row == task_id)
+        self.progress.update(task_id, description=f"{name} ({why})")
+        self.progress.stop_task(task_id)
+
+    def interrupt(self) -> None:
+        """Ctrl-C ended the command: every row still running reads ``(interrupted)``, not a failure."""
+        for task in self.progress.tasks:
+            if not task.finished and task.description in self._rows:
+                self.stop(task.id, "interrupted")
 
 
 _LIVE: dict[str, _Board] = {}
@@ -202,10 +229,10 @@ def stage_meter(name: str, unit: str | None = None, total: int | None = None) ->
     meter = Meter(board, bar)
     try:
         yield meter
-    except BaseException:
-        board.leave(name, bar, meter, failed=True)
+    except BaseException as err:
+        board.leave(name, bar, meter, ended_by=err)
         raise
-    board.leave(name, bar, meter, failed=False)
+    board.leave(name, bar, meter, ended_by=None)
 
 
 def shows_bar(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -239,9 +266,12 @@ def live_progress(console: Console | None = None,
                               if name.startswith(("bar.", "progress."))}, inherit=False))
     try:
         with build_progress(console, get_time) as progress:
-            _LIVE["board"] = _Board(progress)
+            board = _LIVE["board"] = _Board(progress)
             try:
                 yield progress
+            except KeyboardInterrupt:
+                board.interrupt()
+                raise
             finally:
                 del _LIVE["board"]
     finally:

@@ -73,7 +73,7 @@ def load_recipe(path: str | Path) -> tuple[RunRecipe, Path]:
     try:
         recipe = RunRecipe.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(describe_validation_error(err, path)) from None
+        raise ConfigError(describe_validation_error(err, path, RunRecipe)) from None
     base = path.resolve().parent
     for manifest in manifest_paths(recipe, base):
         if not manifest.is_file():
@@ -223,7 +223,7 @@ def _recorded_recipe(path: Path, recorded: dict[str, Any]) -> RunRecipe:
     try:
         return RunRecipe.model_validate({key: recorded[key] for key in RunRecipe.model_fields if key in recorded})
     except ValidationError as err:
-        raise ConfigError(describe_validation_error(err, path) + "; the run dir was written by an "
+        raise ConfigError(describe_validation_error(err, path, RunRecipe) + "; the run dir was written by an "
                           "incompatible tokenmill: use another --run-dir.") from None
 
 
@@ -238,7 +238,8 @@ def _recorded_manifests(path: Path, recorded: dict[str, Any]) -> list[CorpusMani
             raise ValueError(f"manifests: a list of manifests, not {type(items).__name__}")
         return [CorpusManifest.model_validate(item) for item in items]
     except (ValidationError, ValueError) as err:
-        detail = describe_validation_error(err, path) if isinstance(err, ValidationError) else f"{path}: {err}"
+        detail = (describe_validation_error(err, path, CorpusManifest) if isinstance(err, ValidationError)
+                  else f"{path}: {err}")
         raise ConfigError(detail + "; the run dir was written by an incompatible tokenmill: use another "
                           "--run-dir.") from None
 

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from flows.report_eval_plots import plot_eval_sources, plot_eval_tasks
+
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
     "lr": "Learning rate",
@@ -25,9 +27,9 @@ PLOTS: dict[str, str] = {
     "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
     "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
 }
-FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5)}
+FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5), "eval_sources": (7, 5)}
 """Plots other than the default 7 x 3.6 inches: the funnel has a second panel (rejects by reason), the
-throughput a second one below (MFU)."""
+throughput a second one below (MFU), the whole val split's loss one below it (bits per byte)."""
 MAX_REASONS = 8
 """The rejects panel shows this many reasons at most; the rest share one "other" segment."""
 
@@ -305,36 +307,7 @@ def _plot_row_fill(axes: Any, data: dict[str, Any]) -> None:
     axes.set_ylabel("rows")
 
 
-def _plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
-    rows = [row for row in data["results"] if row["task"] != "val_split"]  # the val split has its own plot
-    _plot_result_series(axes, rows, lambda row: f"{row['task']} {row['metric']}", "score")
-
-
-def _plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
-    rows = [row for row in data["results"] if row["task"] == "val_split" and row["metric"] in ("loss", "bits_per_byte")]
-    _plot_result_series(axes, rows, lambda row: f"{row['source'] or 'all'} {row['metric']}", "nats/token, bits/byte")
-
-
-def _plot_result_series(axes: Any, rows: list[dict[str, Any]], label_of: Callable[[dict[str, Any]], str],
-                        ylabel: str) -> None:
-    """One line per label over the steps of the full evaluation's rows (``eval_results``)."""
-    series: dict[str, tuple[list[int], list[float]]] = {}
-    for row in rows:
-        if row["value"] is not None:
-            steps, values = series.setdefault(label_of(row), ([], []))
-            steps.append(row["step"])
-            values.append(row["value"])
-    if not series:
-        _no_data(axes, "none yet (eval.tasks; tokenmill eval RUN_DIR)")
-        return
-    for label, (steps, values) in sorted(series.items()):
-        axes.plot(steps, values, marker="o", label=label)
-    axes.set_xlabel("step")
-    axes.set_ylabel(ylabel)
-    axes.legend(fontsize="small")
-
-
 PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
                   "source_mix": _plot_source_mix, "train_mix": _plot_train_mix, "doc_lengths": _plot_doc_lengths,
                   "row_fill": _plot_row_fill,
-                  "eval_tasks": _plot_eval_tasks, "eval_sources": _plot_eval_sources}
+                  "eval_tasks": plot_eval_tasks, "eval_sources": plot_eval_sources}

@@ -37,6 +37,11 @@ TRAINING_VIEWS: dict[str, query.DerivedView] = {
 """Views derived by the trainer's code, built only for a statement that names them."""
 
 
+def view_names() -> list[str]:
+    """Every view a statement may name, in the order ``tokenmill query --help`` lists them."""
+    return [*query.VIEWS, *TRAINING_VIEWS]
+
+
 def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
     """:func:`pipeline.query.connect` with the ``consumed`` and ``row_losses`` views too."""
     return query.connect(run_dir, sql, TRAINING_VIEWS)

@@ -25,6 +25,14 @@ DEFAULTS = {
     "HF_DATASETS_OFFLINE": "1",
     "DO_NOT_TRACK": "1",
 }
+LIBRARY_PROGRESS_OFF = {
+    # Other libraries' bars: tqdm lines written under tokenmill's own bars (on a terminal they scrolled above
+    # them; in a log they were "\r"-joined lines). tokenmill shows its own progress of the same work instead:
+    # lm-eval's requests scored (trainer.lm_eval_progress). `tokenmill --debug` leaves them on.
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # datasets: "Generating test split", "Map", …
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # huggingface_hub, and transformers' "Loading weights" (it asks the hub)
+    "TQDM_DISABLE": "1",  # every other tqdm bar's default (lm-eval building a task's requests)
+}
 
 
 QUIET_ENV = "TOKENMILL_QUIET"
@@ -39,13 +47,30 @@ def configure_environment() -> None:
 
     Prefect's home goes to ``~/.cache/tokenmill/prefect`` unless the user configured a home or a
     server (``PREFECT_HOME`` / ``PREFECT_API_URL``), so tokenmill never touches their own Prefect setup.
+    Other libraries' progress bars are off (:data:`LIBRARY_PROGRESS_OFF`; see :func:`show_library_progress`).
+    The processes tokenmill launches (trainer, evaluator) inherit all of it.
     """
-    for key, value in DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    for key, value in {**DEFAULTS, **LIBRARY_PROGRESS_OFF}.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _SET_HERE.add(key)
     if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
         home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenmill" / "prefect"
         home.mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = os.environ[TOKENMILL_PREFECT_HOME_ENV] = str(home)
+
+
+_SET_HERE: set[str] = set()
+"""The variables :func:`configure_environment` set (the user had not)."""
+
+
+def show_library_progress() -> None:
+    """Undo :data:`LIBRARY_PROGRESS_OFF` where tokenmill set it (``--debug``: show everything); call it before
+    those libraries are imported, which read the variables then."""
+    for key in LIBRARY_PROGRESS_OFF:
+        if key in _SET_HERE:
+            os.environ.pop(key, None)
+            _SET_HERE.discard(key)
 
 
 @contextlib.contextmanager

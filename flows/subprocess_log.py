@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 import psutil
 
 from core.errors import ChildProcessFailed
+from core.progress_lines import ProgressLine, parse_progress_line
 
 
 def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAdapter, *,
                   deadline_s: float | None, env: dict[str, str] | None = None,
-                  on_line: Callable[[str], None] | None = None, pass_fds: Sequence[int] = ()) -> None:
+                  on_line: Callable[[str], None] | None = None,
+                  on_progress: Callable[[ProgressLine], None] | None = None, pass_fds: Sequence[int] = ()) -> None:
     """Run ``argv`` (never through a shell); every output line becomes a log line.
 
+    With ``on_progress``, a progress line (:mod:`core.progress_lines`) goes to it instead of the log.
     ``pass_fds``: descriptors the child inherits (the run-dir lock it works under, trainer.launch.launched_fds).
 
     Prefect task timeouts cannot stop a child process, so the deadline is enforced here: the whole
@@ -35,6 +38,9 @@ def run_streaming(argv: Sequence[str], logger: logging.Logger | logging.LoggerAd
         assert process.stdout is not None
         for line in process.stdout:
             line = line.rstrip()
+            if on_progress is not None and (progress := parse_progress_line(line)) is not None:
+                on_progress(progress)
+                continue
             tail = [*tail[-19:], line]
             logger.info("%s", line)
             if on_line is not None:

@@ -139,9 +139,15 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
 @task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
 @times_stage("evaluate")
 def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool) -> None:
-    """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export."""
+    """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export.
+
+    On a terminal its bar counts the rows scored (the evaluator's progress lines); a log gets its result line.
+    """
     argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
-    run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths))
+    bar = (f"evaluate step {step}", "rows") if score else (f"export step {step}", None)  # export only: a spinner
+    with stage_meter(*bar) as meter:
+        run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths),
+                      on_progress=lambda line: meter.update(completed=line.done, total=line.total))
 
 
 @task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")
@@ -150,10 +156,13 @@ def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: s
                     include: list[str], config: EvalConfig) -> dict[str, Any]:
     from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating
 
-    return run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include], config)
+    with stage_meter(f"{task_name} step {step}", "requests") as meter:
+        return run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include],
+                                   config, on_progress=lambda done, total: meter.update(completed=done, total=total))
 
 
 @task(name="report")
+@reports_progress("report", rates=False)
 @shows_bar("report")
 def report_task(paths: RunPaths) -> str:
     return str(write_report(paths))

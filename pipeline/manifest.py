@@ -188,7 +188,7 @@ def load_manifest(path: str | Path) -> CorpusManifest:
         data = load_yaml_mapping(path, "manifest")
         manifest = CorpusManifest.model_validate(data)
     except ValidationError as err:
-        raise ManifestError(describe_validation_error(err, path)) from None
+        raise ManifestError(describe_validation_error(err, path, CorpusManifest)) from None
     except ManifestError:
         raise
     except Exception as err:  # ConfigError from the YAML loader

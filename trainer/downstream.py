@@ -19,6 +19,7 @@ import importlib.metadata
 import inspect
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,12 +83,15 @@ def task_texts(name: str, include_dirs: list[Path]) -> list[str]:
 
 
 def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size: int = 8,
-             limit: int | None = None, device: str = "cpu") -> list[TaskResult]:
+             limit: int | None = None, device: str = "cpu",
+             on_progress: Callable[[int, int], None] | None = None) -> list[TaskResult]:
     """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
 
     Results are sorted by (task, metric). ``limit``: evaluate the first ``limit`` documents only. lm-eval
     seeds Python's, NumPy's and torch's global generators (0, 1234, 1234) as its command line does. Raises
     ConfigError for a model folder without config.json, and as check_tasks does, before loading the model.
+    lm-eval draws no progress bar; ``on_progress(requests scored, requests)`` follows it instead
+    (:mod:`trainer.lm_eval_progress`).
     """
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
@@ -96,12 +100,17 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size
     load_checked_tasks(manager, name)
     import lm_eval
 
+    from trainer.lm_eval_progress import CountingHFLM
+
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path
     # as a repo id before any request, where a relative "model" would be looked up online.
     model_args = {"pretrained": str(model_dir.resolve()), "dtype": "float32"}
-    results = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[name], task_manager=manager,
-                                      batch_size=batch_size, limit=limit, device=device, log_samples=False)
+    # What simple_evaluate(model="hf", model_args=…, batch_size=…, device=…) builds, as lm-eval's command does.
+    model = CountingHFLM.create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
+    model.on_progress = on_progress
+    results = lm_eval.simple_evaluate(model=model, tasks=[name], task_manager=manager, batch_size=batch_size,
+                                      limit=limit, device=device, log_samples=False)
     assert results is not None, "lm-eval returns no results only on ranks other than 0"
     return _task_results(results)
 

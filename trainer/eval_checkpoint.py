@@ -29,6 +29,7 @@ from core.eval_results import (
     val_split_rows,
     write_result,
 )
+from core.progress_lines import ProgressPrinter
 from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
 from trainer.checkpoint import step_dir_name
@@ -84,13 +85,14 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool) -> 
 
 def score_val_split(model: object, paths: RunPaths, train: TrainConfig, accelerator: Accelerator,
                     step: int, task_fp: str, checkpoint_fp: str) -> None:
-    """Every val row scored (each process a share, masked as the run trains) and written by the main process."""
+    """Every val row scored (each process a share, masked as the run trains) and written by the main process,
+    which prints progress lines meanwhile (:mod:`core.progress_lines`: the flow's bar follows them)."""
     _, val_rows = open_splits(paths)
     autocast = MixedPrecision(train.precision, accelerator.device.type).autocast
     evaluator = Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, None, accelerator,
                           autocast, byte_counter=ScoredBytes(paths.tokenizer),
                           document_masking=train.document_masking)
-    scores = evaluator.evaluate(model)
+    scores = evaluator.evaluate(model, ProgressPrinter("rows") if accelerator.is_main_process else None)
     if not accelerator.is_main_process:
         return
     if scores is None:

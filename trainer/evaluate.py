@@ -60,8 +60,12 @@ class Evaluator:
         share = len(shares[0]) if is_sharded(accelerator) else len(self.rank_rows)
         self.num_forwards = -(-share // micro_batch_size)
 
-    def evaluate(self, model: nn.Module) -> dict[str, float] | None:
-        """The scores over the subset (None: no val rows).
+    def evaluate(self, model: nn.Module,
+                 on_progress: Callable[[int, int], None] | None = None) -> dict[str, float] | None:
+        """The scores over the subset (None: no val rows); ``on_progress(rows scored, rows)`` after each forward.
+
+        The rows scored are counted from this process's forwards (every replica runs about as many), so they are
+        an estimate until the last call, which reports every row.
 
         ``val_loss``, ``val_ppl``, ``val_tokens``, ``val_rows`` (scored) and ``val_split_rows`` (in the split),
         ``val_loss/<source>`` with several sources; with a byte counter also ``val_bytes``, ``val_bpb`` and
@@ -87,6 +91,9 @@ class Evaluator:
                     totals.index_add_(0, sources.to(totals.device), self._score(module, row_ids))
                 else:  # FSDP lockstep: take part in the all-gathers, count nothing
                     self._score(module, np.zeros(1, dtype=np.int64))
+                if on_progress is not None:
+                    done = (start // self.micro_batch_size + 1) / self.num_forwards
+                    on_progress(min(self.num_rows, round(done * self.num_rows)), self.num_rows)
         module.train(was_training)
         if not self.reports_totals:
             totals.zero_()

@@ -84,7 +84,8 @@ def read_trainer_config(run_dir: Path) -> TrainerSections:
         if not config.model.is_hugging_face:  # a Hugging Face model's dims are checked once its config is read
             check_tensor_parallel_dims(config.model.resolved_dims(), config.train.tensor_parallel_size)
     except (ValidationError, ValueError) as err:
-        message = describe_validation_error(err, path) if isinstance(err, ValidationError) else f"{path}: {err}"
+        message = (describe_validation_error(err, path, TrainerSections) if isinstance(err, ValidationError)
+                   else f"{path}: {err}")
         raise ConfigError(message) from None
     return config
 

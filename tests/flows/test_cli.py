@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from flows.run_sql import view_names
 from tests.conftest import build_query_run
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
@@ -28,6 +31,23 @@ def test_every_command_has_help(command: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     assert "Usage:" in result.stdout
     assert "Example:" in result.stdout
+
+
+TYPE_TAG = re.compile(r"<(?:str|bool|int|float|path|int range|float range|[a-z]+(?:\|[a-z]+)+)>")
+
+
+@pytest.mark.parametrize("command", [[], ["shards", "sample"], ["query"]], ids=lambda c: " ".join(c) or "top")
+def test_help_shows_no_type_tags(command: list[str]) -> None:
+    result = subprocess.run([TOKENMILL, *command, "--help"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "120"})
+    assert result.returncode == 0, result.stderr
+    assert "--help" in result.stdout and TYPE_TAG.findall(result.stdout) == []
+    if command == ["shards", "sample"]:
+        assert "[x>=1]" in result.stdout  # a range says something the help text does not: it stays
+    if command == ["query"]:  # every view a statement may name, from the registry (it once missed attributes)
+        listed = " ".join(result.stdout.split())
+        assert all(re.search(rf"\b{name}\b", listed) for name in view_names()), listed
+        assert "attributes" in view_names() and "consumed" in view_names()
 
 
 @pytest.mark.parametrize("group", [[], ["shards"], ["classifier"]], ids=["top", "shards", "classifier"])
@@ -105,6 +125,8 @@ def test_shards_verify_passes_then_catches_a_flipped_byte(tmp_path: Path) -> Non
 @pytest.mark.parametrize(("recipe_text", "expected"), [
     ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {max_stepz: 3}\n",
      "train.max_stepz: unknown key"),
+    ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {max_stpes: 3}\n",
+     "train.max_stpes: unknown key (misspelt?); did you mean `max_steps`?"),
     ("name: x\ndata: {manifests: [m.yaml]}\ntokenizer: {vocab_size: 512}\ntrain: {lr: -1}\n", "train.lr"),
     ("name: x\ndata: {manifests: [missing.yaml]}\ntokenizer: {vocab_size: 512}\n", "missing.yaml does not exist"),
     ("name: x\ndata: {manifests: [m.yaml]\n", "invalid YAML"),

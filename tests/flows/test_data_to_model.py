@@ -155,3 +155,25 @@ def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, 
         real = np.arange(ids.shape[1]) < table.column("num_tokens").to_numpy()[:, None]
         used |= set(np.unique(ids[real]).tolist())
     assert f"{len(used):,} of 512 ids in the train rows" in headline
+
+
+def test_eval_on_a_terminal_shows_its_own_bars_and_no_other_librarys(finished_run: tuple[Path, dict, dict]) -> None:
+    # Last: it recomputes the results of step 30 (to the same numbers). The whole-split evaluation ran minutes
+    # without a bar; lm-eval's "Running loglikelihood requests" lines scrolled above tokenmill's bars.
+    from tests.flows.test_cli import TOKENMILL
+    from tests.flows.test_progress import ANSI, cli_env_for, run_in_pty
+
+    run_dir, first, _ = finished_run
+    for result in (run_dir / "eval" / "results" / "step-0000030").glob("*.json"):
+        result.unlink()
+    status, screen, stdout = run_in_pty([TOKENMILL, "eval", str(run_dir), "--checkpoint", "last"], cli_env_for())
+    text = ANSI.sub("", screen)
+    assert status == 0, text[-3000:]
+    assert json.loads(stdout)["results"] == first["train"]["eval"]["results"]
+    lines = text.splitlines()
+    assert any(line.startswith("evaluate step 30 ") and " rows" in line for line in lines), text[-3000:]
+    assert any(line.startswith("tokenmill_next_line step 30 ") and " requests" in line for line in lines)
+    assert "val_split @ step 30: " in text and "tokenmill_next_line @ step 30: " in text  # the finishing lines
+    for foreign in ("Running loglikelihood", "Tokenizing inputs", "Loading weights", "Generating ", "it/s]",
+                    "tokenmill-progress"):
+        assert foreign not in text, foreign

@@ -79,6 +79,16 @@ def test_a_wide_result_prints_one_record_per_block_without_squeezing(run_dir: Pa
             assert f"{name} | {step * number}\n" in block
 
 
+def test_a_piped_table_never_wraps_a_value(run_dir: Path) -> None:
+    # Piped at COLUMNS=80, rich folded the path mid-word across two lines ("…/part-000" / "00.arrow").
+    path, note = "shards/split=train/source=stdlib/part-00000.arrow", "a note of several words " * 3
+    result = tokenmill("query", str(run_dir), f"SELECT '{path}' AS path, '{note}' AS note, 7 AS n")
+    assert result.returncode == 0, result.stderr
+    assert "-[ row " not in result.stdout  # every column fits readably: a table, as before
+    [row] = [line for line in result.stdout.splitlines() if path in line]
+    assert note.strip() in row and " 7 " in row
+
+
 def test_shards_sample_is_one_compact_block_per_row(run_dir: Path) -> None:
     docs = pq.read_table(run_dir / "docs/part-00000.parquet").to_pylist()
     docs[2]["uri"] = f"lib/{MARKUP}.py"  # doc 3 fills the second row

@@ -154,6 +154,45 @@ def test_pack_counts_tokens_per_second_without_a_total(bars: Progress, clock: Fa
     assert rows(bars)["dedupe"].endswith("0:02")  # a spinner: just the time it took
 
 
+def test_a_stage_called_again_or_retried_keeps_its_one_row(bars: Progress) -> None:
+    # `tokenmill run` writes the report after prepare and after training; a failed train is retried: each
+    # call drew a row of its own, so a stage showed twice ("train (failed)" above "train").
+    for _ in range(2):
+        with stage_meter("report"):
+            pass
+    with pytest.raises(OSError), stage_meter("train", "steps", total=10) as meter:
+        meter.advance(3)
+        raise OSError("the trainer crashed")
+    assert rows(bars)["train (failed)"]
+    with stage_meter("train", "steps", total=10) as meter:  # the retry
+        meter.advance(10)
+    open_shared_bar("ingest", "bytes", total=5, num_calls=1)
+    with stage_meter("ingest", "bytes") as meter:
+        meter.advance(5)
+    open_shared_bar("ingest", "bytes", total=7, num_calls=1)  # a second prepare in the same process
+    with stage_meter("ingest", "bytes") as meter:
+        meter.advance(7)
+    assert [task.description for task in bars.tasks] == ["report", "train", "ingest"]
+    assert all(task.finished for task in bars.tasks) and bars.tasks[1].completed == 10
+
+
+def test_an_interrupt_reads_interrupted_not_failed(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    with pytest.raises(KeyboardInterrupt), live_progress(terminal(), get_time=clock) as progress:
+        assert progress is not None
+        with pytest.raises(KeyboardInterrupt), stage_meter("train", "steps", total=10) as meter:
+            meter.advance(4)
+            raise KeyboardInterrupt
+        with pytest.raises(OSError), stage_meter("dedupe"):
+            raise OSError("disk went away")
+        open_shared_bar("ingest", "bytes", total=9, num_calls=2)
+        with stage_meter("ingest", "bytes") as meter:  # one part done, the other's thread stopped by Ctrl-C
+            meter.advance(4)
+        raise KeyboardInterrupt
+    assert [task.description for task in progress.tasks] == ["train (interrupted)", "dedupe (failed)",
+                                                             "ingest (interrupted)"]
+
+
 def train_row(step: int, loss: float = 3.0, tokens_per_s: float = 41_000.0) -> dict[str, float]:
     return {"step": step, "loss": loss, "lr": 3e-3, "grad_norm": 0.5, "tokens_per_s": tokens_per_s}
 
@@ -317,13 +356,17 @@ def run_in_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     return process.wait(timeout=300), b"".join(chunks).decode(errors="replace"), stdout
 
 
-@pytest.fixture(scope="module")
-def cli_env(prefect_server: None) -> dict[str, str]:
+def cli_env_for() -> dict[str, str]:
     """The session's Prefect test server (no temporary server per command) and a known terminal width."""
     from prefect.settings import PREFECT_API_URL
 
     env = {key: value for key, value in os.environ.items() if key != QUIET_ENV}
     return {**env, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "COLUMNS": "120", "TERM": "xterm"}
+
+
+@pytest.fixture(scope="module")
+def cli_env(prefect_server: None) -> dict[str, str]:
+    return cli_env_for()
 
 
 @pytest.mark.slow

@@ -223,3 +223,35 @@ def test_the_realised_mix_per_stage_is_queryable_and_plotted_with_its_stage_boun
         figure.clear()
     markdown = (write_report(RunPaths(run)).parent / "report.md").read_text()
     assert "train_mix.png" in markdown and "| 1 | b | 9 | 4 | 6 | 75 |" in markdown
+
+
+def full_eval_rows(steps: list[int]) -> list[dict[str, Any]]:
+    """``eval_results`` rows as the report reads them: the whole val split (all sources and two) and one task."""
+    rows = []
+    for step in steps:
+        for source in (None, "code", "web"):
+            rows += [{"step": step, "task": "val_split", "metric": "loss", "value": 4.5, "source": source},
+                     {"step": step, "task": "val_split", "metric": "bits_per_byte", "value": 1.6, "source": source},
+                     {"step": step, "task": "val_split", "metric": "tokens", "value": 900.0, "source": source}]
+        rows.append({"step": step, "task": "next_line", "metric": "acc", "value": 0.25, "source": None})
+    return rows
+
+
+def test_full_evaluation_of_one_checkpoint_is_a_marked_point_at_its_step_with_loss_and_bpb_apart() -> None:
+    # One checkpoint at step 200 drew a lone point on an axis ticked 192.5 … 207.5, and loss (nats/token) and
+    # bits per byte shared one y axis.
+    with drawn_figure(PLOT_FUNCTIONS["eval_sources"], {"results": full_eval_rows([200])}, (7, 5)) as figure:
+        figure.canvas.draw()
+        loss, bpb = figure.axes
+        assert (loss.get_ylabel(), bpb.get_ylabel()) == ("loss (nats/token)", "bits per byte")
+        assert {tuple(line.get_ydata()) for line in loss.get_lines()} == {(4.5,)}
+        assert {tuple(line.get_ydata()) for line in bpb.get_lines()} == {(1.6,)}
+        assert legend_labels(loss) == ["all", "code", "web"]
+        assert all(line.get_marker() == "o" for axes in (loss, bpb) for line in axes.get_lines())
+        assert list(bpb.get_xticks()) == [200] and [t.get_text() for t in bpb.get_xticklabels()] == ["200"]
+        assert loss.get_position().y0 >= bpb.get_position().y1, "the panels overlap"
+    with drawn_figure(PLOT_FUNCTIONS["eval_tasks"], {"results": full_eval_rows([200])}, (7, 3.6)) as figure:
+        figure.canvas.draw()
+        (tasks,) = figure.axes
+        assert list(tasks.get_xticks()) == [200] and legend_labels(tasks) == ["next_line acc"]
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from core.errors import ChildProcessFailed
+from core.progress_lines import PRINT_EVERY_S, ProgressLine, ProgressPrinter, parse_progress_line
 from flows.subprocess_log import run_streaming
 
 # A launcher stand-in: like torchrun, it starts its "rank" in a session of its own; the rank ignores SIGTERM.
@@ -63,3 +65,25 @@ def test_rank_stand_in_really_outlives_a_group_kill(tmp_path: Path) -> None:
         assert rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE
     finally:
         rank.kill()
+
+
+def test_progress_lines_reach_the_bar_not_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    # The whole-split evaluation ran minutes with no line and no bar: its progress now travels as lines.
+    logger = logging.getLogger("test-subprocess-log")
+    child = ("from core.progress_lines import progress_line; print('loading'); print(progress_line(3, 10, 'rows'));"
+             " print('tokenmill-progress {not json'); print(progress_line(10, 10, 'rows')); print('done')")
+    seen: list[ProgressLine] = []
+    with caplog.at_level(logging.INFO, logger="test-subprocess-log"):
+        run_streaming([sys.executable, "-c", child], logger, deadline_s=None, on_progress=seen.append)
+    assert seen == [ProgressLine(3, 10, "rows"), ProgressLine(10, 10, "rows")]
+    assert [record.getMessage() for record in caplog.records] == ["loading", "tokenmill-progress {not json", "done"]
+
+
+def test_a_progress_printer_prints_the_first_and_last_lines_and_one_per_interval() -> None:
+    out, now = io.StringIO(), [0.0]
+    printer = ProgressPrinter("rows", out=out, clock=lambda: now[0])
+    for done in range(1, 11):
+        printer(done, 10)
+        now[0] += PRINT_EVERY_S / 4  # four calls per interval
+    lines = [parse_progress_line(line) for line in out.getvalue().splitlines()]
+    assert [line.done for line in lines] == [1, 5, 9, 10] and {line.total for line in lines} == {10}

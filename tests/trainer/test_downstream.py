@@ -98,6 +98,20 @@ def test_run_task_with_a_limit_scores_that_many_documents(model_dir: Path, next_
     assert [(result.metric, result.num_samples) for result in results] == [("acc", 5), ("acc_norm", 5)]
 
 
+def test_run_task_counts_the_requests_it_scores_and_draws_no_bar(model_dir: Path, next_line_folder: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    # lm-eval's own tqdm bars ("Tokenizing inputs", "Running loglikelihood requests") scrolled above tokenmill's.
+    reports: list[tuple[int, int]] = []
+    results = run_task(model_dir, TASK_NAME, [next_line_folder], batch_size=4, limit=5,
+                       on_progress=lambda done, total: reports.append((done, total)))
+    assert [(result.metric, result.num_samples) for result in results] == [("acc", 5), ("acc_norm", 5)]
+    total = reports[0][1]
+    assert total > 5 and total % 5 == 0, "every choice of every document is a request"
+    assert reports == [(done, total) for done in range(total + 1)]
+    printed = capfd.readouterr().err
+    assert "Running loglikelihood requests" not in printed and "Tokenizing inputs" not in printed
+
+
 def near_tie_task(folder: Path) -> list[dict]:
     """Items whose choices are single letters: the model's scores for them differ by hundredths of a nat."""
     rng = random.Random(0)

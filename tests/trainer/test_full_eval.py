@@ -27,14 +27,15 @@ from transformers import AutoModelForCausalLM
 from core.eval_results import VAL_SPLIT_TASK, all_rows, read_result
 from core.rundir import RunPaths
 from pipeline.query import run_query
-from tests.trainer.conftest import MakeRunDir, edit_recipe
+from tests.trainer.conftest import MakeRunDir, edit_recipe, fresh_accelerator
 from trainer.data import PAD_ID, SplitRows, make_batch
 from trainer.eval_checkpoint import evaluate_checkpoint, val_split_task_fingerprint
 from trainer.eval_plan import chosen_checkpoints, plan_evaluation
-from trainer.evaluate import bits_per_byte
+from trainer.evaluate import Evaluator, bits_per_byte
 from trainer.launch import eval_launch_command
-from trainer.model import IGNORE_INDEX
+from trainer.model import IGNORE_INDEX, ModelShape, build_model
 from trainer.train import main as train_main
+from trainer.train import read_trainer_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,6 +106,21 @@ def test_whole_split_scores_equal_transformers_and_do_not_depend_on_the_process_
     two = val_split_scores(trained_run, 8)
     for key, value in one.items():
         assert two[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_the_whole_split_reports_rows_scored_as_it_goes(make_run_dir: MakeRunDir) -> None:
+    # The whole-split evaluation of the quick start ran 4 minutes with no line and no bar.
+    run_dir = make_run_dir()
+    config = read_trainer_config(run_dir)
+    rows = SplitRows(run_dir, "val", PAD_ID)
+    model = build_model(ModelShape(config.model.resolved_dims(), rows.vocab_size, rows.seq_len), seed=1)
+    evaluator = Evaluator(rows, micro_batch_size=2, eval_batches=None, accelerator=fresh_accelerator())
+    reports: list[tuple[int, int]] = []
+    scores = evaluator.evaluate(model, on_progress=lambda done, total: reports.append((done, total)))
+    assert len(reports) == evaluator.num_forwards > 2, "one report per forward"
+    assert {total for _, total in reports} == {rows.num_rows} and reports[-1] == (rows.num_rows, rows.num_rows)
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports) and reports[0][0] > 0
+    assert scores == evaluator.evaluate(model), "reporting changes no score"
 
 
 def test_bits_per_byte_is_nats_over_bytes_in_bits() -> None:
