@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -459,9 +460,10 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
     """Validate the recipe and its manifests, and refuse a changed recipe, before Prefect starts: one clean line.
 
     Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
-    ``runs/<name>``).
+    ``runs/<name>``). A source that matches no file (a glob typo) is refused here too, naming it.
     """
     from flows.recipe import DEFAULT_RECIPE, manifest_paths, refuse_changed_recipe, resolve_run
+    from pipeline.ingest import collect_sources, list_source_files
     from pipeline.manifest import load_manifest, resolve_source_path
 
     run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
@@ -469,6 +471,10 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
     refuse_changed_recipe(run.recipe, run.base, run.paths.root)
+    with warnings.catch_warnings():  # the flow's planning says them, once
+        warnings.simplefilter("ignore")
+        for manifest_path, source in collect_sources(manifest_paths(run.recipe, run.base)).values():
+            list_source_files(source, manifest_path, run.paths.root)
     return run
 
 
