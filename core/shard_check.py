@@ -17,13 +17,15 @@ and a missing, unreadable or odd cache only costs a hash.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import mmap
 import os
 import re
 import threading
 from pathlib import Path
 
-from core.atomic import TEMP_PREFIX, sha256_file
+from core.atomic import TEMP_PREFIX
 from core.errors import ShardFormatError
 from core.shards import ShardInfo, ShardTokens
 
@@ -116,12 +118,22 @@ def file_sha256(path: Path, *, trust_cache: bool = True) -> str:
     digests = _known_digests()
     if trust_cache and before in digests:
         return digests[before]
-    digest = sha256_file(path)
+    digest = sha256_mapped(path)
     if _file_version(path) == before:
         with _LOCK:
             digests[before] = digest
             _unsaved = True
     return digest
+
+
+def sha256_mapped(path: Path) -> str:
+    """Hex sha256 of a file's bytes, hashed through a read-only memory map: the readers promise no copy of the
+    tokens in Python memory, and reading in chunks would allocate one (1 MB) per chunk."""
+    with open(path, "rb") as handle:
+        if not os.fstat(handle.fileno()).st_size:
+            return hashlib.sha256().hexdigest()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return hashlib.sha256(mapped).hexdigest()
 
 
 def save_digest_cache() -> None:

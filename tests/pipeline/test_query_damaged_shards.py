@@ -174,7 +174,7 @@ def test_a_shard_is_hashed_once_per_version_and_a_flip_behind_a_restored_mtime_i
         hashed.append(Path(path).name)
         return sha256_file(path)
 
-    monkeypatch.setattr(shard_check, "sha256_file", counting_sha256)
+    monkeypatch.setattr(shard_check, "sha256_mapped", counting_sha256)
     rows = SplitRows(run_dir, "train", pad_id=1)
     for _ in range(20):  # the loader's hot path hashes nothing
         assert rows.rows(np.array([1, 0])).tolist() == [list(range(8, 16)), list(range(8))]
