@@ -110,7 +110,7 @@ class BucketRun:
         """Each shard fetched now is checked against the index's sha256; fetched once more if it differs."""
         if not RunPaths(self.local).shard_index.is_file():
             return
-        from core.shard_check import file_sha256, save_digest_cache  # pyarrow: only a run with shards needs it
+        from core.shard_check import file_sha256  # pyarrow: only a run with shards needs it
         from core.shards import read_shard_index
 
         for info in read_shard_index(self.local):
@@ -124,7 +124,6 @@ class BucketRun:
                 if file_sha256(self.local / rel) != info.sha256:
                     raise ObjectStoreError(f"{self.url}/{rel}: the shard's sha256 differs from shards/index.parquet "
                                            "(damaged in the bucket); run `tokenmill prepare` into a fresh run dir")
-        save_digest_cache()
 
     def _matches(self, rel: str, known: list[Any] | None, etag: str) -> bool:
         path = self.local / rel

@@ -7,11 +7,12 @@ just wrong (65348 in a vocabulary of 300). So every reader (the loader, ``shards
 the shard and ``tokenmill shards verify``. The pack stage asks :func:`shard_intact` before it skips a pair.
 
 Hashing costs one read of the file (~1 GB/s), so a digest is computed once per *file version* and remembered:
-in this process, and in a small JSON file outside every run dir (``$XDG_CACHE_HOME/tokenmill/shard-digests.json``).
-A version is (device, inode, size, mtime, ctime, real path): any write to the file, a rename over it, a copy, or
-even resetting its mtime with ``utime`` changes its ctime, which no user can set, so a remembered digest always
-belongs to the very bytes on disk. The cache holds only hex digests keyed by that text; nothing in it is code,
-and a missing, unreadable or odd cache only costs a hash.
+in this process, and outside every run dir in ``$XDG_CACHE_HOME/tokenmill/shard-digests/`` (one small JSON file
+per version, named by the version's sha256: a lookup reads ~200 bytes, whatever else is cached). A version is
+(device, inode, size, mtime, ctime, real path): any write to the file, a rename over it, a copy, or even
+resetting its mtime with ``utime`` changes its ctime, which no user can set, so a remembered digest always
+belongs to the very bytes on disk. An entry holds only that version text and a hex digest, read as JSON and
+checked; nothing in it is code, and a missing, unreadable or odd entry only costs a hash.
 """
 
 from __future__ import annotations
@@ -29,15 +30,11 @@ from core.atomic import TEMP_PREFIX
 from core.errors import ShardFormatError
 from core.shards import ShardInfo, ShardTokens
 
-CACHE_FILE_NAME = "shard-digests.json"
-CACHE_VERSION = 1
-MAX_CACHED_DIGESTS = 20_000
-"""Entries kept in the cache file (the newest): ~3 MB of JSON, and a run's shards number in the thousands."""
+CACHE_FOLDER_NAME = "shard-digests"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 _LOCK = threading.Lock()
-_digests: dict[str, str] | None = None  # file version -> sha256, loaded from the cache file on first use
-_unsaved = False
+_digests: dict[str, str] = {}  # file version -> sha256: what this process hashed or read from the cache folder
 
 
 FAULTS = {"differs": "its sha256 differs from shards/index.parquet",
@@ -87,7 +84,7 @@ def open_checked_shard(run_dir: Path, info: ShardInfo) -> ShardTokens:
 
 
 def open_checked_shards(run_dir: Path, infos: list[ShardInfo]) -> list[ShardTokens]:
-    """:func:`open_checked_shard` for every row, in order; the digests learnt are saved once at the end."""
+    """:func:`open_checked_shard` for every row, in order (those opened are closed when one is refused)."""
     shards: list[ShardTokens] = []
     try:
         for info in infos:
@@ -96,8 +93,6 @@ def open_checked_shards(run_dir: Path, infos: list[ShardInfo]) -> list[ShardToke
         for shard in shards:
             shard.close()
         raise
-    finally:
-        save_digest_cache()
     return shards
 
 
@@ -113,16 +108,14 @@ def file_sha256(path: Path, *, trust_cache: bool = True) -> str:
     ``trust_cache=False`` hashes the bytes whatever is remembered (``shards verify``) and remembers the result.
     A file that changes while it is hashed is not remembered.
     """
-    global _unsaved
-    before = _file_version(path)
-    digests = _known_digests()
-    if trust_cache and before in digests:
-        return digests[before]
+    version = _file_version(path)
+    if trust_cache:
+        known = _remembered(version)
+        if known is not None:
+            return known
     digest = sha256_mapped(path)
-    if _file_version(path) == before:
-        with _LOCK:
-            digests[before] = digest
-            _unsaved = True
+    if _file_version(path) == version:
+        _remember(version, digest)
     return digest
 
 
@@ -136,29 +129,15 @@ def sha256_mapped(path: Path) -> str:
             return hashlib.sha256(mapped).hexdigest()
 
 
-def save_digest_cache() -> None:
-    """Write the digests learnt in this process to the cache file (atomically, merged with what it holds)."""
-    global _unsaved
-    with _LOCK:
-        if not _unsaved or _digests is None:
-            return
-        cache = _cache_path()
-        merged = {**_read_cache(cache), **_digests}
-        kept = dict(list(merged.items())[-MAX_CACHED_DIGESTS:])
-        partial = cache.with_name(f"{TEMP_PREFIX}{cache.name}.{os.getpid()}.{threading.get_ident()}")
-        with contextlib.suppress(OSError):  # only an optimisation: a read-only home costs a hash next time
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps({"version": CACHE_VERSION, "digests": kept}), encoding="utf-8")
-            os.replace(partial, cache)
-        partial.unlink(missing_ok=True)
-        _unsaved = False
-
-
 def forget_digests() -> None:
-    """Drop what this process remembers (tests: the next open reads the cache file again)."""
-    global _digests, _unsaved
+    """Drop what this process remembers (tests: the next open asks the cache folder again)."""
     with _LOCK:
-        _digests, _unsaved = None, False
+        _digests.clear()
+
+
+def cache_folder() -> Path:
+    """``$XDG_CACHE_HOME/tokenmill/shard-digests`` (``~/.cache`` by default): outside every run dir."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenmill" / CACHE_FOLDER_NAME
 
 
 def _file_version(path: Path) -> str:
@@ -167,27 +146,37 @@ def _file_version(path: Path) -> str:
             f"{os.path.realpath(path)}")
 
 
-def _known_digests() -> dict[str, str]:
-    global _digests
+def _entry(version: str) -> Path:
+    """The cache file of one file version: named by the version's sha256, so any path or name is a plain file name."""
+    return cache_folder() / hashlib.sha256(version.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _remembered(version: str) -> str | None:
+    """The digest remembered for ``version`` in this process or in the cache folder; None when there is none."""
     with _LOCK:
-        if _digests is None:
-            _digests = _read_cache(_cache_path())
-        return _digests
-
-
-def _cache_path() -> Path:
-    """``$XDG_CACHE_HOME/tokenmill/shard-digests.json`` (``~/.cache`` by default): outside every run dir."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenmill" / CACHE_FILE_NAME
-
-
-def _read_cache(path: Path) -> dict[str, str]:
-    """The cache file's ``{file version: digest}``; only str keys and 64-hex values are taken, anything else is {}."""
+        if version in _digests:
+            return _digests[version]
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(_entry(version).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    if not isinstance(record, dict) or record.get("version") != CACHE_VERSION or not isinstance(
-            record.get("digests"), dict):
-        return {}
-    return {key: value for key, value in record["digests"].items()
-            if isinstance(key, str) and isinstance(value, str) and _HEX_DIGEST.fullmatch(value)}
+        return None
+    digest = record.get("sha256") if isinstance(record, dict) and record.get("version") == version else None
+    if not isinstance(digest, str) or not _HEX_DIGEST.fullmatch(digest):
+        return None  # another version's entry (a hash collision), or not one this module wrote
+    with _LOCK:
+        _digests[version] = digest
+    return digest
+
+
+def _remember(version: str, digest: str) -> None:
+    """Keep ``digest`` in this process and in the cache folder (written atomically; a failure only costs a hash)."""
+    with _LOCK:
+        _digests[version] = digest
+    entry = _entry(version)
+    partial = entry.with_name(f"{TEMP_PREFIX}{entry.name}.{os.getpid()}.{threading.get_ident()}")
+    with contextlib.suppress(OSError):  # a read-only or full home: the next process hashes again
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"version": version, "sha256": digest}), encoding="utf-8")
+        os.replace(partial, entry)
+    with contextlib.suppress(OSError):
+        partial.unlink(missing_ok=True)

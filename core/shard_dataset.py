@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
-from core.shard_check import checked_shard_path, save_digest_cache
+from core.shard_check import checked_shard_path
 from core.shards import ShardInfo, read_shard_index, shard_metadata
 
 if TYPE_CHECKING:
@@ -44,10 +44,7 @@ def shards_as_dataset(run_dir: str | Path, split: str = "train", source: str | N
     if not infos:
         raise ConfigError(f"{run_dir}: no shards with split={split!r}, source={source!r}; "
                           "`tokenmill shards stats RUN_DIR` lists the run's splits and sources.")
-    try:
-        table = _concatenated(run_dir, [_mapped_shard(run_dir, info) for info in infos])
-    finally:
-        save_digest_cache()
+    table = _concatenated(run_dir, [_mapped_shard(run_dir, info) for info in infos])
     return datasets.Dataset(table, split=datasets.NamedSplit(split), fingerprint=_fingerprint(infos))
 
 

@@ -38,7 +38,7 @@ from core.schemas import (
     SHARD_INDEX_SCHEMA,
     shard_schema,
 )
-from core.shard_check import checked_shard_path, damaged_shard_message, save_digest_cache
+from core.shard_check import checked_shard_path, damaged_shard_message
 from core.shards import SHARD_LAYOUT, ShardInfo, read_shard_index, scan_shard_files
 from pipeline.objects import is_remote
 
@@ -428,13 +428,10 @@ def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
         return sequences_of({}, run_dir)
     indexed = _indexed_shards(run_dir, shard_files)
     shards = {}
-    try:
-        for path in shard_files:
-            relpath = path.relative_to(run_dir).as_posix()
-            shards[relpath] = _open_shard(run_dir, path)  # the format first: a truncated file is named as such
-            _check_against_index(run_dir, path, indexed.get(relpath))
-    finally:
-        save_digest_cache()
+    for path in shard_files:
+        relpath = path.relative_to(run_dir).as_posix()
+        shards[relpath] = _open_shard(run_dir, path)  # the format first: a truncated file is named as such
+        _check_against_index(run_dir, path, indexed.get(relpath))
     return sequences_of(shards, run_dir)
 
 

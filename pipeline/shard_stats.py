@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
 from core.rundir import RunPaths
-from core.shard_check import open_checked_shard, save_digest_cache
+from core.shard_check import open_checked_shard
 from core.shards import ShardInfo, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
@@ -87,11 +87,8 @@ def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, 
     run_dir = Path(run_dir)
     eos_id = special_token_ids(run_dir)[0]
     pairs: dict[tuple[str, str], _PairTotals] = {}
-    try:
-        for info in read_shard_index(run_dir):
-            _add_shard(pairs.setdefault((info.split, info.source), _PairTotals()), run_dir, info, eos_id)
-    finally:
-        save_digest_cache()
+    for info in read_shard_index(run_dir):
+        _add_shard(pairs.setdefault((info.split, info.source), _PairTotals()), run_dir, info, eos_id)
     return [_pair_row(split, source, totals, histogram) for (split, source), totals in pairs.items()]
 
 

@@ -19,7 +19,7 @@ import pyarrow.ipc as ipc
 from core.documents import document_part_files
 from core.errors import ConfigError
 from core.rundir import RunPaths
-from core.shard_check import open_checked_shard, save_digest_cache
+from core.shard_check import open_checked_shard
 from core.shards import ShardInfo, read_shard_index
 from tokenization.train_tokenizer import PAD_TOKEN, load_tokenizer
 
@@ -40,10 +40,7 @@ def sample_rows(run_dir: str | Path, n: int, seed: int = 0, split: str | None = 
     paths = RunPaths(run_dir)
     infos = _matching_shards(read_shard_index(paths.root), split, source)
     chosen = _choose_rows(infos, n, seed)
-    try:
-        rows = [row for info, numbers in chosen for row in _read_rows(paths.root, info, numbers)]
-    finally:
-        save_digest_cache()
+    rows = [row for info, numbers in chosen for row in _read_rows(paths.root, info, numbers)]
     uris = _uris_of(paths, {doc_id for row in rows for doc_id in row["doc_ids"]})
     for row in rows:
         row["uris"] = [uris.get(doc_id) for doc_id in row["doc_ids"]]

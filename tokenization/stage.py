@@ -19,7 +19,7 @@ from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.rundir import RunPaths, fingerprint
-from core.shard_check import save_digest_cache, shard_intact
+from core.shard_check import shard_intact
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
@@ -88,11 +88,7 @@ def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
     Each file is hashed once per version (:func:`core.shard_check.file_sha256`: in this process, or cached by
     device, inode, size, mtime and ctime outside the run dir), so a skipped pair costs a ``stat`` per shard.
     """
-    try:
-        return {number for number, info in enumerate(state["shards"])
-                if not shard_intact(paths.root, ShardInfo(**info))}
-    finally:
-        save_digest_cache()
+    return {number for number, info in enumerate(state["shards"]) if not shard_intact(paths.root, ShardInfo(**info))}
 
 
 def _rebuilt_if_damaged(paths: RunPaths, split: str, source: str, config: PackConfig, tokenizer_sha256: str,
