@@ -37,15 +37,15 @@ _LOCK = threading.Lock()
 _digests: dict[str, str] = {}  # file version -> sha256: what this process hashed or read from the cache folder
 
 
-FAULTS = {"differs": "its sha256 differs from shards/index.parquet",
-          "missing": "missing, listed in shards/index.parquet",
-          "unlisted": "not listed in shards/index.parquet"}
+FAULTS = {"differs": "its sha256 differs from shards/index.parquet (changed or damaged since it was written)",
+          "missing": "missing, listed in shards/index.parquet (deleted since it was written)",
+          "unlisted": "not listed in shards/index.parquet, so its bytes cannot be checked"}
 """What :func:`damaged_shard_message` says is wrong with a shard."""
 
 
 def damaged_shard_message(path: Path | str, run_dir: Path | str, fault: str = "differs") -> str:
     """The one line a reader refuses a shard with: which shard, what is wrong (a key of FAULTS), what to run."""
-    return (f"{path}: {FAULTS[fault]} (changed or damaged since it was written); nothing was read from it: "
+    return (f"{path}: {FAULTS[fault]}; nothing was read from it: "
             f"`tokenmill shards verify {run_dir}` lists every damaged shard, and `tokenmill prepare` with the "
             "run's recipe writes them again.")
 

@@ -92,14 +92,14 @@ def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
 
 
 def _rebuilt_if_damaged(paths: RunPaths, split: str, source: str, config: PackConfig, tokenizer_sha256: str,
-                        state: dict[str, Any]) -> dict[str, Any]:
+                        state: dict[str, Any], parts: list[Path]) -> dict[str, Any]:
     """``state``, its damaged shards written again: each call that wrote one re-packs its parts into the same shard
     numbers (same documents and settings, same bytes). A state that does not record its calls (written before
     ``pack_calls``), or a re-pack that gives other shards (settings changed since), starts the pair over."""
     damaged = _damaged_shards(paths, state)
     if not damaged:
         return state
-    if _repack_calls(paths, split, source, config, tokenizer_sha256, state, damaged) and not _damaged_shards(
+    if _repack_calls(paths, split, source, config, tokenizer_sha256, state, damaged, parts) and not _damaged_shards(
             paths, state):
         return state
     _remove_unrecorded_shards(shard_folder(paths, split, source), 0)
@@ -107,19 +107,26 @@ def _rebuilt_if_damaged(paths: RunPaths, split: str, source: str, config: PackCo
 
 
 def _repack_calls(paths: RunPaths, split: str, source: str, config: PackConfig, tokenizer_sha256: str,
-                  state: dict[str, Any], damaged: set[int]) -> bool:
+                  state: dict[str, Any], damaged: set[int], parts: list[Path]) -> bool:
     """Re-pack every recorded call that wrote one of the ``damaged`` shards; False when the state records no calls
-    or a call's shards come out other than recorded."""
+    (or calls that are not over the run's document ``parts``) or a call's shards come out other than recorded."""
     calls = state.get("pack_calls")
-    if calls is None:
+    by_name = {part.name: part for part in parts}
+    if not isinstance(calls, list) or not all(_is_call(call, by_name) for call in calls):
         return False
     for first, end, part_names in calls:
         if damaged & set(range(first, end)):
             writer = _ShardWriter(paths, split, source, tokenizer_sha256, first)
-            _pack_parts(paths, split, source, config, [paths.docs / name for name in part_names], writer, None)
+            _pack_parts(paths, split, source, config, [by_name[name] for name in part_names], writer, None)
             if [dataclasses.asdict(info) for info in writer.infos] != state["shards"][first:end]:
                 return False
     return True
+
+
+def _is_call(call: Any, parts: dict[str, Path]) -> bool:
+    """Whether ``call`` is a ``pack_calls`` entry, ``[first shard, end shard, [part file names]]``, over ``parts``."""
+    return (isinstance(call, list) and len(call) == 3 and all(isinstance(n, int) for n in call[:2])
+            and isinstance(call[2], list) and all(isinstance(name, str) and name in parts for name in call[2]))
 
 
 def _empty_progress() -> dict[str, Any]:
@@ -143,7 +150,7 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         return [ShardInfo(**info) for info in state["shards"]]
     fingerprints = part_fingerprints(paths, parts)
     state = _repacked_if_parts_changed(folder, state, fingerprints)
-    state = _rebuilt_if_damaged(paths, split, source, config, tokenizer_sha256, state)
+    state = _rebuilt_if_damaged(paths, split, source, config, tokenizer_sha256, state, parts)
     infos = [ShardInfo(**info) for info in state["shards"]]
     new_parts = [part for part in parts if part.name not in state["packed_parts"]]
     if not new_parts:  # damaged shards rebuilt, or packed by a version that kept no marker under stages/
