@@ -400,6 +400,9 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
 
     STATE["run_dir"] = run.paths.root
     with run.paths.lock():
+        ingests = command in ("run", "prepare") and options.get("dask_address") is None
+        if command in ("run", "prepare"):
+            _refuse_unmatched_sources(run)
         sealed = sealed_summary(run, command)
         if sealed is not None:
             if not STATE["quiet"]:
@@ -407,7 +410,6 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                                  "up to date: skipped without a flow run\n")
             _print_summary(sealed)
             return
-        ingests = command in ("run", "prepare") and options.get("dask_address") is None
         flows_module = _import_flows_with_a_server(_start_ingest_workers if ingests else None)
         from flows.progress import live_progress
         from flows.settings import heartbeats_unless_temporary
@@ -460,10 +462,9 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
     """Validate the recipe and its manifests, and refuse a changed recipe, before Prefect starts: one clean line.
 
     Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
-    ``runs/<name>``). A source that matches no file (a glob typo) is refused here too, naming it.
+    ``runs/<name>``).
     """
     from flows.recipe import DEFAULT_RECIPE, manifest_paths, refuse_changed_recipe, resolve_run
-    from pipeline.ingest import collect_sources, list_source_files
     from pipeline.manifest import load_manifest, resolve_source_path
 
     run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
@@ -471,11 +472,21 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
         for source in load_manifest(manifest_path).sources:
             resolve_source_path(source, manifest_path)
     refuse_changed_recipe(run.recipe, run.base, run.paths.root)
+    return run
+
+
+def _refuse_unmatched_sources(run: ResolvedRun) -> None:
+    """A source that matches no file (a glob typo) is one line naming it, before Prefect starts (ManifestError from
+    :func:`pipeline.ingest.list_source_files`). Sources the run's plan lists already are not walked again."""
+    from flows.recipe import manifest_paths
+    from pipeline.ingest import collect_sources, list_source_files
+    from pipeline.unmatched_source import matched_before
+
     with warnings.catch_warnings():  # the flow's planning says them, once
         warnings.simplefilter("ignore")
         for manifest_path, source in collect_sources(manifest_paths(run.recipe, run.base)).values():
-            list_source_files(source, manifest_path, run.paths.root)
-    return run
+            if not matched_before(run.paths.root, source.name):
+                list_source_files(source, manifest_path, run.paths.root)
 
 
 def _configure_console(*, say_errors_once: bool, temporary_server: bool) -> None:
