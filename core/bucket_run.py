@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.atomic import TEMP_PREFIX, sha256_file
+from core.atomic import TEMP_PREFIX
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
 from core.bucket_url import object_and_folder
 from core.errors import ObjectStoreError, RunDirError
@@ -111,16 +111,18 @@ class BucketRun:
         """Each shard fetched now is checked against the index's sha256; fetched once more if it differs."""
         if not RunPaths(self.local).shard_index.is_file():
             return
+        from core.shard_check import file_sha256  # pyarrow: only a run with shards needs it
         from core.shards import read_shard_index
 
         for info in read_shard_index(self.local):
             rel = info.path
             if rel not in fetched and rel in state:
                 continue
-            if sha256_file(self.local / rel) != info.sha256:
+            # hashed once per file version: the readers that open it next in this process do not hash it again
+            if file_sha256(self.local / rel) != info.sha256:
                 state[rel] = self._fetch(rel, "")
                 self._write_state(state)
-                if sha256_file(self.local / rel) != info.sha256:
+                if file_sha256(self.local / rel) != info.sha256:
                     raise ObjectStoreError(f"{self.url}/{rel}: the shard's sha256 differs from shards/index.parquet "
                                            "(damaged in the bucket); run `tokenmill prepare` into a fresh run dir")
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
+from core.shard_check import checked_shard_path
 from core.shards import ShardInfo, read_shard_index, shard_metadata
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ def shards_as_dataset(run_dir: str | Path, split: str = "train", source: str | N
     table to its workers: that is a copy per worker.
 
     Raises ConfigError when no shard has that split and source, ShardFormatError when the index is missing or
-    a shard is unreadable, of another format version, or of other columns than the rest.
+    a shard is unreadable, of another format version, of other columns than the rest, or not the bytes the
+    index recorded (its sha256, hashed once per file version: :mod:`core.shard_check`).
     """
     import datasets
 
@@ -42,18 +44,21 @@ def shards_as_dataset(run_dir: str | Path, split: str = "train", source: str | N
     if not infos:
         raise ConfigError(f"{run_dir}: no shards with split={split!r}, source={source!r}; "
                           "`tokenmill shards stats RUN_DIR` lists the run's splits and sources.")
-    table = _concatenated(run_dir, [_mapped_shard(run_dir / info.path) for info in infos])
+    table = _concatenated(run_dir, [_mapped_shard(run_dir, info) for info in infos])
     return datasets.Dataset(table, split=datasets.NamedSplit(split), fingerprint=_fingerprint(infos))
 
 
-def _mapped_shard(path: Path) -> pa.Table:
+def _mapped_shard(run_dir: Path, info: ShardInfo) -> pa.Table:
     """One shard's rows, memory-mapped, without its schema metadata (split and source differ per shard)."""
+    path = run_dir / info.path
     shard_metadata(path)  # the format version and required keys, before a row is read
     try:
-        return ipc.open_file(pa.memory_map(str(path))).read_all().replace_schema_metadata(None)
+        table = ipc.open_file(pa.memory_map(str(path))).read_all().replace_schema_metadata(None)
     except (pa.ArrowException, OSError) as err:
         raise ShardFormatError(f"{path}: not a readable Arrow IPC shard ({err}); `tokenmill shards verify` "
                                "lists every damaged shard.") from None
+    checked_shard_path(run_dir, info)
+    return table
 
 
 def _concatenated(run_dir: Path, tables: list[pa.Table]) -> pa.Table:

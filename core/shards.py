@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from core.atomic import TEMP_PREFIX, sha256_file
+from core.atomic import TEMP_PREFIX
 from core.errors import ShardFormatError
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
@@ -92,11 +92,14 @@ def write_shard(run_dir: Path, relpath: str, rows: ShardRows, *, split: str, sou
         ],
         schema=schema,
     )
+    from core.shard_check import file_sha256  # it imports this module
+
     target = run_dir / relpath
     with (RunPaths(run_dir).atomic_write(target, size_hint_bytes=batch.nbytes) as tmp,
           ipc.new_file(tmp, schema, options=ipc.IpcWriteOptions(compression=None)) as out):
         out.write_batch(batch)
-    return ShardInfo(relpath, split, source, num_rows, int(sum(rows.num_tokens)), sha256_file(target),
+    # remembered: the pack stage's skip check and the readers of this process do not hash it again
+    return ShardInfo(relpath, split, source, num_rows, int(sum(rows.num_tokens)), file_sha256(target),
                      tokenizer_sha256, seq_len)
 
 
@@ -340,10 +343,13 @@ def verify_shards(run_dir: Path) -> list[str]:
 
 
 def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
+    from core.shard_check import file_sha256
+
     path = run_dir / info.path
     if not path.is_file():
         return [f"{info.path}: listed in the index but missing on disk"]
-    if sha256_file(path) != info.sha256:
+    # hashed now, whatever is remembered, then remembered: the trainer launched after `train`'s check hashes nothing
+    if file_sha256(path, trust_cache=False) != info.sha256:
         return [f"{info.path}: sha256 differs from the index (corrupted or modified)"]
     try:
         metadata = shard_metadata(path)

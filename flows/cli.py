@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -420,6 +421,9 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
 
     STATE["run_dir"] = run.paths.root
     with run.paths.lock():
+        ingests = command in ("run", "prepare") and options.get("dask_address") is None
+        if command in ("run", "prepare"):
+            _refuse_unmatched_sources(run)
         sealed = sealed_summary(run, command)
         if sealed is not None:
             if not STATE["quiet"]:
@@ -427,7 +431,6 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
                                  "up to date: skipped without a flow run\n")
             _print_summary(sealed)
             return
-        ingests = command in ("run", "prepare") and options.get("dask_address") is None
         flows_module = _import_flows_with_a_server(_start_ingest_workers if ingests else None)
         from flows.progress import live_progress
         from flows.settings import heartbeats_unless_temporary
@@ -491,6 +494,20 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
             resolve_source_path(source, manifest_path)
     refuse_changed_recipe(run.recipe, run.base, run.paths.root)
     return run
+
+
+def _refuse_unmatched_sources(run: ResolvedRun) -> None:
+    """A source that matches no file (a glob typo) is one line naming it, before Prefect starts (ManifestError from
+    :func:`pipeline.ingest.list_source_files`). Sources the run's plan lists already are not walked again."""
+    from flows.recipe import manifest_paths
+    from pipeline.ingest import collect_sources, list_source_files
+    from pipeline.unmatched_source import matched_before
+
+    with warnings.catch_warnings():  # the flow's planning says them, once
+        warnings.simplefilter("ignore")
+        for manifest_path, source in collect_sources(manifest_paths(run.recipe, run.base)).values():
+            if not matched_before(run.paths.root, source.name):
+                list_source_files(source, manifest_path, run.paths.root)
 
 
 def _configure_console(*, say_errors_once: bool, temporary_server: bool) -> None:

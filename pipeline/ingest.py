@@ -36,6 +36,7 @@ from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
 from pipeline.thresholds import decision_settings, measurement_settings
+from pipeline.unmatched_source import local_names, matched_before, unmatched_source_error
 from pipeline.web_filters import storable_statistics
 from pipeline.worker_preload import INGEST_PRELOAD  # noqa: F401  (flows.pipeline takes it from here)
 
@@ -147,12 +148,27 @@ def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path |
     and any FIFO, socket or device, is listed so that :func:`pipeline.readers.refusal` records it as an
     ``outside_source`` / ``not_a_regular_file`` reject when its part is read; a link leading nowhere
     (dangling, or a loop) holds nothing and is skipped with a warning.
-    Raises ManifestError when the source path is not a regular file or folder, or lies inside ``run_dir``.
+    Raises ManifestError when the source path is not a regular file or folder, or lies inside ``run_dir``, and
+    when the source matches no file (a glob typo, an exclude that excludes everything, an empty dataset folder)
+    unless ``run_dir``'s plan lists files of it already (a refresh that finds nothing new).
     """
     path = resolve_source_path(source, manifest_path)
     if isinstance(path, ObjectPath):
-        return _list_source_objects(path, source)
-    _check_source_path(path, source, manifest_path, run_dir)
+        files = _list_source_objects(path, source)
+    else:
+        _check_source_path(path, source, manifest_path, run_dir)
+        files = _list_local_files(path, source, run_dir)
+    if not files and not matched_before(run_dir, source.name):
+        if isinstance(path, ObjectPath):
+            raise unmatched_source_error(source, manifest_path, path.url, [rel for rel, _, _ in list_objects(path)])
+        raise unmatched_source_error(source, manifest_path, str(path), local_names(path))
+    return files
+
+
+def _list_local_files(path: Path, source: SourceConfig, run_dir: Path | None) -> list[SourceFile]:
+    """:func:`list_source_files` of a local file or folder."""
+    if source.format == "hf_disk" and path.is_dir() and not any(child.is_file() for child in path.rglob("*")):
+        return []  # an empty dataset folder holds nothing to read
     if not path.is_dir() or source.format == "hf_disk":
         return [_stat_file(path, path.name)]
     include = glob_regex(source.glob)
@@ -170,7 +186,7 @@ def list_source_files(source: SourceConfig, manifest_path: Path, run_dir: Path |
             elif _is_run_dir(entry, run_root):
                 warnings.warn(f"source '{source.name}': {escape_file_name(prefix + name)}"
                               "/ is a tokenmill run dir inside the source folder; it is not read "
-                              "(keep run dirs out of source folders)", stacklevel=2)
+                              "(keep run dirs out of source folders)", stacklevel=3)
             else:
                 walked.append(name)
         subfolders[:] = walked

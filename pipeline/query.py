@@ -27,7 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
 from core.documents import DUPLICATES_FILE, document_part_files
-from core.errors import QueryError
+from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import (
@@ -38,7 +38,8 @@ from core.schemas import (
     SHARD_INDEX_SCHEMA,
     shard_schema,
 )
-from core.shards import SHARD_LAYOUT, scan_shard_files
+from core.shard_check import checked_shard_path, damaged_shard_message
+from core.shards import SHARD_LAYOUT, ShardInfo, read_shard_index, scan_shard_files
 from pipeline.objects import checked_url, is_remote
 
 VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
@@ -317,7 +318,7 @@ def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[s
         "eval_results": _eval_results_table(run_dir, paths),
         "train_segments": (_train_segments_table(run_dir, paths.metrics / "train_segments.jsonl") if read_segments
                            else TRAIN_SEGMENTS_SCHEMA.empty_table()),
-        "sequences": _sequences_table(run_dir, shard_files if read_shards else []),
+        "sequences": _sequences_table(run_dir, shard_files) if read_shards else EMPTY_SEQUENCES_SCHEMA.empty_table(),
     }
 
 
@@ -423,9 +424,43 @@ def _sequences_table(run_dir: Path, shard_files: list[Path]) -> pa.Table:
     One table of the memory-mapped shards (no copy of the tokens). The added columns share two arrays sized
     by the largest shard: ``row_in_shard`` slices one arange; split, source and shard_path are one-value
     dictionaries over one array of zero indices, so they cost a byte per row, not a string.
+    Each shard is read only once its bytes are those the index recorded (:func:`_indexed_shards`).
     """
-    shards = {path.relative_to(run_dir).as_posix(): _open_shard(run_dir, path) for path in shard_files}
+    if not shard_files and not RunPaths(run_dir).shard_index.is_file():
+        return sequences_of({}, run_dir)
+    indexed = _indexed_shards(run_dir, shard_files)
+    shards = {}
+    for path in shard_files:
+        relpath = path.relative_to(run_dir).as_posix()
+        shards[relpath] = _open_shard(run_dir, path)  # the format first: a truncated file is named as such
+        _check_against_index(run_dir, path, indexed.get(relpath))
     return sequences_of(shards, run_dir)
+
+
+def _indexed_shards(run_dir: Path, shard_files: list[Path]) -> dict[str, ShardInfo]:
+    """The index's rows by path; QueryError when the index is missing or unsafe, or lists a shard not on disk."""
+    try:
+        infos = {info.path: info for info in read_shard_index(run_dir)}
+    except ShardFormatError as err:
+        raise QueryError(f"{err} (`sequences` reads only shards the index vouches for; queries that do not read "
+                         "it still work)") from None
+    on_disk = {path.relative_to(run_dir).as_posix() for path in shard_files}
+    missing = sorted(set(infos) - on_disk)
+    if missing:
+        raise QueryError(damaged_shard_message(run_dir / missing[0], run_dir, "missing"))
+    return infos
+
+
+def _check_against_index(run_dir: Path, path: Path, info: ShardInfo | None) -> None:
+    """QueryError naming ``path`` unless the index lists it with the sha256 of its bytes (hashed once per version)."""
+    if info is None:
+        raise QueryError(f"{path}: a shard file that shards/index.parquet does not list, so its bytes cannot be "
+                         f"checked; nothing was read from it: `tokenmill shards verify {run_dir}` lists every fault; "
+                         "remove the file, or re-run `tokenmill prepare` to write the index.")
+    try:
+        checked_shard_path(run_dir, info)
+    except ShardFormatError as err:
+        raise QueryError(str(err)) from None
 
 
 def sequences_of(shards: dict[str, pa.Table], run_dir: Path | str) -> pa.Table:

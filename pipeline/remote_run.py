@@ -11,16 +11,19 @@ whole into memory (an object cannot be memory-mapped).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from core.atomic import TEMP_PREFIX
 from core.errors import QueryError
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
+from core.shard_check import damaged_shard_message
 from core.shards import SHARD_LAYOUT
 from pipeline import query
 from pipeline.objects import ObjectPath, object_errors
@@ -108,10 +111,38 @@ def _shard_keys(url: str, keys: list[str]) -> list[str]:
 
 
 def _sequences(url: str, base: str, fs: Any, shard_keys: list[str]) -> pa.Table:
+    """``sequences`` of the shards at ``shard_keys``, each checked as a local one is: its format, then its bytes'
+    sha256 against ``shards/index.parquet`` (hashed as they are read: a shard is read whole anyway)."""
+    recorded = _recorded_sha256(url, base, fs, shard_keys) if shard_keys else {}
     shards = {}
     for rel in shard_keys:
-        def open_shard(rel: str = rel) -> pa.BufferReader:
+        read: list[bytes] = []
+
+        def open_shard(rel: str = rel, read: list[bytes] = read) -> pa.BufferReader:
             with object_errors(f"{url}/{rel}"):
-                return pa.BufferReader(fs.cat(f"{base}/{rel}"))
+                read.append(fs.cat(f"{base}/{rel}"))
+            return pa.BufferReader(read[0])
         shards[rel] = query.checked_shard(open_shard, f"{url}/{rel}", url)
+        if hashlib.sha256(read[0]).hexdigest() != recorded.get(rel):
+            raise QueryError(damaged_shard_message(f"{url}/{rel}", url, "differs" if rel in recorded else "unlisted"))
     return query.sequences_of(shards, url)
+
+
+def _recorded_sha256(url: str, base: str, fs: Any, shard_keys: list[str]) -> dict[str, str]:
+    """``{shard path: sha256}`` of the bucket's shard index; QueryError when it is missing or lists a shard that
+    is not there."""
+    index = f"{url}/shards/index.parquet"
+    with object_errors(index):
+        data = fs.cat(f"{base}/shards/index.parquet") if fs.exists(f"{base}/shards/index.parquet") else None
+    if data is None:
+        raise QueryError(f"{index}: no shard index beside the shards, so their bytes cannot be checked; upload the "
+                         "whole run dir (`sequences` reads only shards the index vouches for).")
+    try:
+        rows = pq.read_table(pa.BufferReader(data), columns=["path", "sha256"]).to_pylist()
+    except (pa.ArrowException, OSError, KeyError) as err:
+        raise QueryError(f"{index}: not a readable shard index ({err}); re-upload the run dir.") from None
+    recorded = {row["path"]: row["sha256"] for row in rows if isinstance(row["path"], str)}
+    missing = sorted(set(recorded) - set(shard_keys))
+    if missing:
+        raise QueryError(damaged_shard_message(f"{url}/{missing[0]}", url, "missing"))
+    return recorded

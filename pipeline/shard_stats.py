@@ -22,7 +22,8 @@ import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
 from core.rundir import RunPaths
-from core.shards import ShardInfo, ShardTokens, read_shard_index
+from core.shard_check import open_checked_shard
+from core.shards import ShardInfo, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 """Names of the special tokens (as in ``tokenization.config.SPECIAL_TOKENS``; ``pipeline`` does not import it)."""
@@ -71,8 +72,9 @@ class _PairTotals:
 
 
 def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, Any]]:
-    """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index, or
-    when an index row names a path outside the shard layout or the run dir (:func:`core.shards.read_shard_index`).
+    """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index, when
+    an index row names a path outside the shard layout or the run dir (:func:`core.shards.read_shard_index`), or
+    when a shard's bytes differ from the index (:func:`core.shard_check.open_checked_shard`).
 
     Keys: ``split, source, num_shards, size_bytes, num_rows, num_tokens`` (real tokens, padding excluded),
     ``num_documents`` (documents that start in the pair), ``eos_share`` (EOS tokens / real tokens),
@@ -113,7 +115,7 @@ def special_token_ids(run_dir: Path) -> tuple[int, int]:
 def _add_shard(totals: _PairTotals, run_dir: Path, info: ShardInfo, eos_id: int) -> None:
     """Add one shard's rows, tokens, EOS count and (row, document) entries to its pair's totals."""
     path = run_dir / info.path
-    shard = ShardTokens(path)
+    shard = open_checked_shard(run_dir, info)
     try:
         num_tokens = []
         for batch in _batches(path):

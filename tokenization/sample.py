@@ -19,7 +19,8 @@ import pyarrow.ipc as ipc
 from core.documents import document_part_files
 from core.errors import ConfigError
 from core.rundir import RunPaths
-from core.shards import ShardInfo, ShardTokens, read_shard_index
+from core.shard_check import open_checked_shard
+from core.shards import ShardInfo, read_shard_index
 from tokenization.train_tokenizer import PAD_TOKEN, load_tokenizer
 
 
@@ -32,7 +33,7 @@ def sample_rows(run_dir: str | Path, n: int, seed: int = 0, split: str | None = 
     ``doc_ids``, ``doc_starts``, ``uris`` (aligned with doc_ids; None for a doc_id missing from ``docs/``)
     and ``text`` (the real tokens decoded with special tokens shown, then ``<|pad|>×N`` for padding) when
     ``decode`` else ``input_ids`` (the real tokens). Raises ConfigError for ``n < 1`` or a split/source
-    without shards, ShardFormatError without a shard index.
+    without shards, ShardFormatError without a shard index or when a sampled shard's bytes differ from it.
     """
     if n < 1:
         raise ConfigError(f"n={n}: ask for at least one row.")
@@ -69,7 +70,7 @@ def _choose_rows(infos: list[ShardInfo], n: int, seed: int) -> list[tuple[ShardI
 def _read_rows(run_dir: Path, info: ShardInfo, numbers: np.ndarray) -> list[dict[str, Any]]:
     """The rows ``numbers`` of one shard: tokens from the zero-copy reader, lineage from the Arrow columns."""
     path = run_dir / info.path
-    shard = ShardTokens(path)
+    shard = open_checked_shard(run_dir, info)
     try:
         with pa.memory_map(str(path)) as source:
             lineage = ipc.open_file(source).read_all().select(["doc_ids", "doc_starts", "first_doc_offset",

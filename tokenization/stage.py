@@ -1,10 +1,11 @@
 """Encode + pack stage of the data path: kept documents of one (split, source) -> Arrow token shards.
 
 Each ``shards/split=<split>/source=<source>/`` folder holds ``part-NNNNN.arrow`` shards and a
-``state.json`` (stage state) that records which document parts are packed; the marker
+``state.json`` (stage state) that records which document parts are packed, and by which call; the marker
 ``stages/pack/split=<split>/source=<source>.json``, written last, says the pair is done for the current
 parts. A later call packs only new document parts into new shards, so an incremental run appends without
-rewriting old shards.
+rewriting old shards. A marker never vouches for a shard changed or deleted since: a shard whose bytes no
+longer match what was recorded is packed again, by the call that wrote it, into the very same bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.rundir import RunPaths, fingerprint
+from core.shard_check import shard_intact
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
@@ -69,13 +71,67 @@ def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints
     if recorded is None or all(fingerprints.get(name) == value for name, value in recorded.items()):
         return state
     _remove_unrecorded_shards(folder, 0)
-    return {**state, "vocab_size": 0, "packed_parts": [], "next_part": 0, "num_documents": 0, "shards": []}
+    return {**state, **_empty_progress()}
 
 
 def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], stage_fingerprint: str) -> bool:
-    """The marker matches, and so does its summary: a marker never vouches for shards deleted since (to re-pack)."""
+    """The marker matches, and so does its summary, and every recorded shard is intact: a marker never vouches
+    for shards deleted or changed since (to re-pack)."""
     return ((shard_folder(paths, split, source) / STATE_FILE).is_file()
-            and paths.done_summary("pack", stage_fingerprint, pack_unit(split, source)) == _pack_summary(state))
+            and paths.done_summary("pack", stage_fingerprint, pack_unit(split, source)) == _pack_summary(state)
+            and not _damaged_shards(paths, state))
+
+
+def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
+    """Numbers of the recorded shards that are missing or whose sha256 differs from the one recorded.
+
+    Each file is hashed once per version (:func:`core.shard_check.file_sha256`: in this process, or cached by
+    device, inode, size, mtime and ctime outside the run dir), so a skipped pair costs a ``stat`` per shard.
+    """
+    return {number for number, info in enumerate(state["shards"]) if not shard_intact(paths.root, ShardInfo(**info))}
+
+
+def _rebuilt_if_damaged(paths: RunPaths, split: str, source: str, config: PackConfig, tokenizer_sha256: str,
+                        state: dict[str, Any], parts: list[Path]) -> dict[str, Any]:
+    """``state``, its damaged shards written again: each call that wrote one re-packs its parts into the same shard
+    numbers (same documents and settings, same bytes). A state that does not record its calls (written before
+    ``pack_calls``), or a re-pack that gives other shards (settings changed since), starts the pair over."""
+    damaged = _damaged_shards(paths, state)
+    if not damaged:
+        return state
+    if _repack_calls(paths, split, source, config, tokenizer_sha256, state, damaged, parts) and not _damaged_shards(
+            paths, state):
+        return state
+    _remove_unrecorded_shards(shard_folder(paths, split, source), 0)
+    return {**state, **_empty_progress()}
+
+
+def _repack_calls(paths: RunPaths, split: str, source: str, config: PackConfig, tokenizer_sha256: str,
+                  state: dict[str, Any], damaged: set[int], parts: list[Path]) -> bool:
+    """Re-pack every recorded call that wrote one of the ``damaged`` shards; False when the state records no calls
+    (or calls that are not over the run's document ``parts``) or a call's shards come out other than recorded."""
+    calls = state.get("pack_calls")
+    by_name = {part.name: part for part in parts}
+    if not isinstance(calls, list) or not all(_is_call(call, by_name) for call in calls):
+        return False
+    for first, end, part_names in calls:
+        if damaged & set(range(first, end)):
+            writer = _ShardWriter(paths, split, source, tokenizer_sha256, first)
+            _pack_parts(paths, split, source, config, [by_name[name] for name in part_names], writer, None)
+            if [dataclasses.asdict(info) for info in writer.infos] != state["shards"][first:end]:
+                return False
+    return True
+
+
+def _is_call(call: Any, parts: dict[str, Path]) -> bool:
+    """Whether ``call`` is a ``pack_calls`` entry, ``[first shard, end shard, [part file names]]``, over ``parts``."""
+    return (isinstance(call, list) and len(call) == 3 and all(isinstance(n, int) for n in call[:2])
+            and isinstance(call[2], list) and all(isinstance(name, str) and name in parts for name in call[2]))
+
+
+def _empty_progress() -> dict[str, Any]:
+    """The state keys of a pair with nothing packed yet."""
+    return {"vocab_size": 0, "packed_parts": [], "next_part": 0, "num_documents": 0, "shards": [], "pack_calls": []}
 
 
 def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig,
@@ -94,9 +150,10 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         return [ShardInfo(**info) for info in state["shards"]]
     fingerprints = part_fingerprints(paths, parts)
     state = _repacked_if_parts_changed(folder, state, fingerprints)
+    state = _rebuilt_if_damaged(paths, split, source, config, tokenizer_sha256, state, parts)
     infos = [ShardInfo(**info) for info in state["shards"]]
     new_parts = [part for part in parts if part.name not in state["packed_parts"]]
-    if not new_parts:  # packed by a version that kept no marker under stages/: record it now
+    if not new_parts:  # damaged shards rebuilt, or packed by a version that kept no marker under stages/
         state["packed_fingerprints"] = fingerprints
         paths.write_json(folder / STATE_FILE, state)
         paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)
@@ -106,6 +163,9 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     writer = _ShardWriter(paths, split, source, tokenizer_sha256, state["next_part"])
     num_documents = _pack_parts(paths, split, source, config, new_parts, writer, on_progress)
     infos.extend(writer.infos)
+    if state.get("pack_calls") is not None:  # which shards each call wrote, to rebuild a damaged one alike
+        state["pack_calls"] = [*state["pack_calls"], [state["next_part"], writer.next_part,
+                                                      [part.name for part in new_parts]]]
     state.update(
         split=split, source=source, tokenizer_sha256=tokenizer_sha256, seq_len=config.seq_len,
         vocab_size=writer.vocab_size,
@@ -193,7 +253,7 @@ def _load_state(folder: Path, tokenizer_sha256: str, seq_len: int) -> dict[str, 
     path = folder / STATE_FILE
     if not path.is_file():
         return {"version": STATE_VERSION, "tokenizer_sha256": tokenizer_sha256, "seq_len": seq_len,
-                "vocab_size": 0, "packed_parts": [], "next_part": 0, "num_documents": 0, "shards": []}
+                **_empty_progress()}
     state = read_json(path)
     recorded = {"version": state.get("version"), "tokenizer_sha256": state.get("tokenizer_sha256"),
                 "seq_len": state.get("seq_len")}

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from core.errors import CheckpointError, ShardFormatError
-from core.shards import ShardInfo, ShardTokens, read_shard_index
+from core.shard_check import open_checked_shards
+from core.shards import ShardInfo, read_shard_index
 from trainer.document_mask import ShardDocStarts, position_ids
 from trainer.mixture import MixtureOrder
 from trainer.model import IGNORE_INDEX
@@ -121,12 +122,14 @@ class SplitRows(ShardNumbering):
         EOS id (see :func:`make_batch`). Both come from :func:`tokenization.special_tokens.read_special_tokens`.
 
         Raises ShardFormatError (from :func:`core.shards.read_shard_index`) when an index row names a path
-        that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on.
+        that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on;
+        and (:func:`core.shard_check.open_checked_shards`) when a shard's bytes differ from the index's sha256:
+        each shard is hashed once per process (or not at all when its digest is cached), never per batch.
         """
         infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
         self.split, self.pad_id, self.pad_is_eos = split, pad_id, pad_is_eos
         self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
-        self.shards = [ShardTokens(Path(run_dir) / info.path) for info in infos]
+        self.shards = open_checked_shards(Path(run_dir), infos)
         self.seq_len = _common_value(infos, [int(s.metadata["seq_len"]) for s in self.shards], "seq_len")
         self.vocab_size = _common_value(infos, [int(s.metadata["vocab_size"]) for s in self.shards], "vocab_size")
         super().__init__([info.path for info in infos], [info.source for info in infos],

@@ -444,6 +444,13 @@ CLI_CASES: dict[str, tuple[str, str, tuple[str, ...], Callable[[Path], None] | N
     "recipe-nested-too-deeply": ("name: " + "[" * 5000 + "]" * 5000 + "\n", MANIFEST,
                                  ("recipe.yaml", "nested too deeply"), None),
     "recipe-a-number": ("42\n", MANIFEST, ("recipe.yaml", "must be a YAML mapping", "got a number"), None),
+    "glob-typo-only-source": (RECIPE, manifest_with_source(glob="*.txet"),
+                              ("m.yaml", "sources[s] matches no file: glob '*.txet' under", "corpus;",
+                               "did you mean glob '*.txt'?"), None),
+    "glob-typo-second-source": (RECIPE, yaml.safe_dump({"name": "m", "sources": [
+        {"name": "s", "path": "corpus", "format": "text"},
+        {"name": "t", "path": "corpus", "format": "jsonl", "glob": "*.jsnol"}]}),
+        ("m.yaml", "sources[t] matches no file: glob '*.jsnol'", "the files there end in .txt (1)"), None),
 }
 
 
@@ -533,6 +540,17 @@ def test_shard_with_a_flipped_byte_fails_verify_and_train_refuses_it(
 
     trained = tokenmill("train", recipe, "--run-dir", run_dir, env=cli_env)
     assert_one_line_error(trained, relpath, "sha256")
+
+    # Issue #34: a re-run of prepare skipped the pack stage on its marker and left the shard bad.
+    rebuilt = tokenmill("prepare", recipe, "--run-dir", run_dir, env=cli_env)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert tokenmill("shards", "verify", run_dir).returncode == 0
+
+    def shard_files(root: Path) -> dict[str, bytes]:
+        return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted((root / "shards").rglob("*"))
+                if path.is_file()}
+
+    assert shard_files(run_dir) == shard_files(source), "as the untouched run: shards, states and index"
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "model").exists()
 
 

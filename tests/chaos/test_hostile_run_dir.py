@@ -160,6 +160,9 @@ def test_a_symlink_that_stays_inside_the_run_dir_is_followed(run_dir: Path) -> N
     link = run_dir / "shards/split=val/source=a/part-00000.arrow"
     link.parent.mkdir(parents=True)
     link.symlink_to(Path("../../split=train/source=a/part-00000.arrow"))
+    [info] = read_shard_index(run_dir)  # the index lists it (sequences reads only shards it vouches for)
+    write_shard_index(run_dir, [info, dataclasses.replace(info, path=link.relative_to(run_dir).as_posix(),
+                                                          split="val")])
     rows = connect(run_dir).sql("SELECT split, count(*) FROM sequences GROUP BY split ORDER BY split").fetchall()
     assert rows == [("train", 2), ("val", 2)]
 
@@ -221,8 +224,10 @@ def test_sql_in_shard_metadata_is_only_data(run_dir: Path, monkeypatch: pytest.M
     target = run_dir / "PWNED.csv"
     payload = sql_folder_name(SHARD, "PWNED.csv")
     rows = ShardRows(np.arange(8, dtype=np.uint16).reshape(1, 8), [[3]], [[0]], [0], [8])
-    write_shard(run_dir, "shards/split=train/source=b/part-00000.arrow", rows, split=payload, source=payload,
-                tokenizer_sha256=payload, vocab_size=100)
+    info = write_shard(run_dir, "shards/split=train/source=b/part-00000.arrow", rows, split=payload, source=payload,
+                       tokenizer_sha256=payload, vocab_size=100)
+    # listed in the index, as the packer would (sequences reads only shards the index vouches for)
+    write_shard_index(run_dir, [*read_shard_index(run_dir), dataclasses.replace(info, split="train", source="b")])
     con = connect(run_dir)
     assert con.sql("SELECT source, count(*) FROM sequences GROUP BY source ORDER BY source").fetchall() == [
         ("a", 2), ("b", 1)]

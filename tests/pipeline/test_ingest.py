@@ -396,3 +396,52 @@ def test_parts_come_largest_first_by_decompressed_bytes(tmp_path: Path) -> None:
     parts = largest_first(plan_ingest([manifest], RunPaths(tmp_path / "run"), 1))
     assert [(part.part_id, part.files) for part in parts] == [(2, ("c.jsonl.gz",)), (1, ("b.jsonl",)),
                                                               (0, ("a.jsonl",))]
+
+
+# ---- a source that matches no file is an error, not a silent absence (issue #34, class 4) --------
+
+
+def two_sources(tmp_path: Path, **records: object) -> Path:
+    """A folder of stdlib files and a folder of one jsonl file; ``records`` overrides the second source."""
+    copy_stdlib_sample(tmp_path / "data" / "code", count=3)
+    (tmp_path / "data" / "records").mkdir(parents=True)
+    (tmp_path / "data" / "records" / "a.jsonl").write_text('{"text": "a record that is long enough"}\n')
+    (tmp_path / "data" / "records" / "README").write_text("what the records are")
+    return write_manifest(tmp_path / "m.yaml", [
+        {"name": "code", "path": "data/code", "format": "text", "glob": "*.py"},
+        {"name": "records", "path": "data/records", "format": "jsonl", "glob": "*.jsonl", **records}])
+
+
+UNMATCHED = {
+    "glob-typo": ({"glob": "*.jsnol"}, ["glob '*.jsnol' under", "the files there end in no extension (1), .jsonl (1)",
+                                        "did you mean glob '*.jsonl'?"]),
+    "exclude-everything": ({"exclude": ["*.jsonl"]}, ["glob '*.jsonl' minus exclude ['*.jsonl'] under"]),
+    "excluded-folder": ({"glob": "**/*.jsonl", "exclude": ["**"]}, ["minus exclude ['**']"]),
+    "empty-hf-dataset-folder": ({"format": "hf_disk", "path": "data/empty"}, ["there is no file there at all"]),
+}
+
+
+@pytest.mark.parametrize("case", list(UNMATCHED))
+def test_a_source_that_matches_no_file_is_one_error_before_anything_is_planned(tmp_path: Path, case: str) -> None:
+    overrides, needles = UNMATCHED[case]
+    (tmp_path / "data" / "empty").mkdir(parents=True)
+    manifest = two_sources(tmp_path, **overrides)
+    paths = RunPaths(tmp_path / "run")
+    with pytest.raises(ManifestError) as refused:
+        plan_ingest([manifest], paths, PART_BYTES)
+    message = str(refused.value)
+    folder = (tmp_path / "data" / ("empty" if "hf" in case else "records")).resolve()
+    assert message.startswith(f"{manifest.resolve()}: sources[records] matches no file") and "\n" not in message
+    assert str(folder) in message and all(needle in message for needle in needles), message
+    assert "fix the glob, exclude or path" in message
+    assert not paths.ingest_plan.exists(), "nothing was planned"
+
+
+def test_a_refresh_that_finds_no_new_file_plans_nothing_quietly(tmp_path: Path) -> None:
+    manifest = two_sources(tmp_path)
+    paths = RunPaths(tmp_path / "run")
+    ingest_all([manifest], paths)
+    (tmp_path / "data" / "records" / "a.jsonl").unlink()  # the source held files before: not a typo
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan_ingest([manifest], paths, PART_BYTES) == []

@@ -120,3 +120,18 @@ def test_shards_and_report_commands_on_a_bucket_answer_as_on_the_local_run(
     fs.rm(f"{url}/dedupe/duplicates.parquet")  # the mirror follows the bucket: a key gone is gone locally
     assert runner.invoke(app, ["shards", "verify", url]).exit_code == 0
     assert not (mirror / "dedupe/duplicates.parquet").exists()
+
+
+def test_a_shard_in_a_bucket_whose_bytes_differ_from_the_index_is_refused(uploaded_run: tuple[Path, str]):
+    """Issue #34: the shard is checked against the bucket's index as it is read (a flipped token byte)."""
+    run, url = uploaded_run
+    shard = "shards/split=train/source=a/part-00000.arrow"
+    data = bytearray((run / shard).read_bytes())
+    tokens = b"".join(number.to_bytes(2, "little") for number in range(16))  # the shard's ids, uint16
+    data[data.index(tokens) + 2 * 5 + 1] ^= 0xFF  # token 5's high byte
+    s3fs.S3FileSystem().pipe(f"{url}/{shard}", bytes(data))
+    assert run_query(url, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
+    with pytest.raises(QueryError) as refused:
+        run_query(url, "SELECT max(list_max(input_ids)) FROM sequences")
+    message = str(refused.value)
+    assert message.startswith(f"{url}/{shard}: its sha256 differs from shards/index.parquet") and "\n" not in message

@@ -183,3 +183,17 @@ def test_an_object_deleted_after_planning_is_one_missing_file_reject(tmp_path: P
     fs.rm(f"{s3_prefix}/corpus/code/a.py")
     summary = ingest_part(part, 0.1, paths)
     assert (summary["num_documents"], summary["rejects_by_reason"]) == (0, {"missing_file": 1})
+
+
+def test_a_bucket_source_that_matches_no_object_is_one_error_naming_the_url(tmp_path: Path, s3_prefix: str):
+    """Issue #34: a glob typo made a source vanish from the run without a word; objects are listed like files."""
+    fs = s3fs.S3FileSystem()
+    fs.pipe(f"{s3_prefix}/typo/records/a.jsonl", b'{"text": "one record"}\n')
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "m", "sources": [
+        {"name": "records", "path": f"{s3_prefix}/typo/records", "format": "jsonl", "glob": "*.jsnol"}]}))
+    with pytest.raises(ManifestError) as refused:
+        plan_ingest([manifest], RunPaths(tmp_path / "run"), 1 << 20)
+    message = str(refused.value)
+    assert f"sources[records] matches no file: glob '*.jsnol' under {s3_prefix}/typo/records;" in message
+    assert "did you mean glob '*.jsonl'?" in message and "\n" not in message

@@ -14,6 +14,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
+from core.atomic import read_json
 from core.errors import StageMismatchError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
@@ -250,3 +251,54 @@ def test_shards_do_not_depend_on_how_a_part_groups_its_rows(tmp_path: Path, text
     assert pq.ParquetFile(apart.docs / "part-00000.parquet").num_row_groups > 2
     digests = [{info.path: info.sha256 for info in pack_all(paths)} for paths in (mixed, apart)]
     assert digests[0] == digests[1] and len(digests[0]) > 4
+
+
+def run_dir_bytes(run_dir: Path) -> dict[str, bytes]:
+    return {path.relative_to(run_dir).as_posix(): path.read_bytes() for path in sorted(run_dir.rglob("*"))
+            if path.is_file()}
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_or_deleted_shard_is_packed_again_into_the_bytes_of_an_untouched_run(
+        tmp_path: Path, texts: list[str], tokenizer_file: Path) -> None:
+    """Issue #34: a re-run used to skip the pair on its marker and leave the shard bad. Two calls (an incremental
+    refresh in between): each damaged shard is re-made by the call that wrote it, and the run ends as it was."""
+    paths = new_run(tmp_path / "run", tokenizer_file)
+    write_docs_part(paths.root, 0, texts[:HALF])
+    first = pack_all(paths)
+    write_docs_part(paths.root, 1, texts[HALF:])
+    second = pack_all(paths)
+    untouched = run_dir_bytes(paths.root)
+    first_call = [info.path for info in first if info.path.startswith("shards/split=train/source=lib/")]
+    second_call = [info.path for info in second if info.path.startswith("shards/split=train/source=lib/")
+                   and info.path not in first_call]
+    assert first_call and second_call
+    flip_a_byte(paths.root / first_call[0])
+    (paths.root / second_call[-1]).unlink()
+    assert len(verify_shards(paths.root)) == 2
+
+    assert pack_all(paths) == second
+    assert verify_shards(paths.root) == []
+    assert run_dir_bytes(paths.root) == untouched
+
+
+def test_a_damaged_shard_of_a_state_without_its_calls_repacks_the_pair(
+        tmp_path: Path, texts: list[str], tokenizer_file: Path) -> None:
+    """A state written before ``pack_calls`` cannot say which call wrote a shard: the pair is packed over."""
+    paths = new_run(tmp_path / "run", tokenizer_file)
+    write_docs_part(paths.root, 0, texts[:HALF])
+    infos = pack_all(paths)
+    state_file = paths.root / "shards/split=train/source=lib/state.json"
+    state = read_json(state_file)
+    del state["pack_calls"]
+    paths.write_json(state_file, state)
+    shard = next(info.path for info in infos if info.path.startswith("shards/split=train/source=lib/"))
+    before = (paths.root / shard).read_bytes()
+    flip_a_byte(paths.root / shard)
+    assert pack_all(paths) == infos
+    assert (paths.root / shard).read_bytes() == before and verify_shards(paths.root) == []
