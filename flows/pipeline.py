@@ -14,6 +14,7 @@ from core.eval_results import VAL_SPLIT_TASK, describe, failed_results
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
+from flows.evaluation_state import evaluation_is_cached, record_evaluation
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.stage_processes import stage_processes
@@ -34,7 +35,7 @@ from flows.tasks import (
 )
 from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
-from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
+from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
 SPLITS = ("train", "val")
@@ -146,42 +147,20 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
     paths = run.paths
     logger = get_run_logger()
     with paths.lock():
-        unchanged = evaluation_fingerprint(run, checkpoint, task)
-        if paths.done_summary(EVAL_STAGE, unchanged) is not None:
+        if evaluation_is_cached(run, checkpoint, task):
             logger.info("evaluate: every result is current and nothing changed since: skipped (up to date)")
             return publish_evaluation(paths.root, report_task(paths))
         _evaluate(run, checkpoint, task)
         if not failed_results(paths):  # a failed result is retried by the next run
-            paths.mark_done(EVAL_STAGE, evaluation_fingerprint(run, checkpoint, task), {"checkpoint": checkpoint,
-                                                                                        "task": task})
+            record_evaluation(run, checkpoint, task)
         report = report_task(paths)  # after the marker: the report reads stages/, and would be stale at once
     return publish_evaluation(paths.root, report)
-
-
-EVAL_STAGE = "evaluate"
-EVAL_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "checkpoints", "model", "eval")
-
-
-def evaluation_fingerprint(run: ResolvedRun, checkpoint: str | None, task: str | None) -> str:
-    """What the evaluation reads and writes (its settings, the checkpoints, the results, the task folders, by
-    file stats): equal to the one recorded after the last evaluation without failures, every result is current
-    and the flow skips planning, which imports torch and lm-eval (~5 s)."""
-    from trainer.eval_tasks import include_dirs, recorded_include
-
-    paths = run.paths
-    recorded = recorded_include(paths) if run.base == paths.root else None
-    include = [folder for folder in recorded or include_dirs(paths, run.recipe.eval, run.base)
-               if not folder.is_relative_to(paths.root)]  # eval/tasks is among EVAL_FILES already
-    stats = [file_stats(paths.root, paths.root / name) for name in EVAL_FILES]
-    stats += [file_stats(folder, folder) for folder in include]
-    return fingerprint(EVAL_STAGE, run.recipe.eval.model_dump(mode="json"), run.recipe.train.precision, checkpoint,
-                       task, [str(folder) for folder in include], stats)
 
 
 def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
     """Plan the missing or stale (checkpoint, task) results and compute them; a failure is recorded and logged."""
     from trainer.eval_checkpoint import val_split_task_fingerprint
-    from trainer.eval_plan import chosen_checkpoints, has_export, plan_evaluation  # imports torch
+    from trainer.eval_plan import has_export, plan_evaluation  # imports torch
 
     config, paths = run.recipe.eval, run.paths
     logger = get_run_logger()

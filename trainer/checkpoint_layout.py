@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from core.errors import ConfigError
+from core.rundir import RunPaths
+
 MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint folder: a folder without it is incomplete."""
 STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
@@ -22,3 +25,22 @@ def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
     found = [(int(m.group(1)), p) for p in checkpoints_dir.iterdir()
              if p.is_dir() and (m := STEP_DIR_PATTERN.match(p.name))]
     return sorted(found)
+
+
+def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Path]]:
+    """``last`` (the newest), ``all`` (every kept one, oldest first) or one step; CheckpointError-free.
+
+    Raises ConfigError when there is no checkpoint, or the step asked for is not kept.
+    """
+    found = list_checkpoints(paths.checkpoints)
+    if not found:
+        raise ConfigError(f"{paths.checkpoints}: no checkpoint to evaluate; train first (`tokenmill train`).")
+    if which == "all":
+        return found
+    if which == "last":
+        return found[-1:]
+    chosen = [(step, folder) for step, folder in found if step == int(which)]
+    if not chosen:
+        raise ConfigError(f"--checkpoint {which}: no such checkpoint in {paths.checkpoints} (kept: "
+                          f"{', '.join(str(step) for step, _ in found)}); name one of those, `last` or `all`.")
+    return chosen

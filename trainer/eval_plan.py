@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, TokenmillError
+from core.errors import TokenmillError
 from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, is_current, read_result, write_result
 from core.rundir import RunPaths
-from trainer.checkpoint import list_checkpoints, verify_checkpoint
+from trainer.checkpoint import verify_checkpoint
 from trainer.config import EvalConfig
 from trainer.export import exported_step
 
@@ -35,25 +35,6 @@ class CheckpointPlan:
     @property
     def needs_export(self) -> bool:
         return bool(self.tasks)
-
-
-def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Path]]:
-    """``last`` (the newest), ``all`` (every kept one, oldest first) or one step; CheckpointError-free.
-
-    Raises ConfigError when there is no checkpoint, or the step asked for is not kept.
-    """
-    found = list_checkpoints(paths.checkpoints)
-    if not found:
-        raise ConfigError(f"{paths.checkpoints}: no checkpoint to evaluate; train first (`tokenmill train`).")
-    if which == "all":
-        return found
-    if which == "last":
-        return found[-1:]
-    chosen = [(step, folder) for step, folder in found if step == int(which)]
-    if not chosen:
-        raise ConfigError(f"--checkpoint {which}: no such checkpoint in {paths.checkpoints} (kept: "
-                          f"{', '.join(str(step) for step, _ in found)}); name one of those, `last` or `all`.")
-    return chosen
 
 
 def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_split_fp: str,

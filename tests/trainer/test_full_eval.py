@@ -28,9 +28,10 @@ from core.eval_results import VAL_SPLIT_TASK, all_rows, read_result
 from core.rundir import RunPaths
 from pipeline.query import run_query
 from tests.trainer.conftest import MakeRunDir, edit_recipe, fresh_accelerator
+from trainer.checkpoint_layout import chosen_checkpoints
 from trainer.data import PAD_ID, SplitRows, make_batch
 from trainer.eval_checkpoint import evaluate_checkpoint, val_split_task_fingerprint
-from trainer.eval_plan import chosen_checkpoints, plan_evaluation
+from trainer.eval_plan import plan_evaluation
 from trainer.evaluate import Evaluator, bits_per_byte
 from trainer.launch import eval_launch_command
 from trainer.model import IGNORE_INDEX, ModelShape, build_model
