@@ -9,6 +9,7 @@ checkpoint's Hugging Face export (``model/`` when it holds that step, else ``eva
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,13 +90,14 @@ def has_export(paths: RunPaths, step: int) -> bool:
 
 
 def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,
-                        include: list[Path], config: EvalConfig) -> dict[str, Any]:
+                        include: list[Path], config: EvalConfig, trusted: Collection[Path] = ()) -> dict[str, Any]:
     """Evaluate ``task`` on the export of ``step`` with lm-eval and record the result (or the failure, in one
-    line saying what to fix: a task error never loses the results already computed)."""
+    line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
+    folders whose code may run (:func:`trainer.downstream.run_task`)."""
     from trainer.downstream import run_task  # lm-eval imports slowly
 
     try:
-        results = run_task(model_folder(paths, step), task, include, batch_size=config.batch_size,
+        results = run_task(model_folder(paths, step), task, include, trusted=trusted, batch_size=config.batch_size,
                            limit=config.limit)
     except TokenmillError as err:
         return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
