@@ -21,11 +21,11 @@ import yaml
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from flows.pipeline import evaluation_tasks
-from flows.report import write_report
 from flows.recipe import resolve_recorded_run, resolve_run
+from flows.report import write_report
 from flows.run_code import refuse_untrusted_code
-from tests.chaos.test_bad_inputs import assert_one_line_error
 from tests.chaos.conftest import tokenmill
+from tests.chaos.test_bad_inputs import assert_one_line_error
 from tests.conftest import build_query_run
 
 WRITE_MARKER = "import os, pathlib\npathlib.Path(os.environ.get('EVIL_MARKER', '{marker}')).write_text('ran')\n"
@@ -105,9 +105,9 @@ def test_task_folders_a_stage_marker_records_are_data_too(tmp_path: Path) -> Non
     run = plant_evil_run(tmp_path, FUNCTION_TAG, marker=marker)
     outside = Path(shutil.move(run / "evil", tmp_path / "recorded-elsewhere"))
     RunPaths(run).mark_done("eval-tasks", "f" * 64, {"tasks": {}, "num_items": {}, "include": [str(outside)]})
-    with pytest.raises(ConfigError, match="evil_task.yaml, key doc_to_text"):
+    with pytest.raises(ConfigError, match=r"evil_task\.yaml, key doc_to_text"):
         refuse_untrusted_code(resolve_recorded_run(run))
-    with pytest.raises(ConfigError, match="evil_task.yaml, key doc_to_text"):
+    with pytest.raises(ConfigError, match=r"evil_task\.yaml, key doc_to_text"):
         evaluation_tasks(resolve_recorded_run(run), "evil_task")
     assert not marker.exists()
 
