@@ -74,10 +74,11 @@ def refuse_model_code(file: Path, trust_remote_code: bool) -> None:
     """ConfigError naming ``file`` (a config.json) when its ``auto_map`` names Python files of the model folder
     and ``trust_remote_code`` (the decision of the command, from the recipe the user passed) is off."""
     data = read_config_dict(file)
+    kind = data["model_type"]
     if "auto_map" in data and not trust_remote_code:
-        raise ConfigError(f"{file}: auto_map: model_type '{data['model_type']}' is defined by Python files in the "
-                          "model folder, which tokenmill runs only when the recipe you pass on the command line sets "
-                          "model.trust_remote_code: true (read that code first; a run dir's run.yaml never counts).")
+        raise ConfigError(f"{file}: auto_map: model_type '{kind}' is defined by Python files in the model folder, "
+                          "which tokenmill runs only when the recipe you pass sets model.trust_remote_code: true "
+                          "(read that code first; a run dir's run.yaml never counts).")
 
 
 def check_causal_lm(config: Any, file: Path) -> None:

@@ -64,8 +64,9 @@ def _refuse_code_in_yaml(path: Path, seen: set[Path]) -> None:
     for key, node in _nodes(root, ""):
         problem = _code_in(node)
         if problem is not None:
-            raise ConfigError(f"task YAML {path}, key {key or '(top level)'}: {problem}, which lm-eval would run "
-                              f"as code, and this task folder was not named by you; {HOW_TO_RUN_CODE}.")
+            raise ConfigError(f"task YAML {path}, key {key or '(top level)'}: {problem}"
+                              f", which lm-eval would run as code; this task folder was not named by you, "
+                              f"{HOW_TO_RUN_CODE}.")
     for included in _includes(root, path.parent):
         _refuse_code_in_yaml(included, seen)
 

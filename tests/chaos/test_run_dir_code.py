@@ -47,7 +47,7 @@ def plant_evil_run(root: Path, task_yaml: str, *, marker: Path, extra: dict[str,
     (folder / "evil_task.yaml").write_text(task_yaml.format(data=data))
     for name, text in (extra or {}).items():
         (run / name).parent.mkdir(parents=True, exist_ok=True)
-        (run / name).write_text(text.format(data=data))
+        (run / name).write_text(text.format(data=data, marker=marker))
     (run / "run.yaml").write_text(yaml.safe_dump({
         "name": "evil", "data": {"manifests": ["manifest.yaml"]}, "tokenizer": {"vocab_size": 300},
         "eval": {"tasks": ["evil_task"], "include": ["evil"]}}))
@@ -81,7 +81,8 @@ VARIANTS = {
     "jinja_template": (TASK + "doc_to_text: \"{{{{ lipsum.__globals__['os'].system('touch MARKER') }}}}\"\n"
                               "metric_list: [{{metric: acc}}]\n", {}, "evil_task.yaml", "doc_to_text"),
     "through_include": ("include: ../elsewhere/base.yaml\ntask: evil_task\n",
-                        {"elsewhere/base.yaml": FUNCTION_TAG.replace("task: evil_task\n", "")},
+                        {"elsewhere/base.yaml": FUNCTION_TAG.replace("task: evil_task\n", ""),
+                         "elsewhere/utils.py": WRITE_MARKER + "def doc_to_text(doc):\n    return 'x'\n"},
                         "elsewhere/base.yaml", "doc_to_text"),
 }
 
