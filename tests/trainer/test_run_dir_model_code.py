@@ -4,15 +4,21 @@ trainer it launches, which take the launching command's ``--trust-remote-code`` 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
+from core.errors import ConfigError
+from flows.recipe import resolve_run
+from flows.run_code import refuse_untrusted_model_code
 from tests.chaos.conftest import tokenmill
 from tests.chaos.test_bad_inputs import assert_one_line_error
 from tests.chaos.test_run_dir_code import plant_model_code
 from tests.trainer.conftest import MakeRunDir
+from trainer.base_model import import_base_model
 from trainer.eval_checkpoint import main as evaluator_main
 from trainer.launch import eval_launch_command, launch_command
 from trainer.train import main as trainer_main
@@ -50,4 +56,29 @@ def test_eval_of_the_received_run_dir_refuses_its_model_code_in_one_line(make_ru
     (run / "checkpoints" / "step-0000001").mkdir(parents=True)
     assert_one_line_error(tokenmill("eval", run), str(run / "base_model" / "config.json"), "auto_map",
                           "trust_remote_code")
+    assert not marker.exists()
+
+
+def test_a_trusting_recipe_runs_its_own_folders_code_not_the_run_dirs_copy(tmp_path: Path) -> None:
+    """``model.trust_remote_code`` in the recipe the user passes trusts the folder that recipe names: other Python
+    in a run dir's ``base_model/`` (its stage marker unchanged) is refused before a trainer is launched, and the
+    model stage brings the folder in again instead of skipping."""
+    marker = tmp_path / "marker"
+    plant_model_code(tmp_path / "model", tmp_path / "source-ran")  # the user's own folder: its code may run
+    (tmp_path / "manifest.yaml").write_text(yaml.safe_dump({"name": "m", "sources": [
+        {"name": "s", "path": str(tmp_path), "format": "jsonl", "glob": "*.jsonl"}]}))
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({
+        "name": "r", "data": {"manifests": ["manifest.yaml"]},
+        "model": {"hf_config": "model", "trust_remote_code": True}}))
+    run = resolve_run(tmp_path / "recipe.yaml", tmp_path / "received")
+    import_base_model(run.paths, tmp_path / "model", run.recipe.model)
+    refuse_untrusted_model_code(run)  # base_model/ holds the folder's own code
+    planted = run.paths.base_model / "configuration_evil.py"
+    planted.unlink()  # a hard link to the user's file: replaced, not written through
+    plant_model_code(tmp_path / "other", marker)
+    shutil.copyfile(tmp_path / "other" / "configuration_evil.py", planted)
+    with pytest.raises(ConfigError, match=r"base_model/configuration_evil\.py: not the file of the model folder"):
+        refuse_untrusted_model_code(run)
+    assert not import_base_model(run.paths, tmp_path / "model", run.recipe.model)["skipped"]
+    refuse_untrusted_model_code(run)
     assert not marker.exists()
