@@ -134,13 +134,18 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
              checkpoint: Annotated[str | None, typer.Option(
                  "--checkpoint", help="STEP, last or all (default: the recipe's eval.checkpoints).")] = None,
              task: Annotated[str | None, typer.Option(
-                 "--task", help="Only this task: val_split or an lm-eval task name (default: all).")] = None) -> None:
+                 "--task", help="Only this task: val_split or an lm-eval task name (default: all).")] = None,
+             recipe: Annotated[Path | None, typer.Option(
+                 "--recipe", help="Take the eval and model settings from this recipe instead of the run dir's "
+                                  "run.yaml: only then may the task folders it names run Python.")] = None) -> None:
     """Evaluate a run's checkpoints: the whole val split (per source, bits per byte) and the downstream tasks.
 
     Each (checkpoint, task) result is cached by both fingerprints: a re-run computes only what is missing.
+    The settings come from the run dir's run.yaml, which is data: code it names is refused (SECURITY.md).
     Example: tokenmill eval runs/tiny --checkpoint all
     """
-    from flows.recipe import resolve_recorded_run
+    from flows.recipe import resolve_recorded_run, resolve_run
+    from flows.run_code import refuse_untrusted_code
 
     if checkpoint is not None and checkpoint not in ("last", "all") and not checkpoint.isdigit():
         raise TokenmillError(f"--checkpoint {checkpoint!r}: give a step number, last or all.")
@@ -148,8 +153,9 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
 
     if task is not None and not TASK_FILE_NAME.match(task):
         raise TokenmillError(f"--task {task!r}: a task name has letters, digits, '_', '.' and '-' only.")
-    run = resolve_recorded_run(run_dir)
+    run = resolve_run(recipe, run_dir) if recipe is not None else resolve_recorded_run(run_dir)
     STATE["run_dir"] = run.paths.root
+    refuse_untrusted_code(run, task)  # before Prefect starts or anything is imported: one line
     from trainer.checkpoint_layout import chosen_checkpoints
 
     chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)  # a wrong step: one line, no Prefect

@@ -15,6 +15,7 @@ from typing import Any
 from core.eval_results import failed_results
 from core.rundir import file_stats, fingerprint
 from flows.recipe import ResolvedRun
+from flows.run_code import eval_task_folders
 from trainer.checkpoint_layout import chosen_checkpoints
 
 EVAL_STAGE = "evaluate"
@@ -24,11 +25,8 @@ EVAL_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "checkpoints", "m
 def evaluation_fingerprint(run: ResolvedRun) -> str:
     """What the evaluation reads and writes (its settings, the checkpoints, the results, the task folders, by
     file stats): equal to the one recorded after the last evaluation without failures, none of it changed."""
-    from trainer.eval_tasks import include_dirs, recorded_include
-
     paths = run.paths
-    recorded = recorded_include(paths) if run.base == paths.root else None
-    include = [folder for folder in recorded or include_dirs(paths, run.recipe.eval, run.base)
+    include = [folder for folder in eval_task_folders(run)
                if not folder.is_relative_to(paths.root)]  # eval/tasks is among EVAL_FILES already
     stats = [file_stats(paths.root, paths.root / name) for name in EVAL_FILES]
     stats += [file_stats(folder, folder) for folder in include]

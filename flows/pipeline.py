@@ -17,6 +17,7 @@ from flows.artifacts import publish_evaluation, publish_funnel, publish_training
 from flows.evaluation_state import evaluation_is_cached, record_evaluation
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.report_plots import import_in_background as import_plotting_in_background
+from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
 from flows.stage_processes import stage_processes
 from flows.tasks import (
     base_model_task,
@@ -65,11 +66,12 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
             ingested = ingest_runs.result()
         # Stages pass files, not values: wait_for records each dependency as an edge of Prefect's task graph.
         deduped = dedupe_task(paths, loaded.dedupe, wait_for=ingest_runs or [parts])
-        eval_tasks = eval_tasks_task(paths, loaded.eval, str(base))  # checked now, not after training
+        eval_tasks = eval_tasks_task(paths, loaded.eval, str(base), trusted_folders(run))  # checked now, not later
         decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]),
                                             wait_for=[deduped, eval_tasks])
         base_model = _optional_str(model_source(loaded, base))
-        model = base_model_task(paths, loaded.model, base_model) if base_model is not None else None
+        model = (base_model_task(paths, loaded.model, base_model, run.trust.model_code) if base_model is not None
+                 else None)
         tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
                                    loaded.model.is_hugging_face, wait_for=[decontaminated, model])
         splits, sources = _split_source_pairs(manifests)
@@ -104,8 +106,9 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
         if paths.done_summary(TRAIN_STAGE, training_fingerprint(paths, until_step)) is not None:
             get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)", until_step)
         else:
+            refuse_untrusted_model_code(run)
             try:
-                train_task(paths, loaded.train.num_processes, until_step, deadline_s)
+                train_task(paths, loaded.train.num_processes, until_step, deadline_s, run.trust.model_code)
             except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
                 _report_failed_training(paths, failure)
                 raise
@@ -164,6 +167,7 @@ def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> Non
 
     config, paths = run.recipe.eval, run.paths
     logger = get_run_logger()
+    refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
     task_fps, include = evaluation_tasks(run, task)
     val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision)
     plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
@@ -173,13 +177,14 @@ def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> Non
         if plan.score_val_split or export:
             try:
                 eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
-                                     export)
+                                     export, run.trust.model_code)
             except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
                 logger.error("evaluating step %s failed: %s", plan.step, err)
                 continue
         for name in plan.tasks:
             logger.info("%s", describe(downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
-                                                       [str(folder) for folder in include], config)))
+                                                       [str(folder) for folder in include], config,
+                                                       trusted_folders(run))))
 
 
 def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:
@@ -189,18 +194,15 @@ def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str]
     if task == VAL_SPLIT_TASK or (task is None and not config.tasks):
         return {}, []
     from trainer.downstream import check_tasks  # lm-eval imports slowly
-    from trainer.eval_tasks import include_dirs, prepare_eval_tasks, recorded_include, write_builtin_task
+    from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
 
-    # From a recipe, its eval.include as it is now; from `tokenmill eval RUN_DIR` (no recipe folder: the base is
-    # the run dir) the folders the eval-tasks stage resolved and recorded when the data were prepared.
-    recorded = recorded_include(paths) if run.base == paths.root else None
-    include = recorded or include_dirs(paths, config, run.base)
+    include, trusted = eval_task_folders(run), run.trust.task_folders
     if task is None:
-        return prepare_eval_tasks(paths, config, run.base, include)["tasks"], include
+        return prepare_eval_tasks(paths, config, run.base, include, trusted)["tasks"], include
     if task == NEXT_LINE_TASK and paths.eval_tasks not in include:
         write_builtin_task(paths, config)
         include = [*include, paths.eval_tasks]
-    return check_tasks([task], include), include
+    return check_tasks([task], include, trusted), include
 
 
 def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,

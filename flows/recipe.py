@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from core.code_trust import NO_CODE, CodeTrust
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.documents import document_part_files
 from core.errors import ConfigError
@@ -150,12 +151,24 @@ class ResolvedRun:
     base: Path
     """The recipe's folder (absolute): relative manifest and tokenizer paths are taken from it."""
     paths: RunPaths
+    trust: CodeTrust = NO_CODE
+    """The code this run may execute: what the recipe the user passed names (:func:`recipe_trust`), nothing when the
+    recipe was read from the run dir's run.yaml."""
 
 
 def resolve_run(recipe_path: str | Path, run_dir: str | Path | None = None) -> ResolvedRun:
-    """Read the recipe at ``recipe_path``; its run dir is ``run_dir``, else the recipe's, else ``runs/<name>``."""
+    """Read the recipe at ``recipe_path``; its run dir is ``run_dir``, else the recipe's, else ``runs/<name>``.
+
+    The recipe is the user's (a command-line argument, a deployment's parameter, a Python caller's path): the
+    task folders and model code it names may run.
+    """
     recipe, base = load_recipe(recipe_path)
-    return ResolvedRun(recipe, base, RunPaths(resolve_run_dir(recipe, run_dir)))
+    return ResolvedRun(recipe, base, RunPaths(resolve_run_dir(recipe, run_dir)), recipe_trust(recipe, base))
+
+
+def recipe_trust(recipe: RunRecipe, base: Path) -> CodeTrust:
+    """The code a recipe the user passed allows: its ``eval.include`` folders, ``model.trust_remote_code``."""
+    return CodeTrust.of([base / folder for folder in recipe.eval.include], recipe.model.trust_remote_code)
 
 
 def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
@@ -163,6 +176,7 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
 
     Relative paths in it were relative to the recipe's folder, which is unknown here: they are taken from the
     run dir, and stages that need them read what they recorded instead (the eval-tasks stage its folders).
+    run.yaml is data from whoever made the run dir: the run may execute none of the code it names (NO_CODE).
     """
     paths = RunPaths(Path(run_dir).resolve())
     if not paths.recipe.is_file():
@@ -171,7 +185,7 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
                               "way, or give a run dir that tokenmill wrote (runs/<name>).")
         raise ConfigError(f"{paths.root}: no run.yaml; give a run dir that tokenmill wrote (runs/<name>).")
     recorded = load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX)
-    return ResolvedRun(_recorded_recipe(paths.recipe, recorded), paths.root, paths)
+    return ResolvedRun(_recorded_recipe(paths.recipe, recorded), paths.root, paths, NO_CODE)
 
 
 def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = None) -> ResolvedRun:

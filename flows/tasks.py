@@ -75,17 +75,18 @@ def decontaminate_task(paths: RunPaths, config: DecontaminateConfig, recipe_dir:
 @task(name="eval-tasks")
 @times_stage("eval-tasks")
 @reports_progress("eval-tasks", rates=False)
-def eval_tasks_task(paths: RunPaths, config: EvalConfig, recipe_dir: str) -> dict[str, Any]:
-    return prepare_eval_tasks(paths, config, Path(recipe_dir))
+def eval_tasks_task(paths: RunPaths, config: EvalConfig, recipe_dir: str, trusted: list[str] = ()) -> dict[str, Any]:
+    return prepare_eval_tasks(paths, config, Path(recipe_dir), trusted=[Path(folder) for folder in trusted])
 
 
 @task(name="base-model")
 @times_stage("base-model")
 @reports_progress("base-model", rates=False)
-def base_model_task(paths: RunPaths, config: ModelConfig, source: str) -> dict[str, Any]:
+def base_model_task(paths: RunPaths, config: ModelConfig, source: str,
+                    trust_remote_code: bool = False) -> dict[str, Any]:
     from trainer.base_model import import_base_model  # imports torch: the flows' process needs it only here
 
-    return import_base_model(paths, Path(source), config)
+    return import_base_model(paths, Path(source), config.model_copy(update={"trust_remote_code": trust_remote_code}))
 
 
 @task(name="tokenizer")
@@ -125,12 +126,14 @@ def shard_index_task(paths: RunPaths) -> list[ShardInfo]:
 
 @task(name="train", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error)
 @times_stage("train")
-def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s: float | None) -> None:
+def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s: float | None,
+               trust_remote_code: bool = False) -> None:
     """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint.
 
     The bar and the ``training-progress`` artifact follow the metrics files; the child's lines go to the log.
+    ``trust_remote_code``: the command's decision (:mod:`core.code_trust`), handed to the trainer as a flag.
     """
-    argv = launch_command(paths.root, num_processes, until_step)
+    argv = launch_command(paths.root, num_processes, until_step, trust_remote_code=trust_remote_code)
     with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
         run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=launched_env(),
                       pass_fds=launched_fds(paths))
@@ -138,12 +141,14 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
 
 @task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
 @times_stage("evaluate")
-def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool) -> None:
+def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool,
+                         trust_remote_code: bool = False) -> None:
     """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export.
 
     On a terminal its bar counts the rows scored (the evaluator's progress lines); a log gets its result line.
     """
-    argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export)
+    argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export,
+                               trust_remote_code=trust_remote_code)
     bar = (f"evaluate step {step}", "rows") if score else (f"export step {step}", None)  # export only: a spinner
     with stage_meter(*bar) as meter:
         run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths),
@@ -153,12 +158,13 @@ def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: 
 @task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")
 @times_stage("evaluate")
 def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: str, task_fp: str,
-                    include: list[str], config: EvalConfig) -> dict[str, Any]:
+                    include: list[str], config: EvalConfig, trusted: list[str] = ()) -> dict[str, Any]:
     from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating
 
     with stage_meter(f"{task_name} step {step}", "requests") as meter:
         return run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include],
-                                   config, on_progress=lambda done, total: meter.update(completed=done, total=total))
+                                   config, [Path(p) for p in trusted],
+                                   on_progress=lambda done, total: meter.update(completed=done, total=total))
 
 
 @task(name="report")

@@ -45,7 +45,8 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
     files = source_files(source, model)
     stage_fingerprint = fingerprint(STAGE, model.model_dump(mode="json"), _file_stats(files))
     done = paths.done_summary(STAGE, stage_fingerprint)
-    if done is not None and paths.base_model.is_dir():
+    if done is not None and paths.base_model.is_dir() and not (model.trust_remote_code and
+                                                                code_differences(source, paths.base_model)):
         return {**done, "skipped": True}
     if model.from_pretrained is not None:
         # Every shard opens and names its tensors (headers only: a large model is not read into memory twice).
@@ -55,6 +56,19 @@ def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict
                "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
     paths.mark_done(STAGE, stage_fingerprint, summary)
     return {**summary, "skipped": False}
+
+
+def code_differences(source: Path, base_model: Path) -> list[str]:
+    """Names of ``base_model/``'s config.json and Python files that are not byte-equal to the model folder's.
+
+    With ``model.trust_remote_code`` the trainer imports the Python in ``base_model/``: it must be the code of the
+    folder the user's recipe names, not whatever a copied run dir brought along (a stage marker can be forged).
+    """
+    folder = config_file(source).parent
+    names = {CONFIG_NAME} | {path.name for path in [*folder.glob("*.py"), *base_model.glob("*.py")]}
+    return sorted(name for name in names
+                  if not ((folder / name).is_file() and (base_model / name).is_file()
+                          and sha256_file(folder / name) == sha256_file(base_model / name)))
 
 
 def source_files(source: Path, model: ModelConfig) -> dict[str, Path]:

@@ -4,9 +4,10 @@ Runs EleutherAI lm-evaluation-harness in-process and offline. A task is accepted
 local files (``dataset_path`` a builder such as json with ``dataset_kwargs.data_files`` that all exist, or an
 existing local folder or file) and uses only metrics built into lm-eval; anything else is refused
 (:mod:`trainer.lm_eval_tasks`) before lm-eval or ``datasets`` could reach for the network. Tasks come only
-from the ``eval.include`` folders. The scores are those the ``lm_eval`` command prints for the same model
-folder, task and settings (``--model hf --model_args pretrained=DIR,dtype=float32 --include_path DIR
---device cpu --batch_size 8``).
+from the ``eval.include`` folders; ``trusted`` lists those whose Python and templates may run (the folders the
+user named: everything else is data only, :mod:`trainer.task_folder_code`). The scores are those the
+``lm_eval`` command prints for the same model folder, task and settings (``--model hf --model_args
+pretrained=DIR,dtype=float32 --include_path DIR --device cpu --batch_size 8``).
 
 ``datasets`` caches a local data file by path and modification time: a file rewritten in place with its old
 mtime restored would be read from the stale cache (the fingerprint, a hash of the content, still changes).
@@ -19,7 +20,7 @@ import importlib.metadata
 import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,24 +44,26 @@ class TaskResult:
     """Documents evaluated (lm-eval's ``n-samples`` "effective": the task's size, or ``limit``)."""
 
 
-def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
+def check_tasks(names: list[str], include_dirs: list[Path], trusted: Collection[Path] = ()) -> dict[str, str]:
     """{task name: fingerprint} for every named task (a task, group or tag of the ``eval.include`` folders).
 
     Each task is built by lm-eval (its local data read), so a task that passes will run. The fingerprint is
     a sha256 over the task's config as lm-eval loaded it, the sha256 of each local data file and the lm-eval
     version: editing the YAML or its data changes it, re-running does not. Raises ConfigError (one line)
     naming what to fix: an include folder that does not exist, a YAML that does not load, an unknown name, a
-    task whose data is not local or is missing, a metric lm-eval would download, or a task lm-eval cannot build.
+    task whose data is not local or is missing, a metric lm-eval would download, a task lm-eval cannot build, or
+    code in a folder not in ``trusted``.
     """
-    return checked_tasks(names, include_dirs)[0]
+    return checked_tasks(names, include_dirs, trusted)[0]
 
 
-def checked_tasks(names: list[str], include_dirs: list[Path]) -> tuple[dict[str, str], list[Path]]:
+def checked_tasks(names: list[str], include_dirs: list[Path],
+                  trusted: Collection[Path] = ()) -> tuple[dict[str, str], list[Path]]:
     """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged")."""
-    manager = task_manager(include_dirs)
+    manager = task_manager(include_dirs, trusted)
     fingerprints, all_files = {}, set()
     for name in names:
-        tasks, data_files = load_checked_tasks(manager, name)
+        tasks, data_files = load_checked_tasks(manager, name, trusted)
         content = {"configs": {task_name: task.dump_config() for task_name, task in tasks.items()},
                    "data_files": {str(path): sha256_file(path) for path in data_files},
                    "lm_eval": importlib.metadata.version("lm_eval")}
@@ -70,20 +73,20 @@ def checked_tasks(names: list[str], include_dirs: list[Path]) -> tuple[dict[str,
     return fingerprints, sorted(all_files)
 
 
-def task_texts(name: str, include_dirs: list[Path]) -> list[str]:
+def task_texts(name: str, include_dirs: list[Path], trusted: Collection[Path] = ()) -> list[str]:
     """The text of every evaluation document of the task, for decontamination.
 
     One string per (document, choice or target): ``context + target_delimiter + continuation``, the text
     the model scores. Documents are the task's test split (else validation) after ``process_docs``;
     few-shot examples are not included. Raises ConfigError as check_tasks does.
     """
-    tasks, _ = load_checked_tasks(task_manager(include_dirs), name)
+    tasks, _ = load_checked_tasks(task_manager(include_dirs, trusted), name, trusted)
     return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
             for text in _document_texts(tasks[task_name], doc)]
 
 
-def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size: int = 8,
-             limit: int | None = None, device: str = "cpu",
+def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: Collection[Path] = (),
+             batch_size: int = 8, limit: int | None = None, device: str = "cpu",
              on_progress: Callable[[int, int], None] | None = None) -> list[TaskResult]:
     """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
 
@@ -96,8 +99,8 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
                           "(the run's exported model/)")
-    manager = task_manager(include_dirs)
-    load_checked_tasks(manager, name)
+    manager = task_manager(include_dirs, trusted)
+    load_checked_tasks(manager, name, trusted)
     import lm_eval
 
     from trainer.lm_eval_progress import CountingHFLM

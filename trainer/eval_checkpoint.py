@@ -20,6 +20,7 @@ from pathlib import Path
 from accelerate import Accelerator
 
 from core.atomic import sha256_file
+from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.errors import CheckpointError, TokenmillError
 from core.eval_results import (
     VAL_SPLIT_TASK,
@@ -59,11 +60,14 @@ def val_split_task_fingerprint(paths: RunPaths, precision: str) -> str:
     return task_fp
 
 
-def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool) -> None:
-    """Restore ``step``'s checkpoint; score the whole val split (``score``) and/or export it (``export``)."""
+def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, trust_remote_code: bool = False) -> None:
+    """Restore ``step``'s checkpoint; score the whole val split (``score``) and/or export it (``export``).
+
+    ``trust_remote_code``: the launching command's decision to run the model folder's Python (never run.yaml's).
+    """
     paths = RunPaths(run_dir)
     with run_dir_lock(paths.root):
-        config = read_trainer_config(paths.root)
+        config = read_trainer_config(paths.root, trust_remote_code)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         checkpoint = paths.checkpoints / step_dir_name(step)
         task_fp = val_split_task_fingerprint(paths, config.train.precision)
@@ -110,6 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--step", type=int, required=True, help="the checkpoint's step")
     parser.add_argument("--score", action="store_true", help="score the whole validation split")
     parser.add_argument("--export", action="store_true", help="export the checkpoint as a Hugging Face folder")
+    parser.add_argument(TRUST_REMOTE_CODE_FLAG, action="store_true",
+                        help="run the model folder's own Python (auto_map); run.yaml's setting is ignored")
     return parser.parse_args(argv)
 
 
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_with_parent()
     try:
-        evaluate_checkpoint(args.run_dir, args.step, args.score, args.export)
+        evaluate_checkpoint(args.run_dir, args.step, args.score, args.export, args.trust_remote_code)
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -9,7 +9,7 @@ checkpoint's Hugging Face export (``model/`` when it holds that step, else ``eva
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,15 +71,16 @@ def has_export(paths: RunPaths, step: int) -> bool:
 
 
 def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,
-                        include: list[Path], config: EvalConfig,
+                        include: list[Path], config: EvalConfig, trusted: Collection[Path] = (),
                         on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Evaluate ``task`` on the export of ``step`` with lm-eval and record the result (or the failure, in one
-    line saying what to fix: a task error never loses the results already computed). ``on_progress(requests
-    scored, requests)`` while lm-eval runs."""
+    line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
+    folders whose code may run (:func:`trainer.downstream.run_task`); ``on_progress(requests scored, requests)``
+    while lm-eval runs."""
     from trainer.downstream import run_task  # lm-eval imports slowly
 
     try:
-        results = run_task(model_folder(paths, step), task, include, batch_size=config.batch_size,
+        results = run_task(model_folder(paths, step), task, include, trusted=trusted, batch_size=config.batch_size,
                            limit=config.limit, on_progress=on_progress)
     except TokenmillError as err:
         return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +52,17 @@ def include_dirs(paths: RunPaths, config: EvalConfig, base_dir: Path) -> list[Pa
     return folders
 
 
-def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
-                       include: list[Path] | None = None) -> dict[str, Any]:
+def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, include: list[Path] | None = None,
+                       trusted: Collection[Path] = ()) -> dict[str, Any]:
     """Write the built-in task, check every task, write each task's texts; ``{"tasks": {name: fingerprint},
     "num_items": {name: count}, "include": [folders]}``.
 
     ``include``: the task folders (default :func:`include_dirs`); they are recorded, so ``tokenmill eval RUN_DIR``
-    finds them without the recipe's folder.
+    finds them without the recipe's folder. ``trusted``: the folders whose Python and templates may run (those the
+    recipe the user passed names); any other is data only (:mod:`trainer.task_folder_code`).
 
     Raises ConfigError (one line) for an unknown task, a task YAML with an error, a task whose data are not
-    local files or are missing.
+    local files or are missing, or code in a folder not trusted.
     """
     if not config.tasks:
         return {"tasks": {}, "num_items": {}, "include": []}
@@ -74,7 +76,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
         write_builtin_task(paths, config)
     from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
 
-    task_fps, data_files = checked_tasks(list(config.tasks), folders)
+    task_fps, data_files = checked_tasks(list(config.tasks), folders, trusted)
     run_fp = fingerprint(settings, sorted(task_fps.items()))
     record = {"inputs": _inputs_fingerprint(settings, folders, data_files), "data_files": [str(f) for f in data_files]}
     done = paths.done_summary(STAGE, run_fp)
@@ -83,7 +85,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path,
         return {**done, "skipped": True}
     num_items = {}
     for name in sorted(task_fps):
-        texts = task_texts(name, folders)
+        texts = task_texts(name, folders, trusted)
         num_items[name] = len(texts)
         paths.write_text(paths.eval_text(name),
                          "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))

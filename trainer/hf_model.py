@@ -56,12 +56,9 @@ def load_causal_lm_config(path: Path, trust_remote_code: bool = False) -> Any:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     file = config_file(path)
+    refuse_model_code(file, trust_remote_code)
     data = read_config_dict(file)
     model_type = data["model_type"]
-    if "auto_map" in data and not trust_remote_code:
-        raise ConfigError(f"{file}: model_type '{model_type}' is defined by Python files in the model folder "
-                          "(auto_map); tokenmill runs no code from a model folder unless the recipe sets "
-                          "model.trust_remote_code: true (read that code first).")
     if "auto_map" in data:
         config = AutoConfig.from_pretrained(file.parent, trust_remote_code=True, local_files_only=True)
     elif model_type not in CONFIG_MAPPING:
@@ -71,6 +68,17 @@ def load_causal_lm_config(path: Path, trust_remote_code: bool = False) -> Any:
         config = CONFIG_MAPPING[model_type].from_dict(data)
     check_causal_lm(config, file)
     return config
+
+
+def refuse_model_code(file: Path, trust_remote_code: bool) -> None:
+    """ConfigError naming ``file`` (a config.json) when its ``auto_map`` names Python files of the model folder
+    and ``trust_remote_code`` (the decision of the command, from the recipe the user passed) is off."""
+    data = read_config_dict(file)
+    kind = data["model_type"]
+    if "auto_map" in data and not trust_remote_code:
+        raise ConfigError(f"{file}: auto_map: model_type '{kind}' is defined by Python files in the model folder, "
+                          "which tokenmill runs only when the recipe you pass sets model.trust_remote_code: true "
+                          "(read that code first; a run dir's run.yaml never counts).")
 
 
 def check_causal_lm(config: Any, file: Path) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.fence import fence_on, is_ancestor
 from core.rundir import RunPaths
 
@@ -27,8 +28,12 @@ from core.rundir import RunPaths
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
                    allow_data_change: bool = False, *, num_machines: int = 1, machine_rank: int = 0,
                    main_process_ip: str | None = None, main_process_port: int = 29500,
-                   module: str = "trainer.train", module_args: Sequence[str] = ()) -> list[str]:
+                   module: str = "trainer.train", module_args: Sequence[str] = (),
+                   trust_remote_code: bool = False) -> list[str]:
     """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1.
+
+    ``trust_remote_code``: the launching command allows the model folder's own Python (the recipe the user passed
+    sets ``model.trust_remote_code``); the trainer never takes that from ``run.yaml`` (:mod:`core.code_trust`).
 
     One process on one machine: ``python -m trainer.launch_one`` with the same options, which applies
     Accelerate's simple launcher in the process it runs the module in (:mod:`trainer.launch_one`: one torch
@@ -56,13 +61,17 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
         command += ["--until-step", str(until_step)]
     if allow_data_change:
         command.append("--allow-data-change")
+    if trust_remote_code:
+        command.append(TRUST_REMOTE_CODE_FLAG)
     return command + list(module_args)
 
 
-def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: bool, export: bool) -> list[str]:
+def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: bool, export: bool,
+                        trust_remote_code: bool = False) -> list[str]:
     """argv for ``accelerate launch … -m trainer.eval_checkpoint``: evaluate one checkpoint on ``num_processes``."""
     flags = ["--step", str(step)] + (["--score"] if score else []) + (["--export"] if export else [])
-    return launch_command(run_dir, num_processes, module="trainer.eval_checkpoint", module_args=flags)
+    return launch_command(run_dir, num_processes, module="trainer.eval_checkpoint", module_args=flags,
+                          trust_remote_code=trust_remote_code)
 
 
 OMP_THREADS_ENV = "OMP_NUM_THREADS"

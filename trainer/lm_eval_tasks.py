@@ -1,7 +1,9 @@
 """lm-eval task configs checked for offline use: the tasks a name means, the local files they read, or a refusal.
 
 Tasks come only from the ``eval.include`` folders, through lm-eval's TaskManager: its built-in tasks all read
-Hub data (none could run here) and indexing their 14,000 YAML files takes about 20 s. A name's task configs
+Hub data (none could run here) and indexing their 14,000 YAML files takes about 20 s. A folder the user did not
+name in the recipe they passed (``trusted``) is data only: anything in it that would run code is refused first
+(:mod:`trainer.task_folder_code`) and its YAMLs are read with ``resolve_func=False``. A name's task configs
 are resolved here as lm-eval's TaskFactory merges them (groups, tags, group-level overrides) before lm-eval
 builds anything, because building a task loads its dataset. Every refusal is a one-line ConfigError.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Iterator
+from collections.abc import Collection
 from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 
 from core.errors import ConfigError
+from trainer.task_folder_code import refuse_code_in_task_folders, task_yaml_files
 
 LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow"})
 """``datasets`` builders that read only the files they are given."""
@@ -37,21 +40,23 @@ class _Leaf:
     config: dict[str, Any]
 
 
-def task_manager(include_dirs: list[Path]) -> Any:
+def task_manager(include_dirs: list[Path], trusted: Collection[Path] = ()) -> Any:
     """lm-eval's TaskManager over the include folders only (no built-in tasks).
 
-    Raises ConfigError for a folder that does not exist and for a YAML in them that does not load (YAML
-    syntax, not a mapping, a missing ``include``): lm-eval's index skips such a file silently, so its task
-    would only be reported unknown.
+    ``trusted``: the folders (absolute) whose Python and templates may run, those the user named; any other
+    folder is data only. Raises ConfigError for a folder that does not exist, for a YAML in them that does not
+    load (YAML syntax, not a mapping, a missing ``include``: lm-eval's index skips such a file silently, so its
+    task would only be reported unknown), and for anything that would run code in a folder not trusted.
     """
     for folder in include_dirs:
         if not folder.is_dir():
             raise ConfigError(f"eval.include folder {folder} does not exist or is not a folder; create it or "
                               "remove it from eval.include")
+    refuse_code_in_task_folders(include_dirs, trusted)
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    for yaml_path in _yaml_files(include_dirs):
+    for yaml_path in task_yaml_files(include_dirs):
         try:
             load_yaml(yaml_path, resolve_func=False)
         except (yaml.YAMLError, ValueError, OSError) as err:
@@ -60,17 +65,13 @@ def task_manager(include_dirs: list[Path]) -> Any:
     return TaskManager(include_path=[str(folder) for folder in include_dirs] or None, include_defaults=False)
 
 
-def _yaml_files(include_dirs: list[Path]) -> Iterator[Path]:
-    """The files lm-eval's TaskIndex reads: ``**/*.yaml`` outside ``__pycache__`` and notebook checkpoints."""
-    for folder in include_dirs:
-        for path in sorted(folder.glob("**/*.yaml")):
-            if not {"__pycache__", ".ipynb_checkpoints"} & set(path.parts):
-                yield path
+def load_checked_tasks(manager: Any, name: str, trusted: Collection[Path] = ()) -> tuple[dict[str, Any], list[Path]]:
+    """({leaf task name: built lm-eval Task}, local data files) of a task, group or tag; refusals first.
 
-
-def load_checked_tasks(manager: Any, name: str) -> tuple[dict[str, Any], list[Path]]:
-    """({leaf task name: built lm-eval Task}, local data files) of a task, group or tag; refusals first."""
-    leaves = _leaves(manager.task_index, name, {}, yaml_path=None)
+    ``manager``: from :func:`task_manager` with the same ``trusted``, which refused code in the other folders.
+    """
+    resolving = frozenset(Path(folder).resolve() for folder in trusted)
+    leaves = _leaves(manager.task_index, name, {}, yaml_path=None, resolving=resolving)
     data_files = sorted({path for leaf in leaves for path in _local_data_files(leaf)})
     for leaf in leaves:
         _check_metrics(leaf)
@@ -83,18 +84,21 @@ def load_checked_tasks(manager: Any, name: str) -> tuple[dict[str, Any], list[Pa
     return loaded["tasks"], data_files
 
 
-def _load_config(yaml_path: Path, name: str) -> dict[str, Any]:
-    """The YAML as lm-eval's factory reads it (includes merged, ``!function`` imported)."""
+def _load_config(yaml_path: Path, name: str, resolving: frozenset[Path]) -> dict[str, Any]:
+    """The YAML as lm-eval's factory reads it (includes merged; ``!function`` imported only in a folder of
+    ``resolving``, the trusted ones)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
+    resolve = any(Path(yaml_path).resolve().is_relative_to(folder) for folder in resolving)
     try:
-        return load_yaml(yaml_path, resolve_func=True)
+        return load_yaml(yaml_path, resolve_func=resolve)
     except Exception as err:  # a !function runs the user's module: any exception can come out of it
         raise ConfigError(f"eval task {name!r}: {yaml_path} does not load: {_describe(err)}; fix the YAML or "
                           "the module its !function names") from err
 
 
-def _leaves(registry: dict[str, Any], name: str, overrides: dict[str, Any], yaml_path: Path | None) -> list[_Leaf]:
+def _leaves(registry: dict[str, Any], name: str, overrides: dict[str, Any], yaml_path: Path | None,
+            resolving: frozenset[Path]) -> list[_Leaf]:
     """The tasks lm-eval builds for ``name``, with their configs (as lm_eval.tasks._factory merges them).
 
     Walked here, before lm-eval builds anything, because building a task downloads its dataset.
@@ -105,15 +109,17 @@ def _leaves(registry: dict[str, Any], name: str, overrides: dict[str, Any], yaml
     if entry is None:
         raise ConfigError(_unknown_task_message(name, registry, yaml_path))
     if entry.kind is Kind.TAG:
-        return [leaf for task in sorted(entry.tags) for leaf in _leaves(registry, task, overrides, entry.yaml_path)]
+        return [leaf for task in sorted(entry.tags)
+                for leaf in _leaves(registry, task, overrides, entry.yaml_path, resolving)]
     if entry.kind is Kind.GROUP:
-        return _group_leaves(registry, name, _load_config(entry.yaml_path, name), overrides, entry.yaml_path)
+        return _group_leaves(registry, name, _load_config(entry.yaml_path, name, resolving), overrides,
+                             entry.yaml_path, resolving)
     return [_Leaf(name=name, yaml_path=entry.yaml_path,
-                  config={**_load_config(entry.yaml_path, name), **overrides, "task": name})]
+                  config={**_load_config(entry.yaml_path, name, resolving), **overrides, "task": name})]
 
 
 def _group_leaves(registry: dict[str, Any], group: str, raw: dict[str, Any], overrides: dict[str, Any],
-                  yaml_path: Path | None) -> list[_Leaf]:
+                  yaml_path: Path | None, resolving: frozenset[Path]) -> list[_Leaf]:
     """A group's members: registered names and inline task or group dicts (group-level keys override theirs)."""
     from lm_eval.tasks._factory import GROUP_FIELD_NAMES
 
@@ -122,14 +128,15 @@ def _group_leaves(registry: dict[str, Any], group: str, raw: dict[str, Any], ove
     for item in raw.get("task") or []:
         if isinstance(item, dict) and "group" in item:
             member_overrides = {**merged, **{key: value for key, value in item.items() if key != "group"}}
-            leaves += (_leaves(registry, item["group"], member_overrides, yaml_path) if item["group"] in registry
-                       else _group_leaves(registry, f"{group}::{item['group']}", item, merged, yaml_path))
+            leaves += (_leaves(registry, item["group"], member_overrides, yaml_path, resolving)
+                       if item["group"] in registry
+                       else _group_leaves(registry, f"{group}::{item['group']}", item, merged, yaml_path, resolving))
         elif isinstance(item, dict) and item.get("task") not in registry:
             leaves.append(_Leaf(name=f"{group}::{item.get('task')}", yaml_path=yaml_path,
                                 config={**merged, **item}))
         else:
             base, member_overrides = (item, merged) if isinstance(item, str) else (item["task"], {**merged, **item})
-            leaves += _leaves(registry, base, member_overrides, yaml_path)
+            leaves += _leaves(registry, base, member_overrides, yaml_path, resolving)
     return leaves
 
 

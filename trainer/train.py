@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from core.atomic import sha256_file
 from core.bucket_run import publish_working_copy, trainer_working_copy
+from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
@@ -72,13 +73,19 @@ class TrainerSections(FrozenConfig):
         return self
 
 
-def read_trainer_config(run_dir: Path) -> TrainerSections:
+def read_trainer_config(run_dir: Path, trust_remote_code: bool = False) -> TrainerSections:
     """Validate ``model``, ``train``, ``mixture`` and ``mixture_schedule`` of ``RUN/run.yaml``; raises ConfigError
-    naming the key to fix."""
+    naming the key to fix.
+
+    ``model.trust_remote_code`` is ``trust_remote_code``, the launching command's decision (``--trust-remote-code``),
+    whatever run.yaml records: a run dir is data and never decides that its own code runs (:mod:`core.code_trust`).
+    """
     path = RunPaths(run_dir).recipe
     recipe = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
     sections = {key: recipe[key] for key in ("model", "train", "mixture", "mixture_schedule")
                 if recipe.get(key) is not None}
+    if isinstance(sections.get("model"), dict):
+        sections["model"] = {**sections["model"], "trust_remote_code": trust_remote_code}
     try:
         config = TrainerSections.model_validate(sections)
         if not config.model.is_hugging_face:  # a Hugging Face model's dims are checked once its config is read
@@ -219,7 +226,8 @@ def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> Tensor
     return None if tensor_parallel_mesh(accelerator) is None else TensorParallelShards(accelerator, model, optimizer)
 
 
-def train(run_dir: Path | str, until_step: int | None = None, allow_data_change: bool = False) -> int:
+def train(run_dir: Path | str, until_step: int | None = None, allow_data_change: bool = False,
+          trust_remote_code: bool = False) -> int:
     """Train (resuming when a checkpoint exists) to ``until_step`` (default max_steps), export model/; returns the step.
 
     ``run_dir`` may be a bucket's URL (``s3://bucket/runs/NAME``): training then runs on its working copy, pulled
@@ -230,14 +238,15 @@ def train(run_dir: Path | str, until_step: int | None = None, allow_data_change:
 
     Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
     RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
+    ``trust_remote_code``: run the model folder's own Python (``auto_map``); never taken from run.yaml.
     """
     with trainer_working_copy(run_dir) as local:
-        return _train(RunPaths(local), until_step, allow_data_change)
+        return _train(RunPaths(local), until_step, allow_data_change, trust_remote_code)
 
 
-def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool) -> int:
+def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool, trust_remote_code: bool) -> int:
     with run_dir_lock(paths.root):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
-        config = read_trainer_config(paths.root)
+        config = read_trainer_config(paths.root, trust_remote_code)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         loop: TrainingLoop | None = None
         trackers = Trackers({})
@@ -365,6 +374,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--until-step", type=int, default=None, help="stop at this step (default: max_steps)")
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume although the train shards changed since the checkpoint (incremental refresh)")
+    parser.add_argument(TRUST_REMOTE_CODE_FLAG, action="store_true",
+                        help="run the model folder's own Python (auto_map); run.yaml's model.trust_remote_code "
+                             "is ignored, a run dir never decides that its code runs")
     return parser.parse_args(argv)
 
 
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_with_parent()
     try:
-        train(args.run_dir, args.until_step, args.allow_data_change)
+        train(args.run_dir, args.until_step, args.allow_data_change, args.trust_remote_code)
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
