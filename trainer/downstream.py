@@ -10,15 +10,23 @@ folder, task and settings (``--model hf --model_args pretrained=DIR,dtype=float3
 
 ``datasets`` caches a local data file by path and modification time: a file rewritten in place with its old
 mtime restored would be read from the stale cache (the fingerprint, a hash of the content, still changes).
+
+lm-eval (``datasets``) takes a relative ``data_files`` path from the working directory, not from the task
+YAML's folder. The run's own built-in task names its data relative to the run dir (a run dir holds no absolute
+path), so tokenmill runs lm-eval with the run dir as the working directory (``data_root``), as
+``cd RUN_DIR && lm_eval --include_path eval/tasks …`` does. A fingerprint holds no location: a copied run dir
+keeps its tasks' fingerprints, and so its cached results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import inspect
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +50,21 @@ class TaskResult:
     """Documents evaluated (lm-eval's ``n-samples`` "effective": the task's size, or ``limit``)."""
 
 
-def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
+@contextlib.contextmanager
+def working_directory(data_root: Path | None) -> Iterator[None]:
+    """Run lm-eval in ``data_root`` (None: where the process runs), where relative ``data_files`` are read from.
+
+    The working directory is the process's: lm-eval is called from one thread at a time (the flows call these
+    stages one after another, the trainer's processes never call lm-eval).
+    """
+    if data_root is None:
+        yield
+        return
+    with contextlib.chdir(data_root):
+        yield
+
+
+def check_tasks(names: list[str], include_dirs: list[Path], data_root: Path | None = None) -> dict[str, str]:
     """{task name: fingerprint} for every named task (a task, group or tag of the ``eval.include`` folders).
 
     Each task is built by lm-eval (its local data read), so a task that passes will run. The fingerprint is
@@ -51,38 +73,54 @@ def check_tasks(names: list[str], include_dirs: list[Path]) -> dict[str, str]:
     naming what to fix: an include folder that does not exist, a YAML that does not load, an unknown name, a
     task whose data is not local or is missing, a metric lm-eval would download, or a task lm-eval cannot build.
     """
-    return checked_tasks(names, include_dirs)[0]
+    return checked_tasks(names, include_dirs, data_root)[0]
 
 
-def checked_tasks(names: list[str], include_dirs: list[Path]) -> tuple[dict[str, str], list[Path]]:
-    """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged")."""
-    manager = task_manager(include_dirs)
+def checked_tasks(names: list[str], include_dirs: list[Path],
+                  data_root: Path | None = None) -> tuple[dict[str, str], list[Path]]:
+    """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged"; a
+    relative one is relative to ``data_root``)."""
     fingerprints, all_files = {}, set()
-    for name in names:
-        tasks, data_files = load_checked_tasks(manager, name)
-        content = {"configs": {task_name: task.dump_config() for task_name, task in tasks.items()},
-                   "data_files": {str(path): sha256_file(path) for path in data_files},
-                   "lm_eval": importlib.metadata.version("lm_eval")}
-        text = json.dumps(content, sort_keys=True, default=_stable_text)
-        fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        all_files.update(Path(path) for path in data_files)
+    include_dirs = [folder.resolve() for folder in include_dirs]  # before the working directory changes
+    with working_directory(data_root):
+        manager = task_manager(include_dirs)
+        for name in names:
+            tasks, data_files = load_checked_tasks(manager, name)
+            configs = {task_name: _located_nowhere(task.dump_config()) for task_name, task in tasks.items()}
+            content = {"configs": configs,
+                       "data_files": {str(path): sha256_file(path) for path in data_files},
+                       "lm_eval": importlib.metadata.version("lm_eval")}
+            text = json.dumps(content, sort_keys=True, default=_stable_text)
+            fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            all_files.update(Path(path) for path in data_files)
     return fingerprints, sorted(all_files)
 
 
-def task_texts(name: str, include_dirs: list[Path]) -> list[str]:
+def _located_nowhere(config: dict[str, Any]) -> dict[str, Any]:
+    """A task's config without where its YAML lies (lm-eval's ``metadata.config_source``, an absolute path): the
+    content decides the fingerprint, so a copied run dir or task folder keeps it."""
+    metadata = config.get("metadata")
+    if not isinstance(metadata, dict) or "config_source" not in metadata:
+        return config
+    return {**config, "metadata": {key: value for key, value in metadata.items() if key != "config_source"}}
+
+
+def task_texts(name: str, include_dirs: list[Path], data_root: Path | None = None) -> list[str]:
     """The text of every evaluation document of the task, for decontamination.
 
     One string per (document, choice or target): ``context + target_delimiter + continuation``, the text
     the model scores. Documents are the task's test split (else validation) after ``process_docs``;
     few-shot examples are not included. Raises ConfigError as check_tasks does.
     """
-    tasks, _ = load_checked_tasks(task_manager(include_dirs), name)
-    return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
-            for text in _document_texts(tasks[task_name], doc)]
+    include_dirs = [folder.resolve() for folder in include_dirs]
+    with working_directory(data_root):
+        tasks, _ = load_checked_tasks(task_manager(include_dirs), name)
+        return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
+                for text in _document_texts(tasks[task_name], doc)]
 
 
 def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size: int = 8,
-             limit: int | None = None, device: str = "cpu") -> list[TaskResult]:
+             limit: int | None = None, device: str = "cpu", data_root: Path | None = None) -> list[TaskResult]:
     """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
 
     Results are sorted by (task, metric). ``limit``: evaluate the first ``limit`` documents only. lm-eval
@@ -92,16 +130,18 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, batch_size
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
                           "(the run's exported model/)")
-    manager = task_manager(include_dirs)
-    load_checked_tasks(manager, name)
-    import lm_eval
-
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
     # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path
     # as a repo id before any request, where a relative "model" would be looked up online.
     model_args = {"pretrained": str(model_dir.resolve()), "dtype": "float32"}
-    results = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[name], task_manager=manager,
-                                      batch_size=batch_size, limit=limit, device=device, log_samples=False)
+    include_dirs = [folder.resolve() for folder in include_dirs]
+    with working_directory(data_root):
+        manager = task_manager(include_dirs)
+        load_checked_tasks(manager, name)
+        import lm_eval
+
+        logging.getLogger("lm_eval").setLevel(logging.WARNING)
+        results = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[name], task_manager=manager,
+                                          batch_size=batch_size, limit=limit, device=device, log_samples=False)
     assert results is not None, "lm-eval returns no results only on ranks other than 0"
     return _task_results(results)
 

@@ -96,7 +96,7 @@ def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: st
 
     try:
         results = run_task(model_folder(paths, step), task, include, batch_size=config.batch_size,
-                           limit=config.limit)
+                           limit=config.limit, data_root=paths.root)
     except TokenmillError as err:
         return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
     except Exception as err:  # lm-eval or the task's own code failed: record it, keep going with the others
