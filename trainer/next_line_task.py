@@ -204,5 +204,5 @@ def _task_yaml(jsonl_path: Path, num_choices: int) -> str:
               f"chance accuracy is 1/{num_choices} = {1 / num_choices:.4g}.\n")
     if not jsonl_path.is_absolute():  # lm-eval reads data_files from the working directory, not from here
         header += (f"# data_files is relative to the run dir: run lm_eval there, e.g. cd RUN_DIR && lm_eval "
-                   f"--include_path eval/tasks --tasks {TASK_NAME} --model hf --model_args pretrained=model\n")
+                   f"--include_path eval/tasks --tasks {TASK_NAME} --model hf --model_args pretrained=$PWD/model\n")
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)

@@ -233,3 +233,21 @@ def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
     assert again["train"]["eval"]["results"] == first["train"]["eval"]["results"]
     assert {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")} == results_before, \
         "the copy's cached results were computed again"
+
+
+def test_the_downstream_result_is_logged_on_its_task_run_in_four_significant_digits(
+        finished_run: tuple[Path, dict, dict]) -> None:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        logs, page = [], client.read_logs(limit=200)
+        while page:  # every log line of the session's server
+            logs += page
+            page = client.read_logs(limit=200, offset=len(logs))
+        lines = [log for log in logs if log.message.startswith("tokenmill_next_line @ step 30: ")]
+        assert lines, "the downstream result was not logged"
+        for log in lines:
+            assert log.task_run_id is not None, "logged on the flow run, not on the downstream task's run"
+            assert client.read_task_run(log.task_run_id).name.startswith("downstream-tokenmill_next_line-")
+            numbers = json.loads(log.message.split(": ", 1)[1])
+            assert numbers and all(value == float(f"{value:.4g}") for value in numbers.values()), log.message
