@@ -490,7 +490,10 @@ def _optional(path: Path | None) -> str | None:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    """The summary as JSON, every float to 4 significant digits (the run dir's files keep full precision)."""
+    from core.numbers import rounded_floats
+
+    typer.echo(json.dumps(rounded_floats(summary), indent=2, default=str))
 
 
 def usage_error_line(err: typer.TyperException) -> str:
