@@ -52,12 +52,13 @@ class TaskResult:
 
 @contextlib.contextmanager
 def working_directory(data_root: Path | None) -> Iterator[None]:
-    """Run lm-eval in ``data_root`` (None: where the process runs), where relative ``data_files`` are read from.
+    """Run lm-eval in ``data_root`` (None, or a run dir not made yet: where the process runs), where relative
+    ``data_files`` are read from.
 
     The working directory is the process's: lm-eval is called from one thread at a time (the flows call these
     stages one after another, the trainer's processes never call lm-eval).
     """
-    if data_root is None:
+    if data_root is None or not data_root.is_dir():
         yield
         return
     with contextlib.chdir(data_root):
