@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from core.rundir import RunPaths
 from core.shards import verify_shards
@@ -199,8 +198,10 @@ def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
         finished_run: tuple[Path, dict, dict], tmp_path: Path) -> None:
     """README: "no absolute paths, so a copied run dir still works". Copy the finished run, hide the original,
     and every file of the copy is free of the original's path; the read-only commands, the `lm_eval` command
-    (from the run dir, as the task YAML says) and a re-run of the flow work on the copy, the re-run up to date."""
-    from flows.pipeline import data_to_model, train_model
+    (from the run dir, as the task YAML says) and a re-run of the flow work on the copy, the re-run up to date.
+    A resumed training on the copy was checked once (30 -> 32 steps) and left out: ~1 min of CI for files the
+    scan above already shows free of paths."""
+    from flows.pipeline import data_to_model
 
     run_dir, first, _ = finished_run
     copy = tmp_path / "elsewhere" / "copied-run"
@@ -227,19 +228,13 @@ def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         assert lm_eval.returncode == 0 and "tokenmill_next_line" in lm_eval.stdout, lm_eval.stderr[-3000:]
         again = data_to_model(str(run_dir.parent / "recipe.yaml"), str(copy))
-        results_after = {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")}
-        recipe = yaml.safe_load((run_dir.parent / "recipe.yaml").read_text())
-        recipe["train"]["max_steps"], recipe["eval"] = 32, {"enabled": False}
-        (run_dir.parent / "recipe-32.yaml").write_text(yaml.safe_dump(recipe))
-        train_model(str(run_dir.parent / "recipe-32.yaml"), str(copy))  # resumes from the copy's step 30
     finally:
         hidden.rename(run_dir)
     for stage in ("dedupe", "decontaminate", "tokenizer", "eval_tasks"):
         assert again["prepare"][stage].get("skipped") is True, stage
     assert again["train"]["eval"]["results"] == first["train"]["eval"]["results"]
-    assert results_after == results_before, "the copy's cached results were computed again"
-    steps = [json.loads(line)["step"] for line in (copy / "metrics/train.jsonl").read_text().splitlines()]
-    assert steps[-1] == 32 and len(steps) == len(set(steps)), "the copy resumed at step 30, not from the start"
+    assert {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")} == results_before, \
+        "the copy's cached results were computed again"
 
 
 def test_the_downstream_result_is_logged_on_its_task_run_in_four_significant_digits(
