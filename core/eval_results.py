@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json, sha256_file
+from core.numbers import rounded
 from core.rundir import RunPaths, fingerprint
 
 RESULT_VERSION = 1
@@ -114,5 +115,5 @@ def describe(result: dict[str, Any]) -> str:
     """One line for logs: the task, the step and its main numbers."""
     if result["status"] != "ok":
         return f"{result['task']} @ step {result['step']}: failed: {result['error']}"
-    shown = {row["metric"]: row["value"] for row in result["rows"] if row.get("source") is None}
+    shown = {row["metric"]: rounded(row["value"]) for row in result["rows"] if row.get("source") is None}
     return f"{result['task']} @ step {result['step']}: {json.dumps(shown, default=str)}"

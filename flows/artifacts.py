@@ -11,11 +11,12 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from core.eval_results import failed_results
+from core.eval_results import VAL_SPLIT_TASK, failed_results
+from core.numbers import rounded
 from core.rundir import RunPaths
 from flows.artifact_keys import artifact_key
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason
+from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason, run_query
 from pipeline.shard_stats import shard_stats
 
 NO_REJECTS = "(none)"
@@ -42,26 +43,56 @@ def publish_funnel(run_dir: Path, summary: dict[str, Any], report_path: str) -> 
 
 
 def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
-    """Eval table + summary artifact; returns first/last validation loss and the exported model path."""
+    """The in-loop eval table and the ``run-summary`` artifact; returns the run's validation losses, the exported
+    model and the report.
+
+    Call it after the full evaluation: ``final_val_loss`` is the whole val split's loss at the newest evaluated
+    step (None when the full evaluation has not run), the figure the report's headline shows. The training loop's
+    numbers score a fixed subset of the split and are always named so: ``val_loss_subset``.
+    """
     evals = eval_history(run_dir)
     if evals:
-        create_table_artifact(table=evals, key=artifact_key(run_dir, "eval-metrics"),
-                              description="Validation loss and perplexity")
+        create_table_artifact(table=[{"step": row["step"], "val_loss_subset": row["val_loss"],
+                                      "val_ppl_subset": row["val_ppl"]} for row in evals],
+                              key=artifact_key(run_dir, "eval-metrics"),
+                              description="In-loop validation loss and perplexity on a fixed subset of the val "
+                                          "split (`eval-results` has the whole split)")
+    whole, subset = whole_split_loss(run_dir), run_query(run_dir, SUBSET_LOSS_SQL).to_pylist()
     summary = {
-        "first_val_loss": evals[0]["val_loss"] if evals else None,
-        "final_val_loss": evals[-1]["val_loss"] if evals else None,
-        "final_step": evals[-1]["step"] if evals else None,
+        "final_val_loss": rounded(whole["value"]) if whole else None,
+        "final_val_loss_step": whole["step"] if whole else None,
+        "val_loss_subset": {"first": rounded(subset[0]["val_loss"]) if subset else None,
+                            "final": rounded(subset[-1]["val_loss"]) if subset else None},
+        "final_step": subset[-1]["step"] if subset else None,
         "model_dir": str(RunPaths(run_dir).model),
         "report": report_path,
     }
-    create_markdown_artifact(
-        key=artifact_key(run_dir, "run-summary"),
-        markdown=(f"# tokenmill run `{run_dir.name}`\n\nvalidation loss {summary['first_val_loss']} (step 0) → "
-                  f"{summary['final_val_loss']} (step {summary['final_step']}); model exported to "
-                  f"`{summary['model_dir']}`.\n\n{report_link(report_path)}"),
-        description="Run summary",
-    )
+    create_markdown_artifact(key=artifact_key(run_dir, "run-summary"), markdown=_training_markdown(run_dir, summary),
+                             description="Run summary")
     return summary
+
+
+SUBSET_LOSS_SQL = "SELECT step, val_loss FROM eval_metrics WHERE val_loss IS NOT NULL ORDER BY step"
+"""The in-loop evaluations' loss (a fixed subset of the val split), unrounded: one rounding, for people."""
+WHOLE_SPLIT_LOSS_SQL = (f"SELECT step, value FROM eval_results WHERE task = '{VAL_SPLIT_TASK}' AND metric = 'loss' "
+                        "AND source IS NULL AND value IS NOT NULL ORDER BY step DESC LIMIT 1")
+"""The full evaluation's loss over the whole val split at its newest step (a constant: no data in the SQL)."""
+
+
+def whole_split_loss(run_dir: Path) -> dict[str, Any] | None:
+    """``{step, value}``: the full evaluation's loss over the whole val split at its newest step, else None."""
+    rows = run_query(run_dir, WHOLE_SPLIT_LOSS_SQL).to_pylist()
+    return rows[0] if rows else None
+
+
+def _training_markdown(run_dir: Path, summary: dict[str, Any]) -> str:
+    subset = summary["val_loss_subset"]
+    whole = ("not evaluated (the recipe's eval section is off)" if summary["final_val_loss"] is None else
+             f"**{summary['final_val_loss']}** (step {summary['final_val_loss_step']})")
+    return (f"# tokenmill run `{run_dir.name}`\n\nFinal validation loss, whole val split: {whole}.\n\n"
+            f"In-loop validation loss (a fixed subset of the val split): {subset['first']} (step 0) → "
+            f"{subset['final']} (step {summary['final_step']}).\n\nModel exported to `{summary['model_dir']}`.\n\n"
+            f"{report_link(summary['report'])}")
 
 
 def publish_evaluation(run_dir: Path, report_path: str) -> dict[str, Any]:

@@ -241,7 +241,8 @@ def _interruptible(function: Callable[..., T], *args: Any) -> T:
 def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every deployment.")] = None,
           run_dir: RunDirOpt = None,
           limit: Annotated[int, typer.Option(help="Flow runs at a time.")] = 1) -> None:
-    """Serve prefect.yaml's deployments (nightly-refresh on its cron schedule, one-shot) until Ctrl-C.
+    """Serve prefect.yaml's deployments as nightly-refresh-served (on its cron schedule) and one-shot-served
+    until Ctrl-C (named apart from what `prefect deploy --all` registers).
 
     Needs a Prefect server: `prefect server start` and PREFECT_API_URL=http://127.0.0.1:4200/api.
     Example: tokenmill serve --recipe configs/tiny.yaml
@@ -542,7 +543,10 @@ def _optional(path: Path | None) -> str | None:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    """The summary as JSON, every float to 4 significant digits (the run dir's files keep full precision)."""
+    from core.numbers import rounded_floats
+
+    typer.echo(json.dumps(rounded_floats(summary), indent=2, default=str))
 
 
 def usage_error_line(err: typer.TyperException) -> str:

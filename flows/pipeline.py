@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.eval_results import VAL_SPLIT_TASK, describe, failed_results
+from core.eval_results import VAL_SPLIT_TASK, failed_results
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
@@ -113,10 +113,13 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
                 _report_failed_training(paths, failure)
                 raise
             paths.mark_done(TRAIN_STAGE, training_fingerprint(paths, until_step), {"step": until_step})
-        report = report_task(paths)
-    trained = publish_training(paths.root, report)
-    if loaded.eval.enabled:
-        trained["eval"] = evaluate_model(run)
+        if not loaded.eval.enabled:
+            report = report_task(paths)
+    # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
+    evaluation = evaluate_model(run) if loaded.eval.enabled else None
+    trained = publish_training(paths.root, evaluation["report"] if evaluation is not None else report)
+    if evaluation is not None:
+        trained["eval"] = evaluation
     return trained
 
 
@@ -181,10 +184,9 @@ def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> Non
             except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
                 logger.error("evaluating step %s failed: %s", plan.step, err)
                 continue
-        for name in plan.tasks:
-            logger.info("%s", describe(downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
-                                                       [str(folder) for folder in include], config,
-                                                       trusted_folders(run))))
+        for name in plan.tasks:  # each task run logs its own result
+            downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
+                            [str(folder) for folder in include], config, trusted_folders(run))
 
 
 def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:
@@ -202,7 +204,7 @@ def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str]
     if task == NEXT_LINE_TASK and paths.eval_tasks not in include:
         write_builtin_task(paths, config)
         include = [*include, paths.eval_tasks]
-    return check_tasks([task], include, trusted), include
+    return check_tasks([task], include, trusted, data_root=paths.root), include
 
 
 def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,

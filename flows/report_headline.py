@@ -21,6 +21,10 @@ from core.rundir import RunPaths, path_inside_run
 from flows.stage_times import read_versions, stage_wall_times
 from trainer.sample_generation import read_sample
 
+FINAL_VAL_LOSS = "final val loss"
+"""The whole val split's loss (the full evaluation), as the run summary's ``final_val_loss`` is."""
+SUBSET_VAL_LOSS = "val loss (in-loop subset)"
+"""What the headline shows without a full evaluation: the training loop's fixed subset, never "final"."""
 VOCAB_BATCH_ROWS = 8192
 """Packed rows per batch while counting token ids: memory stays bounded by one batch (seq_len x this)."""
 
@@ -43,8 +47,8 @@ def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict
 
 
 def _final_val(data: dict[str, Any]) -> dict[str, Any]:
-    """Loss and bits per byte of the newest full evaluation (the whole val split), else of the in-loop one (a
-    fixed subset of it, bits per byte only with a byte count)."""
+    """Loss and bits per byte of the newest full evaluation (the whole val split: the "final val loss"), else of
+    the in-loop one, labelled as the subset of the split it is (bits per byte only with a byte count)."""
     full: dict[str, dict[str, Any]] = {}
     for row in data["results"]:  # ordered by step: the newest step's value wins
         if row["task"] == "val_split" and row["source"] is None and row["value"] is not None:
@@ -53,11 +57,12 @@ def _final_val(data: dict[str, Any]) -> dict[str, Any]:
     if "loss" in full:
         step = full["loss"]["step"]
         bpb = full.get("bits_per_byte", {}).get("value")
-        return {"loss": full["loss"]["value"], "bpb": bpb, "step": step, "note": f"whole val split, step {step}"}
+        return {"loss": full["loss"]["value"], "bpb": bpb, "step": step, "label": FINAL_VAL_LOSS,
+                "note": f"whole val split, step {step}"}
     if last.get("val_loss") is None:
-        return {"loss": None, "bpb": None, "step": None, "note": "no evaluation yet"}
-    return {"loss": last["val_loss"], "bpb": last.get("val_bpb"), "step": last["step"],
-            "note": f"in-loop subset, step {last['step']}"}
+        return {"loss": None, "bpb": None, "step": None, "label": FINAL_VAL_LOSS, "note": "no evaluation yet"}
+    return {"loss": last["val_loss"], "bpb": last.get("val_bpb"), "step": last["step"], "label": SUBSET_VAL_LOSS,
+            "note": f"in-loop subset, step {last['step']}; the whole split needs the full evaluation"}
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> Any:
@@ -125,7 +130,7 @@ def headline_figures(headline: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(label, value, note)`` of the key figures, as text; ``—`` where the run has no value yet."""
     val, vocab = headline["val"], headline["vocab"]
     return [
-        ("final val loss", _number(val["loss"], ".4f"), val["note"]),
+        (val["label"], _number(val["loss"], ".4f"), val["note"]),
         ("bits per byte", _number(val["bpb"], ".4f"), val["note"] if val["bpb"] is not None else
          "needs the full evaluation (eval section)"),
         ("parameters", _number(headline["num_parameters"], ","), "exported model" if headline["num_parameters"]

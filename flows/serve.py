@@ -22,10 +22,22 @@ def load_deployment_specs(path: Path = PREFECT_YAML) -> list[dict[str, Any]]:
     return specs
 
 
+SERVED_SUFFIX = "-served"
+"""Served deployments are ``<name>-served`` (``data-to-model/nightly-refresh-served``): `prefect deploy --all`
+registers prefect.yaml's names with their work pool, and one registration under the same name would replace
+the other's work pool and parameters without a word."""
+
+
 def serve_deployments(recipe: str | None = None, run_dir: str | None = None, limit: int = 1) -> None:
     """Block, serving every deployment; ``recipe``/``run_dir`` override the yaml's default parameters."""
     from prefect import serve
 
+    serve(*served_deployments(recipe, run_dir), limit=limit)
+
+
+def served_deployments(recipe: str | None = None, run_dir: str | None = None) -> list[Any]:
+    """prefect.yaml's deployments of ``data-to-model`` as ``tokenmill serve`` registers them: named apart
+    (SERVED_SUFFIX), with their schedules, ``recipe``/``run_dir`` overriding the yaml's parameters."""
     from flows.pipeline import data_to_model
 
     deployments = []
@@ -36,10 +48,10 @@ def serve_deployments(recipe: str | None = None, run_dir: str | None = None, lim
         if run_dir is not None:
             parameters["run_dir"] = run_dir
         deployments.append(data_to_model.to_deployment(
-            name=spec["name"], description=spec.get("description"), parameters=parameters,
+            name=spec["name"] + SERVED_SUFFIX, description=spec.get("description"), parameters=parameters,
             schedules=cron_schedules(spec),
         ))
-    serve(*deployments, limit=limit)
+    return deployments
 
 
 def cron_schedules(spec: dict[str, Any]) -> list[Any]:

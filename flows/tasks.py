@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from core.eval_results import describe
 from core.rundir import RunPaths
 from core.shards import ShardInfo
 from flows.progress import open_shared_bar, reports_progress, shows_bar, stage_meter
@@ -159,12 +160,15 @@ def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: 
 @times_stage("evaluate")
 def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: str, task_fp: str,
                     include: list[str], config: EvalConfig, trusted: list[str] = ()) -> dict[str, Any]:
+    """One lm-eval task on one checkpoint's export; its result is logged here, on this task run's page."""
     from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating
 
     with stage_meter(f"{task_name} step {step}", "requests") as meter:
-        return run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include],
-                                   config, [Path(p) for p in trusted],
-                                   on_progress=lambda done, total: meter.update(completed=done, total=total))
+        result = run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include],
+                                     config, [Path(p) for p in trusted],
+                                     on_progress=lambda done, total: meter.update(completed=done, total=total))
+    get_run_logger().info("%s", describe(result))
+    return result
 
 
 @task(name="report")

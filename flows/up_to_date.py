@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -51,7 +52,7 @@ def sealed_summary(run: ResolvedRun, command: str) -> dict[str, Any] | None:
     if seal.get("fingerprint") != inputs_fingerprint(run, command):
         return None
     try:
-        summary = json.loads(seal["summary"])
+        summary = json.loads(_with_run_dir(seal["summary"], run.paths.root))
     except ValueError:
         return None
     return summary if isinstance(summary, dict) else None
@@ -61,11 +62,30 @@ def write_seal(run: ResolvedRun, command: str, summary: dict[str, Any]) -> None:
     """Record that ``command`` finished on the run dir as it is now, with ``summary`` (JSON-serialisable).
 
     The summary is kept in its skipped form (:func:`as_skipped`), as JSON text: the order of its keys is the
-    flow's, not write_json's sorted one.
+    flow's, not write_json's sorted one. The run dir's own path in it (``run_dir``, ``report``, ``model_dir``)
+    is kept as RUN_DIR_MARK: a run dir holds no absolute path of its own.
     """
+    text = json.dumps(as_skipped(summary), default=str)
     run.paths.write_json(run.paths.command_seal(command), {
         "version": SEAL_VERSION, "command": command, "sealed_unix_s": round(time.time(), 3),
-        "fingerprint": inputs_fingerprint(run, command), "summary": json.dumps(as_skipped(summary), default=str)})
+        "fingerprint": inputs_fingerprint(run, command), "summary": _without_run_dir(text, run.paths.root)})
+
+
+RUN_DIR_MARK = "${RUN_DIR}"
+"""Where a seal's summary named the run dir; the run dir it is read from takes its place."""
+
+
+def _run_dir_in_json(root: Path) -> re.Pattern[str]:
+    """The run dir's path as it appears in JSON text, as a whole path (``/x/run`` never matches ``/x/run2``)."""
+    return re.compile(re.escape(json.dumps(str(root))[1:-1]) + r'(?=["/])')
+
+
+def _without_run_dir(text: str, root: Path) -> str:
+    return _run_dir_in_json(root).sub(lambda _: RUN_DIR_MARK, text)
+
+
+def _with_run_dir(text: str, root: Path) -> str:
+    return text.replace(RUN_DIR_MARK, json.dumps(str(root))[1:-1])
 
 
 def as_skipped(summary: Any) -> Any:

@@ -32,7 +32,9 @@ class NearDedupeConfig(FrozenConfig):
 
 class DecontaminateConfig(FrozenConfig):
     enabled: bool = False
-    """Drop train documents sharing a long word n-gram with the val split or an eval file (after dedupe)."""
+    """Also drop train documents sharing a long word n-gram with the val split (``against_val``) or an eval file
+    (``eval_files``), after dedupe. The items of the ``eval.tasks`` are always checked, whatever this says: the
+    summary counts them as ``eval_tasks``, apart from this optional check."""
     ngram: int = Field(default=13, ge=3, le=32)
     """N-gram length in words (lower-cased, whitespace-separated); 13 as in the GPT-3 contamination study."""
     against_val: bool = True

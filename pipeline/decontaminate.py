@@ -84,9 +84,11 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     working directory). ``eval_tasks``: ``{task name: its texts (eval/texts/<task>.jsonl)}`` of the recipe's
     evaluation tasks; they are always checked against (the stage runs for them even when not ``enabled``), and a
     document they contaminate is counted per task in ``contaminated_by_task``. Returns ``{"enabled",
-    "num_train_checked", "num_contaminated", "num_reference_ngrams", "num_boilerplate_ngrams",
-    "contaminated_by_reference", "contaminated_by_task"}`` (``val`` / ``eval`` / ``eval_task`` /
-    ``earlier_train``; ``{task: documents}``). A repeat
+    "eval_tasks", "num_train_checked", "num_contaminated", "num_reference_ngrams", "num_boilerplate_ngrams",
+    "contaminated_by_reference", "contaminated_by_task"}``: ``enabled`` is the recipe's own setting (the optional
+    check against the val split and eval files), ``eval_tasks`` the documents the always-on check against the
+    evaluation tasks removed (``contaminated_by_reference``: ``val`` / ``eval`` / ``eval_task`` /
+    ``earlier_train``; ``contaminated_by_task``: ``{task: documents}``). A repeat
     call with nothing new returns the recorded summary. Raises ConfigError when an eval file does not exist,
     SourceReadError when it cannot be read.
     """
@@ -95,8 +97,10 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     if not config.enabled and not tasks:
         output.unlink(missing_ok=True)
         paths.clear_done("decontaminate")
-        return {"enabled": False, "num_train_checked": 0, "num_contaminated": 0, "num_reference_ngrams": 0,
-                "num_boilerplate_ngrams": 0, "contaminated_by_reference": {}, "contaminated_by_task": {}}
+        return {"enabled": False, "eval_tasks": 0, "num_train_checked": 0, "num_contaminated": 0,
+                "num_reference_ngrams": 0, "num_boilerplate_ngrams": 0, "contaminated_by_reference": {},
+                "contaminated_by_task": {}}
+    enabled = config.enabled  # the summary says what the recipe says; the tasks are checked either way
     if not config.enabled:  # only the evaluation tasks are checked
         config = config.model_copy(update={"against_val": False, "eval_files": []})
     eval_files = _eval_paths(config, base_dir)
@@ -108,7 +112,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                                   _file_digest(paths.dedupe / DUPLICATES_FILE))
     done = paths.done_summary("decontaminate", run_fingerprint)
     if done is not None and output.is_file():
-        return {**done, "skipped": True}
+        return {**as_recipe_says(done, enabled), "skipped": True}
     state_path = paths.dedupe / STATE_FILE
     state = read_json(state_path) if state_path.is_file() else {}
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
@@ -128,8 +132,17 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     summary = _write_rejects(paths, output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
     paths.write_json(state_path, {"settings": settings,
                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
+    summary = as_recipe_says(summary, enabled)
     paths.mark_done("decontaminate", run_fingerprint, summary)
     return {**summary, "skipped": False}
+
+
+def as_recipe_says(summary: dict[str, Any], enabled: bool) -> dict[str, Any]:
+    """The summary in the recipe's terms: ``enabled`` as ``dedupe.decontaminate.enabled`` says (an enabled stage
+    with nothing but tasks to check has the fingerprint of a disabled one), ``eval_tasks`` on its own."""
+    by_reference = summary.get("contaminated_by_reference") or {}
+    return {"enabled": enabled, "eval_tasks": by_reference.get("eval_task", 0),
+            **{key: value for key, value in summary.items() if key not in ("enabled", "eval_tasks")}}
 
 
 def build_reference(parts: list[DocsPart], removed: pa.Array, config: DecontaminateConfig,
@@ -336,7 +349,7 @@ def _write_rejects(paths: RunPaths, output: Path, rows: list[dict[str, Any]], nu
     for row in rows:
         if (found := TASK_DETAIL.search(row["detail"])) is not None:
             by_task[found.group(1)] = by_task.get(found.group(1), 0) + 1
-    return {"enabled": True, "num_train_checked": num_checked, "num_contaminated": len(rows),
+    return {"num_train_checked": num_checked, "num_contaminated": len(rows),
             "num_reference_ngrams": num_ngrams, "num_boilerplate_ngrams": num_boilerplate,
             "contaminated_by_reference": by_reference, "contaminated_by_task": by_task}
 

@@ -120,7 +120,7 @@ QUERY = r'tokenmill query runs/tiny "[^"]+"( --format (table|csv|json))?'
 SERVER_START = r"\.venv/bin/prefect server start --host 127\.0\.0\.1 --port 4200"
 SERVER_EXPORT = r"export PREFECT_API_URL=http://127\.0\.0\.1:4200/api PREFECT_SERVER_ANALYTICS_ENABLED=false"
 SERVE = r"\.venv/bin/tokenmill serve --recipe configs/tiny\.yaml --run-dir runs/tiny"
-RUN_NIGHTLY = r"\.venv/bin/prefect deployment run data-to-model/nightly-refresh --watch"
+RUN_NIGHTLY = r"\.venv/bin/prefect deployment run data-to-model/nightly-refresh-served --watch"
 POOL_CREATE = r"\.venv/bin/prefect work-pool create tokenmill --type process"
 DEPLOY_ALL = r"\.venv/bin/prefect deploy --all --no-prompt"
 WORKER_START = r"\.venv/bin/prefect worker start --pool tokenmill"
@@ -638,13 +638,14 @@ def test_served_nightly_refresh_completes_on_the_finished_run(quick_start: Quick
     serve = readme_command(SERVE)
     assert serve.background
     with background(["bash", "-c", serve.text], server_env, checkout.parent / "serve.log", cwd=checkout):
-        deployment = wait_for_deployment(server_env, "data-to-model/nightly-refresh")
+        deployment = wait_for_deployment(server_env, "data-to-model/nightly-refresh-served")
         result = run_shell(readme_command(RUN_NIGHTLY).text, cwd=checkout, env=server_env, timeout_s=300)
     assert result.returncode == 0 and "Completed" in result.stdout, \
         result.tail() + (checkout.parent / "serve.log").read_text()[-3000:]
     assert deployment["parameters"] == {"recipe": "configs/tiny.yaml", "run_dir": "runs/tiny"}
     assert nightly_at_2am_utc(deployment)
-    assert api_get(server_env, "deployments/name/data-to-model/one-shot")["schedules"] == [], "one-shot: no schedule"
+    assert api_get(server_env, "deployments/name/data-to-model/one-shot-served")["schedules"] == [], \
+        "one-shot: no schedule"
     assert checkpoint_steps(run_dir) == checkpoints and eval_rows(run_dir)[-1]["step"] == tiny_recipe()["train"][
         "max_steps"]
 

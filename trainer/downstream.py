@@ -11,16 +11,23 @@ pretrained=DIR,dtype=float32 --include_path DIR --device cpu --batch_size 8``).
 
 ``datasets`` caches a local data file by path and modification time: a file rewritten in place with its old
 mtime restored would be read from the stale cache (the fingerprint, a hash of the content, still changes).
+
+lm-eval (``datasets``) takes a relative ``data_files`` path from the working directory, not from the task
+YAML's folder. The run's own built-in task names its data relative to the run dir (a run dir holds no absolute
+path), so tokenmill runs lm-eval with the run dir as the working directory (``data_root``), as
+``cd RUN_DIR && lm_eval --include_path eval/tasks …`` does. A fingerprint holds no location: a copied run dir
+keeps its tasks' fingerprints, and so its cached results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import inspect
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +51,23 @@ class TaskResult:
     """Documents evaluated (lm-eval's ``n-samples`` "effective": the task's size, or ``limit``)."""
 
 
-def check_tasks(names: list[str], include_dirs: list[Path], trusted: Collection[Path] = ()) -> dict[str, str]:
+@contextlib.contextmanager
+def working_directory(data_root: Path | None) -> Iterator[None]:
+    """Run lm-eval in ``data_root`` (None, or a run dir not made yet: where the process runs), where relative
+    ``data_files`` are read from.
+
+    The working directory is the process's: lm-eval is called from one thread at a time (the flows call these
+    stages one after another, the trainer's processes never call lm-eval).
+    """
+    if data_root is None or not data_root.is_dir():
+        yield
+        return
+    with contextlib.chdir(data_root):
+        yield
+
+
+def check_tasks(names: list[str], include_dirs: list[Path], trusted: Collection[Path] = (),
+                data_root: Path | None = None) -> dict[str, str]:
     """{task name: fingerprint} for every named task (a task, group or tag of the ``eval.include`` folders).
 
     Each task is built by lm-eval (its local data read), so a task that passes will run. The fingerprint is
@@ -54,39 +77,57 @@ def check_tasks(names: list[str], include_dirs: list[Path], trusted: Collection[
     task whose data is not local or is missing, a metric lm-eval would download, a task lm-eval cannot build, or
     code in a folder not in ``trusted``.
     """
-    return checked_tasks(names, include_dirs, trusted)[0]
+    return checked_tasks(names, include_dirs, trusted, data_root)[0]
 
 
-def checked_tasks(names: list[str], include_dirs: list[Path],
-                  trusted: Collection[Path] = ()) -> tuple[dict[str, str], list[Path]]:
-    """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged")."""
-    manager = task_manager(include_dirs, trusted)
+def checked_tasks(names: list[str], include_dirs: list[Path], trusted: Collection[Path] = (),
+                  data_root: Path | None = None) -> tuple[dict[str, str], list[Path]]:
+    """:func:`check_tasks`, and the local data files the tasks read (for a cheaper check of "unchanged"; a
+    relative one is relative to ``data_root``)."""
     fingerprints, all_files = {}, set()
-    for name in names:
-        tasks, data_files = load_checked_tasks(manager, name, trusted)
-        content = {"configs": {task_name: task.dump_config() for task_name, task in tasks.items()},
-                   "data_files": {str(path): sha256_file(path) for path in data_files},
-                   "lm_eval": importlib.metadata.version("lm_eval")}
-        text = json.dumps(content, sort_keys=True, default=_stable_text)
-        fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        all_files.update(Path(path) for path in data_files)
+    include_dirs = [folder.resolve() for folder in include_dirs]  # before the working directory changes
+    trusted = [folder.resolve() for folder in trusted]
+    with working_directory(data_root):
+        manager = task_manager(include_dirs, trusted)
+        for name in names:
+            tasks, data_files = load_checked_tasks(manager, name, trusted)
+            configs = {task_name: _located_nowhere(task.dump_config()) for task_name, task in tasks.items()}
+            content = {"configs": configs,
+                       "data_files": {str(path): sha256_file(path) for path in data_files},
+                       "lm_eval": importlib.metadata.version("lm_eval")}
+            text = json.dumps(content, sort_keys=True, default=_stable_text)
+            fingerprints[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            all_files.update(Path(path) for path in data_files)
     return fingerprints, sorted(all_files)
 
 
-def task_texts(name: str, include_dirs: list[Path], trusted: Collection[Path] = ()) -> list[str]:
+def _located_nowhere(config: dict[str, Any]) -> dict[str, Any]:
+    """A task's config without where its YAML lies (lm-eval's ``metadata.config_source``, an absolute path): the
+    content decides the fingerprint, so a copied run dir or task folder keeps it."""
+    metadata = config.get("metadata")
+    if not isinstance(metadata, dict) or "config_source" not in metadata:
+        return config
+    return {**config, "metadata": {key: value for key, value in metadata.items() if key != "config_source"}}
+
+
+def task_texts(name: str, include_dirs: list[Path], trusted: Collection[Path] = (),
+               data_root: Path | None = None) -> list[str]:
     """The text of every evaluation document of the task, for decontamination.
 
     One string per (document, choice or target): ``context + target_delimiter + continuation``, the text
     the model scores. Documents are the task's test split (else validation) after ``process_docs``;
     few-shot examples are not included. Raises ConfigError as check_tasks does.
     """
-    tasks, _ = load_checked_tasks(task_manager(include_dirs, trusted), name, trusted)
-    return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
-            for text in _document_texts(tasks[task_name], doc)]
+    include_dirs = [folder.resolve() for folder in include_dirs]
+    trusted = [folder.resolve() for folder in trusted]
+    with working_directory(data_root):
+        tasks, _ = load_checked_tasks(task_manager(include_dirs, trusted), name, trusted)
+        return [text for task_name in sorted(tasks) for doc in tasks[task_name].eval_docs
+                for text in _document_texts(tasks[task_name], doc)]
 
 
 def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: Collection[Path] = (),
-             batch_size: int = 8, limit: int | None = None, device: str = "cpu",
+             batch_size: int = 8, limit: int | None = None, device: str = "cpu", data_root: Path | None = None,
              on_progress: Callable[[int, int], None] | None = None) -> list[TaskResult]:
     """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
 
@@ -99,21 +140,24 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: C
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
                           "(the run's exported model/)")
-    manager = task_manager(include_dirs, trusted)
-    load_checked_tasks(manager, name, trusted)
-    import lm_eval
-
-    from trainer.lm_eval_progress import CountingHFLM
-
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
     # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path
     # as a repo id before any request, where a relative "model" would be looked up online.
     model_args = {"pretrained": str(model_dir.resolve()), "dtype": "float32"}
-    # What simple_evaluate(model="hf", model_args=…, batch_size=…, device=…) builds, as lm-eval's command does.
-    model = CountingHFLM.create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
-    model.on_progress = on_progress
-    results = lm_eval.simple_evaluate(model=model, tasks=[name], task_manager=manager, batch_size=batch_size,
-                                      limit=limit, device=device, log_samples=False)
+    include_dirs = [folder.resolve() for folder in include_dirs]
+    trusted = [folder.resolve() for folder in trusted]
+    with working_directory(data_root):
+        manager = task_manager(include_dirs, trusted)
+        load_checked_tasks(manager, name, trusted)
+        import lm_eval
+
+        from trainer.lm_eval_progress import CountingHFLM
+
+        logging.getLogger("lm_eval").setLevel(logging.WARNING)
+        # What simple_evaluate(model="hf", model_args=…, batch_size=…, device=…) builds, as lm-eval's command does.
+        model = CountingHFLM.create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
+        model.on_progress = on_progress
+        results = lm_eval.simple_evaluate(model=model, tasks=[name], task_manager=manager, batch_size=batch_size,
+                                          limit=limit, device=device, log_samples=False)
     assert results is not None, "lm-eval returns no results only on ranks other than 0"
     return _task_results(results)
 

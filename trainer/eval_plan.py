@@ -81,7 +81,7 @@ def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: st
 
     try:
         results = run_task(model_folder(paths, step), task, include, trusted=trusted, batch_size=config.batch_size,
-                           limit=config.limit, on_progress=on_progress)
+                           limit=config.limit, data_root=paths.root, on_progress=on_progress)
     except TokenmillError as err:
         return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
     except Exception as err:  # lm-eval or the task's own code failed: record it, keep going with the others

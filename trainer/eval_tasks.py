@@ -69,35 +69,45 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
     folders = include_dirs(paths, config, base_dir) if include is None else include
     parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
              for part in document_part_files(paths)]
-    settings = fingerprint(STAGE, config.model_dump(), parts, [str(folder) for folder in folders])
+    settings = fingerprint(STAGE, config.model_dump(), parts, [_recorded(paths, folder) for folder in folders])
     if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
         return {**unchanged, "skipped": True}  # the built-in task's files too are as the last check left them
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
     from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
 
-    task_fps, data_files = checked_tasks(list(config.tasks), folders, trusted)
+    task_fps, data_files = checked_tasks(list(config.tasks), folders, trusted, data_root=paths.root)
+    record = {"data_files": [_recorded(paths, paths.root / path) for path in data_files]}
+    record["inputs"] = _inputs_fingerprint(paths, settings, folders, record["data_files"])
     run_fp = fingerprint(settings, sorted(task_fps.items()))
-    record = {"inputs": _inputs_fingerprint(settings, folders, data_files), "data_files": [str(f) for f in data_files]}
     done = paths.done_summary(STAGE, run_fp)
     if done is not None and all(paths.eval_text(name).is_file() for name in task_fps):
         paths.mark_done(STAGE, run_fp, done, **record)  # the same summary, now with the inputs' stats
         return {**done, "skipped": True}
     num_items = {}
     for name in sorted(task_fps):
-        texts = task_texts(name, folders, trusted)
+        texts = task_texts(name, folders, trusted, data_root=paths.root)
         num_items[name] = len(texts)
         paths.write_text(paths.eval_text(name),
                          "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
-    summary = {"tasks": task_fps, "num_items": num_items, "include": [str(folder) for folder in folders]}
+    summary = {"tasks": task_fps, "num_items": num_items, "include": [_recorded(paths, folder) for folder in folders]}
     paths.mark_done(STAGE, run_fp, summary, **record)
     return {**summary, "skipped": False}
 
 
-def _inputs_fingerprint(settings: str, folders: list[Path], data_files: list[Path]) -> str:
-    """The stage's settings and the stats of every file it read (task folders, data files) and lm-eval's version."""
-    stats = [file_stats(folder, folder) for folder in folders] + [file_stats(path.parent, path) for path in data_files]
-    return fingerprint(settings, stats, [str(path) for path in data_files], importlib.metadata.version("lm_eval"))
+def _recorded(paths: RunPaths, path: Path) -> str:
+    """``path`` as the run dir records it: relative to the run dir when inside it (a copied run dir still
+    names its own files), else absolute (a folder or file of the user's, outside the run)."""
+    resolved, root = Path(path).resolve(), paths.root.resolve()
+    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else str(resolved)
+
+
+def _inputs_fingerprint(paths: RunPaths, settings: str, folders: list[Path], data_files: list[str]) -> str:
+    """The stage's settings and the stats of every file it read (task folders, data files, as recorded) and
+    lm-eval's version; files by content and place in the run, so a copied run dir has the same one."""
+    located = [paths.root / name for name in data_files]  # an absolute name stays itself
+    stats = [file_stats(folder, folder) for folder in folders] + [file_stats(path.parent, path) for path in located]
+    return fingerprint(settings, stats, data_files, importlib.metadata.version("lm_eval"))
 
 
 def _unchanged_summary(paths: RunPaths, settings: str, folders: list[Path]) -> dict[str, Any] | None:
@@ -110,18 +120,18 @@ def _unchanged_summary(paths: RunPaths, settings: str, folders: list[Path]) -> d
     record = read_json(marker) if marker is not None else {}
     if "inputs" not in record or "summary" not in record:
         return None
-    data_files = [Path(name) for name in record.get("data_files", [])]
     summary = record["summary"]
-    if record["inputs"] != _inputs_fingerprint(settings, folders, data_files):
+    if record["inputs"] != _inputs_fingerprint(paths, settings, folders, list(record.get("data_files", []))):
         return None
     return summary if all(paths.eval_text(name).is_file() for name in summary.get("tasks", {})) else None
 
 
 def recorded_include(paths: RunPaths) -> list[Path] | None:
-    """The task folders the eval-tasks stage last used (absolute), or None before it ran."""
+    """The task folders the eval-tasks stage last used (a folder inside the run dir recorded relative to it),
+    or None before it ran."""
     marker = paths.finished_marker(STAGE)
     summary = read_json(marker).get("summary") if marker is not None else None
-    return [Path(folder) for folder in summary["include"]] if summary and "include" in summary else None
+    return [paths.root / folder for folder in summary["include"]] if summary and "include" in summary else None
 
 
 def write_builtin_task(paths: RunPaths, config: EvalConfig) -> Path:
@@ -141,4 +151,4 @@ def write_builtin_task(paths: RunPaths, config: EvalConfig) -> Path:
         raise ConfigError(f"eval.tasks: {NEXT_LINE_TASK} needs validation documents with several lines, and this "
                           f"run has {len(documents)} validation documents giving none; raise data.val_fraction, or "
                           f"remove {NEXT_LINE_TASK} from eval.tasks.")
-    return write_next_line_task(paths.eval_tasks, items, paths.write_text)
+    return write_next_line_task(paths.eval_tasks, items, paths.write_text, data_root=paths.root)

@@ -159,28 +159,34 @@ def _distractors(pool: _Pool, answer: str, doc_index: int, count: int, rng: rand
     return rng.sample(eligible, count) if len(eligible) >= count else None
 
 
-def write_next_line_task(folder: Path, items: list[dict[str, Any]],
-                         write_text: Callable[[Path, str], None]) -> Path:
+def write_next_line_task(folder: Path, items: list[dict[str, Any]], write_text: Callable[[Path, str], None],
+                         data_root: Path | None = None) -> Path:
     """Write ``folder/tokenmill_next_line.jsonl`` (the items), then ``tokenmill_next_line.yaml``; return the YAML.
 
-    The YAML is a plain lm-eval multiple-choice task reading the JSONL by its absolute path (dataset_path
-    json), so it runs offline. It is written last: a YAML on disk means its data is complete. ``write_text(path,
-    text)`` is the caller's atomic writer. Raises ConfigError for an empty ``items``.
+    The YAML is a plain lm-eval multiple-choice task reading the JSONL (dataset_path json), so it runs offline.
+    lm-eval (``datasets``) takes a relative ``data_files`` path from the working directory, never from the
+    YAML's folder: with ``data_root`` the path is written relative to it (a run dir names no absolute path, and
+    ``cd RUN_DIR && lm_eval --include_path eval/tasks …`` reads it from any copy of the run), without it as an
+    absolute path (a folder of its own, run from anywhere). The YAML is written last: a YAML on disk means its
+    data is complete. ``write_text(path, text)`` is the caller's atomic writer. Raises ConfigError for an empty
+    ``items``.
     """
     if not items:
         raise ConfigError(f"next-line task: no items to write to {folder}; make them with next_line_items first")
     jsonl_path = folder.resolve() / f"{TASK_NAME}.jsonl"
     yaml_path = folder.resolve() / f"{TASK_NAME}.yaml"
     write_text(jsonl_path, "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items))
-    write_text(yaml_path, _task_yaml(jsonl_path, num_choices=len(items[0]["choices"])))
+    data_file = jsonl_path if data_root is None else jsonl_path.relative_to(data_root.resolve())
+    write_text(yaml_path, _task_yaml(data_file, num_choices=len(items[0]["choices"])))
     return yaml_path
 
 
 def _task_yaml(jsonl_path: Path, num_choices: int) -> str:
+    """The task's YAML; ``jsonl_path`` as lm-eval will read it (absolute, or relative to the folder it runs in)."""
     config = {
         "task": TASK_NAME,
         "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(jsonl_path)}},
+        "dataset_kwargs": {"data_files": {"test": jsonl_path.as_posix()}},
         "test_split": "test",
         "output_type": "multiple_choice",
         "doc_to_text": "context",
@@ -196,4 +202,7 @@ def _task_yaml(jsonl_path: Path, num_choices: int) -> str:
     header = (f"# {TASK_NAME}: which line comes next? Written by tokenmill from the run's validation documents.\n"
               f"# Choices: the true next line and {num_choices - 1} lines of other documents; "
               f"chance accuracy is 1/{num_choices} = {1 / num_choices:.4g}.\n")
+    if not jsonl_path.is_absolute():  # lm-eval reads data_files from the working directory, not from here
+        header += (f"# data_files is relative to the run dir: run lm_eval there, e.g. cd RUN_DIR && lm_eval "
+                   f"--include_path eval/tasks --tasks {TASK_NAME} --model hf --model_args pretrained=$PWD/model\n")
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)

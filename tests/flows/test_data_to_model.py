@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from pipeline.query import run_query
 from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow
+TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +58,11 @@ def test_the_full_evaluation_runs_after_training_and_a_rerun_recomputes_nothing(
         run_dir, "SELECT sum(num_rows) AS n FROM shards WHERE split = 'val'").to_pylist()[0]["n"]
     assert second["train"]["eval"]["results"] == first["train"]["eval"]["results"]
     assert first["prepare"]["eval_tasks"]["tasks"].keys() == {"tokenmill_next_line"}
-    # The recipe leaves dedupe.decontaminate off: the stage still ran, against the task's items only.
+    # The recipe leaves dedupe.decontaminate off, and the summary says so: the stage still ran, against the
+    # task's items only, and counts what they removed as eval_tasks.
     decontaminated = first["prepare"]["decontaminate"]
-    assert decontaminated["enabled"] and decontaminated["num_reference_ngrams"] > 0
+    assert not decontaminated["enabled"] and decontaminated["num_reference_ngrams"] > 0
+    assert decontaminated["eval_tasks"] == decontaminated["num_contaminated"]
     assert decontaminated["contaminated_by_reference"]["val"] == 0
 
 
@@ -91,7 +98,28 @@ def test_validation_loss_falls(finished_run: tuple[Path, dict, dict]) -> None:
     evals = [json.loads(line) for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 30
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
-    assert first["train"]["final_val_loss"] == pytest.approx(evals[-1]["val_loss"], abs=1e-3)
+    assert first["train"]["val_loss_subset"]["final"] == pytest.approx(evals[-1]["val_loss"], rel=1e-3)
+
+
+def test_the_final_val_loss_is_the_whole_splits_everywhere(finished_run: tuple[Path, dict, dict]) -> None:
+    """One name, one meaning: the summary's final_val_loss is the full evaluation's (as the report's headline),
+    the in-loop subset's is val_loss_subset; the run-summary artifact, written after the evaluation, says both."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    run_dir, first, _ = finished_run
+    (whole,) = run_query(run_dir, "SELECT value FROM eval_results WHERE task = 'val_split' AND metric = 'loss' "
+                                  "AND source IS NULL AND step = 30").column(0).to_pylist()
+    subset = json.loads((run_dir / "metrics/eval.jsonl").read_text().splitlines()[-1])["val_loss"]
+    assert abs(whole - subset) > 1e-3, "the whole split and the subset must differ for this test to mean anything"
+    assert first["train"]["final_val_loss"] == pytest.approx(whole, rel=1e-3)
+    assert first["train"]["final_val_loss_step"] == 30
+    assert first["train"]["val_loss_subset"]["final"] == pytest.approx(subset, rel=1e-3)
+    key = artifact_key(run_dir, "run-summary")
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    summaries = [str(artifact.data) for artifact in found if "whole val split" in str(artifact.data)]
+    assert summaries and f"**{whole:.4g}** (step 30)" in summaries[0] and f"{subset:.4g} (step 30)" in summaries[0]
 
 
 def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict]) -> None:
@@ -155,6 +183,76 @@ def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, 
         real = np.arange(ids.shape[1]) < table.column("num_tokens").to_numpy()[:, None]
         used |= set(np.unique(ids[real]).tolist())
     assert f"{len(used):,} of 512 ids in the train rows" in headline
+
+
+def run_tokenmill(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The console script, on the session's Prefect server, from ``cwd``."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    return subprocess.run([TOKENMILL, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=600)
+
+
+def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
+        finished_run: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    """README: "no absolute paths, so a copied run dir still works". Copy the finished run, hide the original,
+    and every file of the copy is free of the original's path; the read-only commands, the `lm_eval` command
+    (from the run dir, as the task YAML says) and a re-run of the flow work on the copy, the re-run up to date.
+    A resumed training on the copy was checked once (30 -> 32 steps) and left out: ~1 min of CI for files the
+    scan above already shows free of paths."""
+    from flows.pipeline import data_to_model
+
+    run_dir, first, _ = finished_run
+    copy = tmp_path / "elsewhere" / "copied-run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    hidden = run_dir.with_name("hidden-original")
+    run_dir.rename(hidden)
+    try:
+        results_before = {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")}
+        original = [str(run_dir).encode(), str(run_dir.resolve()).encode()]
+        holding = [path.relative_to(copy).as_posix() for path in sorted(copy.rglob("*"))
+                   if path.is_file() and any(name in path.read_bytes() for name in original)]
+        assert holding == [], f"files of the copy naming the original run dir {run_dir}"
+        for command in (["query", copy, "SELECT count(*) AS n FROM documents"], ["shards", "verify", copy],
+                        ["shards", "stats", copy], ["shards", "sample", copy, "--n", "2"], ["report", copy],
+                        ["generate", copy, "def ", "--max-new-tokens", "5"], ["eval", copy, "--checkpoint", "last"]):
+            done = run_tokenmill(*command, cwd=tmp_path)
+            assert done.returncode == 0, (command, done.stderr[-2000:])
+        yaml_text = (copy / "eval/tasks/tokenmill_next_line.yaml").read_text()
+        assert "cd RUN_DIR && lm_eval --include_path eval/tasks" in yaml_text
+        lm_eval = subprocess.run(
+            [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={copy / 'model'}",
+             "--tasks", "tokenmill_next_line", "--include_path", "eval/tasks", "--device", "cpu", "--limit", "8"],
+            cwd=copy, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        assert lm_eval.returncode == 0 and "tokenmill_next_line" in lm_eval.stdout, lm_eval.stderr[-3000:]
+        again = data_to_model(str(run_dir.parent / "recipe.yaml"), str(copy))
+    finally:
+        hidden.rename(run_dir)
+    for stage in ("dedupe", "decontaminate", "tokenizer", "eval_tasks"):
+        assert again["prepare"][stage].get("skipped") is True, stage
+    assert again["train"]["eval"]["results"] == first["train"]["eval"]["results"]
+    assert {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")} == results_before, \
+        "the copy's cached results were computed again"
+
+
+def test_the_downstream_result_is_logged_on_its_task_run_in_four_significant_digits(
+        finished_run: tuple[Path, dict, dict]) -> None:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        logs, page = [], client.read_logs(limit=200)
+        while page:  # every log line of the session's server
+            logs += page
+            page = client.read_logs(limit=200, offset=len(logs))
+        lines = [log for log in logs if log.message.startswith("tokenmill_next_line @ step 30: ")]
+        assert lines, "the downstream result was not logged"
+        for log in lines:
+            assert log.task_run_id is not None, "logged on the flow run, not on the downstream task's run"
+            assert client.read_task_run(log.task_run_id).name.startswith("downstream-tokenmill_next_line-")
+            numbers = json.loads(log.message.split(": ", 1)[1])
+            assert numbers and all(value == float(f"{value:.4g}") for value in numbers.values()), log.message
 
 
 def test_eval_on_a_terminal_shows_its_own_bars_and_no_other_librarys(finished_run: tuple[Path, dict, dict]) -> None:

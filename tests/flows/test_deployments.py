@@ -57,13 +57,13 @@ def test_served_nightly_refresh_runs_to_completion(api: tuple[str, Path], tmp_pa
     run_dir = tmp_path / "served-run"
     with background([TOKENMILL, "serve", "--recipe", str(recipe), "--run-dir", str(run_dir)], env,
                     tmp_path / "serve.log"):
-        wait_for_deployment("data-to-model/nightly-refresh", env)
-        result = prefect("deployment", "run", "data-to-model/nightly-refresh", "--watch",
+        wait_for_deployment("data-to-model/nightly-refresh-served", env)
+        result = prefect("deployment", "run", "data-to-model/nightly-refresh-served", "--watch",
                          "--watch-interval", "2", env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Completed" in result.stdout
     assert final_eval_step(run_dir) == 10
-    schedule = prefect("deployment", "inspect", "data-to-model/nightly-refresh", env=env, timeout=60).stdout
+    schedule = prefect("deployment", "inspect", "data-to-model/nightly-refresh-served", env=env, timeout=60).stdout
     assert "0 2 * * *" in schedule
 
 
@@ -76,3 +76,22 @@ def test_served_schedules_keep_prefect_yaml_time_zones() -> None:
     assert (schedule.cron, schedule.timezone) == ("0 2 * * *", "UTC")
     spec = {"schedules": [{"cron": "30 4 * * 1", "timezone": "Europe/Berlin"}, {"cron": "0 * * * *", "active": False}]}
     assert [(s.cron, s.timezone) for s in cron_schedules(spec)] == [("30 4 * * 1", "Europe/Berlin")]
+
+
+def test_served_deployments_are_named_apart_from_the_deployed_ones(prefect_server: None) -> None:
+    """`tokenmill serve` registers `<name>-served`: `prefect deploy --all` registers prefect.yaml's names (with
+    the work pool), and one name registered both ways would take the other's work pool and parameters."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.serve import load_deployment_specs, served_deployments
+
+    for deployment in served_deployments(recipe="served.yaml", run_dir="runs/served"):
+        deployment.apply()
+    with get_client(sync_client=True) as client:
+        for spec in load_deployment_specs():
+            served = client.read_deployment_by_name(f"data-to-model/{spec['name']}-served")
+            assert served.parameters == {"recipe": "served.yaml", "run_dir": "runs/served"}
+            assert served.work_pool_name is None
+            with pytest.raises(ObjectNotFound):  # left to `prefect deploy --all`
+                client.read_deployment_by_name(f"data-to-model/{spec['name']}")

@@ -68,4 +68,4 @@ def test_two_refreshes_over_a_growing_folder(tmp_path: Path, prefect_server: Non
     assert counts == [files], "every file is in exactly one of documents, duplicates, rejects"
     train_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/train.jsonl").read_text().splitlines()]
     assert train_steps == sorted(set(train_steps))
-    assert first["train"]["first_val_loss"] is not None
+    assert first["train"]["val_loss_subset"]["first"] is not None

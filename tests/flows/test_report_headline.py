@@ -60,16 +60,19 @@ def test_headline_shows_the_runs_own_figures(run: Path) -> None:
     html = write_report(RunPaths(run)).read_text()
     headline = html[:html.index("<h2>Data funnel</h2>")]
     size = vocab_size(run)
-    for label, value in [("final val loss", "4.2500"), ("parameters", f"{num_parameters:,}"),
+    for label, value in [("val loss (in-loop subset)", "4.2500"), ("parameters", f"{num_parameters:,}"),
                          ("tokens trained", "320"), ("tokens per character", "2.000"),
                          ("vocab use", f"{16 / size:.1%}")]:
         assert f'<div class="label">{label}</div><div class="value">{value}</div>' in headline, label
     # 16 tokens (ids 0..15, both rows full) over the kept documents' 3 + 5 characters
     assert f"16 of {size:,} ids in the train rows" in headline
-    assert '<div class="value">4.2500</div><div class="note">in-loop subset, step 2</div>' in headline
+    assert ('<div class="value">4.2500</div><div class="note">in-loop subset, step 2; the whole split needs the '
+            'full evaluation</div>') in headline
+    assert "final val loss" not in headline, "the subset is never called the final val loss"
     assert '<div class="label">bits per byte</div><div class="value">—</div>' in headline
     markdown = (RunPaths(run).report / "report.md").read_text()
-    assert "| final val loss | 4.2500 | in-loop subset, step 2 |" in markdown and "### Sample generation" in markdown
+    assert ("| val loss (in-loop subset) | 4.2500 | in-loop subset, step 2; the whole split needs the full "
+            "evaluation |") in markdown and "### Sample generation" in markdown
 
 
 def test_the_sample_is_generated_once_per_export_and_shown(run: Path) -> None:

@@ -100,3 +100,14 @@ def test_a_damaged_seal_is_no_seal(tmp_path: Path) -> None:
     for damage in (b"", b"[1, 2]", b'{"version": 1, "summary": "not json", "fingerprint": "x"}', b"\xff\xfe"):
         seal.write_bytes(damage)
         assert sealed_summary(run, "prepare") is None
+
+
+def test_the_seal_names_the_run_dir_only_relatively(tmp_path: Path) -> None:
+    """The printed summary names the run dir (its report, its model); the seal in the run dir does not, and
+    gives the summary back with the path of the run dir it is read from."""
+    run = sealed_run(tmp_path)
+    root = str(run.paths.root)
+    summary = {**SUMMARY, "run_dir": root, "report": f"{root}/report/index.html", "other": f"{root}2/x"}
+    write_seal(run, "prepare", summary)
+    assert root.encode() not in run.paths.command_seal("prepare").read_bytes().replace(f"{root}2/x".encode(), b"")
+    assert sealed_summary(run, "prepare") == {**as_skipped(summary)}

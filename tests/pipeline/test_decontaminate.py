@@ -260,3 +260,35 @@ def test_evaluation_task_items_decontaminate_even_when_the_stage_is_off(corpus: 
     # With the stage on, a document quoting a val document is still counted for val, not for a task.
     summary = decontaminate_documents(paths, config(), base_dir=tmp_path, eval_tasks={"bug_stories": task_texts})
     assert summary["contaminated_by_task"] == {"bug_stories": 1} and summary["contaminated_by_reference"]["val"] >= 1
+
+
+def test_the_summary_says_enabled_as_the_recipe_does_and_counts_task_removals_apart(corpus: dict,
+                                                                                     tmp_path: Path) -> None:
+    """With ``enabled: false`` the evaluation tasks are still checked: the summary says ``enabled: false`` (the
+    recipe's setting) and counts the task removals as ``eval_tasks``, on a run and on its skipped re-run."""
+    paths = RunPaths(tmp_path / "run")
+    prepare(corpus, paths)
+    task_texts = paths.eval_text("bug_stories")
+    paths.write_text(task_texts, json.dumps({"text": EVAL_PASSAGE}) + "\n")
+    for _ in range(2):  # the second call is skipped and returns the recorded summary
+        off = decontaminate_documents(paths, DecontaminateConfig(), base_dir=tmp_path,
+                                      eval_tasks={"bug_stories": task_texts})
+        assert (off["enabled"], off["eval_tasks"], off["num_contaminated"]) == (False, 1, 1), off
+    on = decontaminate_documents(paths, config(), base_dir=tmp_path, eval_tasks={"bug_stories": task_texts})
+    assert on["enabled"] is True and on["eval_tasks"] == 1 and on["num_contaminated"] > 1, on
+
+
+def test_the_recipe_reference_says_the_tasks_are_checked_whatever_enabled_says() -> None:
+    import ast
+    import inspect
+
+    import pipeline.config
+
+    body = next(node for node in ast.parse(inspect.getsource(pipeline.config)).body
+                if isinstance(node, ast.ClassDef) and node.name == "DecontaminateConfig").body
+    field = next(i for i, node in enumerate(body) if isinstance(node, ast.AnnAssign) and node.target.id == "enabled")
+    docstring = body[field + 1].value.value
+    section = (Path(__file__).parents[2] / "docs" / "recipe.md").read_text().split("## `dedupe.decontaminate`")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| `enabled` |"))
+    for text in (docstring, row):
+        assert "always checked" in text and "eval_tasks" in text, text

@@ -310,7 +310,8 @@ def test_the_eval_tasks_stage_builds_the_tasks_again_only_when_a_file_they_read_
     checks: list[list[str]] = []
     real_check = downstream.checked_tasks
     monkeypatch.setattr(downstream, "checked_tasks",
-                        lambda names, dirs, *trusted: checks.append(names) or real_check(names, dirs, *trusted))
+                        lambda names, dirs, *args, **options: checks.append(names) or real_check(names, dirs, *args,
+                                                                                                 **options))
     paths, config = RunPaths(tmp_path / "run"), EvalConfig(tasks=["lines"], include=["tasks"])
     first = prepare_eval_tasks(paths, config, tmp_path)
     assert prepare_eval_tasks(paths, config, tmp_path) == {**first, "skipped": True}
