@@ -141,8 +141,8 @@ def as_recipe_says(summary: dict[str, Any], enabled: bool) -> dict[str, Any]:
     """The summary in the recipe's terms: ``enabled`` as ``dedupe.decontaminate.enabled`` says (an enabled stage
     with nothing but tasks to check has the fingerprint of a disabled one), ``eval_tasks`` on its own."""
     by_reference = summary.get("contaminated_by_reference") or {}
-    return {"enabled": enabled, "eval_tasks": by_reference.get("eval_task", 0),
-            **{key: value for key, value in summary.items() if key not in ("enabled", "eval_tasks")}}
+    said = {**summary, "enabled": enabled, "eval_tasks": by_reference.get("eval_task", 0)}
+    return dict(sorted(said.items()))  # a marker's order (sorted keys): a skipped stage returns what it recorded
 
 
 def build_reference(parts: list[DocsPart], removed: pa.Array, config: DecontaminateConfig,

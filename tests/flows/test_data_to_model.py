@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.numbers import rounded_floats
 from core.rundir import RunPaths
 from core.shards import verify_shards
 from flows.artifact_keys import artifact_key
@@ -267,7 +268,7 @@ def test_eval_on_a_terminal_shows_its_own_bars_and_no_other_librarys(finished_ru
     status, screen, stdout = run_in_pty([TOKENMILL, "eval", str(run_dir), "--checkpoint", "last"], cli_env_for())
     text = ANSI.sub("", screen)
     assert status == 0, text[-3000:]
-    assert json.loads(stdout)["results"] == first["train"]["eval"]["results"]
+    assert json.loads(stdout)["results"] == rounded_floats(first["train"]["eval"]["results"])  # as printed
     lines = text.splitlines()
     assert any(line.startswith("evaluate step 30 ") and " rows" in line for line in lines), text[-3000:]
     assert any(line.startswith("tokenmill_next_line step 30 ") and " requests" in line for line in lines)
