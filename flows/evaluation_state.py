@@ -43,9 +43,10 @@ def evaluation_is_cached(run: ResolvedRun, checkpoint: str | None, task: str | N
     """True when the last evaluation without failures covered these steps and ``task`` (None: every task) and
     nothing it reads or writes changed since. Call it holding the run dir's lock."""
     done = run.paths.done_summary(EVAL_STAGE, evaluation_fingerprint(run))
-    if not isinstance(done, dict) or not isinstance(done.get("steps"), list):
-        return False
-    return set(_asked_steps(run, checkpoint)) <= set(done["steps"]) and done.get("task") in (None, task)
+    steps = done.get("steps") if isinstance(done, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(step, int) for step in steps):
+        return False  # a marker not as written here (damaged, hand-edited): evaluate, which rewrites it
+    return set(_asked_steps(run, checkpoint)) <= set(steps) and done.get("task") in (None, task)
 
 
 def record_evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
