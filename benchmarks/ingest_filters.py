@@ -48,8 +48,8 @@ from benchmarks.corpus import man_page_texts, stdlib_docstring_texts, stdlib_tex
 from benchmarks.result import print_result
 from benchmarks.web_filters import load_documents
 from core.rundir import RunPaths
-from pipeline.filters import normalise_text
 from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.normalisation import normalise_text
 from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier
 
 TRANSLATED = ("de", "fr", "es", "it", "pt", "ru", "pl", "nl")

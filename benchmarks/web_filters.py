@@ -25,8 +25,8 @@ import yaml
 from benchmarks.corpus import debian_doc_texts, man_page_texts, stdlib_docstring_texts
 from benchmarks.result import print_result
 from core.rundir import RunPaths
-from pipeline.filters import normalise_text
 from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.normalisation import normalise_text
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
 from pipeline.words import split_words

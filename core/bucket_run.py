@@ -33,6 +33,7 @@ from core.atomic import TEMP_PREFIX
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
 from core.bucket_url import object_and_folder
 from core.errors import ObjectStoreError, RunDirError
+from core.file_digests import file_sha256
 from core.object_errors import object_errors
 from core.rundir import RunPaths
 
@@ -111,8 +112,7 @@ class BucketRun:
         """Each shard fetched now is checked against the index's sha256; fetched once more if it differs."""
         if not RunPaths(self.local).shard_index.is_file():
             return
-        from core.shard_check import file_sha256  # pyarrow: only a run with shards needs it
-        from core.shards import read_shard_index
+        from core.shards import read_shard_index  # pyarrow: only a run with shards needs it
 
         for info in read_shard_index(self.local):
             rel = info.path

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from core.atomic import TEMP_PREFIX
 from core.errors import ShardFormatError
+from core.file_digests import file_sha256
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
 
@@ -92,8 +93,6 @@ def write_shard(run_dir: Path, relpath: str, rows: ShardRows, *, split: str, sou
         ],
         schema=schema,
     )
-    from core.shard_check import file_sha256  # it imports this module
-
     target = run_dir / relpath
     with (RunPaths(run_dir).atomic_write(target, size_hint_bytes=batch.nbytes) as tmp,
           ipc.new_file(tmp, schema, options=ipc.IpcWriteOptions(compression=None)) as out):
@@ -343,8 +342,6 @@ def verify_shards(run_dir: Path) -> list[str]:
 
 
 def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
-    from core.shard_check import file_sha256
-
     path = run_dir / info.path
     if not path.is_file():
         return [f"{info.path}: listed in the index but missing on disk"]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 from collections.abc import Iterator
 from pathlib import Path
 
 from core.atomic import NO_SPACE_ERRNOS, UNWRITABLE_ERRNOS, no_space_message
 from core.errors import OutOfSpaceError, TokenmillError, UnwritableError
+from flows.server import RUNNING, server_failure
 
 PATH_ERRNOS = {number: UNWRITABLE_ERRNOS[number] for number in (
     errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP)}
@@ -25,12 +25,6 @@ PATH_ERRNOS = {number: UNWRITABLE_ERRNOS[number] for number in (
 SERVER_ERROR_TYPES = ("HTTPStatusError", "PrefectHTTPStatusError")
 SERVER_GONE_TYPES = ("ConnectError", "RemoteProtocolError", "ReadError", "WriteError")
 """httpx's exceptions for a server that answered 5xx, and for one that went away mid-request."""
-DATABASE_WRITE_FAILED = ("disk I/O error", "database or disk is full", "File too large", "No space left",
-                         "Disk quota exceeded")
-"""What SQLite says (through the server's tracebacks) for a write past a file-size limit (EFBIG: ``disk I/O
-error``) or onto a full disk (``database or disk is full``)."""
-LOW_SPACE_BYTES = 64 << 20
-"""Below this much free room beside the server's database, its failure is put down to the full disk."""
 
 
 def user_error(err: BaseException, *, temporary_server: bool) -> TokenmillError | None:
@@ -47,37 +41,8 @@ def user_error(err: BaseException, *, temporary_server: bool) -> TokenmillError 
                 reason, fix = PATH_ERRNOS[cause.errno]
                 return UnwritableError(f"{os.fsdecode(cause.filename)}: {reason} ({cause.strerror}); {fix}.")
     if temporary_server and any(_server_failed(cause) for cause in _chain(err)):
-        from flows.server import RUNNING
-
         return server_failure("failed (an HTTP 500 answer, or it went away)", RUNNING[-1].log_tail() if RUNNING else "")
     return None
-
-
-def server_failure(what: str, log_tail: str) -> TokenmillError:
-    """The temporary Prefect server ``what`` (failed, exited before it was ready): one line saying why when its
-    output (``log_tail``) shows a failed write of its database and a file-size limit or a full disk is the cause;
-    else what failed, where its database is and what to try."""
-    database = prefect_database()
-    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    failed_write = any(sign in log_tail for sign in DATABASE_WRITE_FAILED)
-    if failed_write and limit != resource.RLIM_INFINITY:
-        return OutOfSpaceError(f"the temporary Prefect server {what}: it could not write its database {database} "
-                               f"past the file-size limit of {limit:,} bytes (`ulimit -f`); lift the limit (or free "
-                               "space) and re-run: finished work is kept.")
-    if failed_write and _free_bytes(database) < LOW_SPACE_BYTES:
-        return OutOfSpaceError(f"the temporary Prefect server {what}: it could not write its database: "
-                               + no_space_message(database, errno.ENOSPC, None))
-    last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "")
-    said = f" ({last[:200]})" if last else ""
-    return TokenmillError(f"the temporary Prefect server {what}{said}; its database is {database}: run with --debug "
-                          "to see its output, or set PREFECT_API_URL to a running server (prefect server start). "
-                          "Finished work is kept.")
-
-
-def prefect_database() -> Path:
-    """The SQLite file of the temporary server: ``$PREFECT_HOME/prefect.db`` (Prefect's default)."""
-    home = os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect")
-    return Path(home) / "prefect.db"
 
 
 def _server_failed(err: BaseException) -> bool:
@@ -86,11 +51,6 @@ def _server_failed(err: BaseException) -> bool:
         return True
     response = getattr(err, "response", None)
     return bool(names & set(SERVER_ERROR_TYPES)) and getattr(response, "status_code", 0) >= 500
-
-
-def _free_bytes(path: Path) -> int:
-    folder = next((parent for parent in (path.parent, *path.parents) if parent.is_dir()), Path("/"))
-    return os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
 
 
 def _chain(err: BaseException) -> Iterator[BaseException]:

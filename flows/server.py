@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
+import resource
 import runpy
 import signal
 import socket
@@ -35,9 +37,11 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import IO, Any
 
-from core.errors import TokenmillError
+from core.atomic import no_space_message
+from core.errors import OutOfSpaceError, TokenmillError
 
 ORPHAN_POLL_S = 0.5
 """How often the server checks that the process that started it is still its parent."""
@@ -56,6 +60,12 @@ start and 27 MB). tokenmill's runs use no blocks; a server that serves a UI (``t
 RUN_THIS_FILE = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 """The server's ``python -c``: this file by its path, not ``-m flows.server``, which would import a ``flows``
 package of the user's from the working directory (a Prefect project often has one) instead of ours."""
+DATABASE_WRITE_FAILED = ("disk I/O error", "database or disk is full", "File too large", "No space left",
+                         "Disk quota exceeded")
+"""What SQLite says (through the server's tracebacks) for a write past a file-size limit (EFBIG: ``disk I/O
+error``) or onto a full disk (``database or disk is full``)."""
+LOW_SPACE_BYTES = 64 << 20
+"""Below this much free room beside the server's database, its failure is put down to the full disk."""
 
 
 @dataclass
@@ -66,7 +76,7 @@ class TemporaryServer:
     api_url: str
     log: IO[bytes] | None = None
     """Where the server's own output goes (an unnamed temporary file): its tracebacks are not the command's
-    output; :func:`flows.failures.server_failure` reads them when the server fails (None: the terminal)."""
+    output; :func:`server_failure` reads them when the server fails (None: the terminal)."""
 
     def log_tail(self, max_bytes: int = 1 << 16) -> str:
         """The last ``max_bytes`` of the server's output ("" when it goes to the terminal)."""
@@ -82,8 +92,6 @@ class TemporaryServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                from flows.failures import server_failure
-
                 raise server_failure(f"exited with status {self.process.returncode} before it was ready",
                                      self.log_tail())
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
@@ -142,13 +150,43 @@ def start_temporary_server(*, log_to_terminal: bool = False) -> TemporaryServer 
     server = TemporaryServer(process, f"http://127.0.0.1:{port}/api", log)
     if not port.isdigit():
         process.wait()
-        from flows.failures import server_failure
-
         raise server_failure(f"exited with status {process.returncode} before it bound a port", server.log_tail())
     os.environ["PREFECT_API_URL"] = server.api_url
     atexit.register(server.stop)
     RUNNING.append(server)
     return server
+
+
+def server_failure(what: str, log_tail: str) -> TokenmillError:
+    """The temporary Prefect server ``what`` (failed, exited before it was ready): one line saying why when its
+    output (``log_tail``) shows a failed write of its database and a file-size limit or a full disk is the cause;
+    else what failed, where its database is and what to try."""
+    database = prefect_database()
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    failed_write = any(sign in log_tail for sign in DATABASE_WRITE_FAILED)
+    if failed_write and limit != resource.RLIM_INFINITY:
+        return OutOfSpaceError(f"the temporary Prefect server {what}: it could not write its database {database} "
+                               f"past the file-size limit of {limit:,} bytes (`ulimit -f`); lift the limit (or free "
+                               "space) and re-run: finished work is kept.")
+    if failed_write and _free_bytes(database) < LOW_SPACE_BYTES:
+        return OutOfSpaceError(f"the temporary Prefect server {what}: it could not write its database: "
+                               + no_space_message(database, errno.ENOSPC, None))
+    last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "")
+    said = f" ({last[:200]})" if last else ""
+    return TokenmillError(f"the temporary Prefect server {what}{said}; its database is {database}: run with --debug "
+                          "to see its output, or set PREFECT_API_URL to a running server (prefect server start). "
+                          "Finished work is kept.")
+
+
+def prefect_database() -> Path:
+    """The SQLite file of the temporary server: ``$PREFECT_HOME/prefect.db`` (Prefect's default)."""
+    home = os.environ.get("PREFECT_HOME") or str(Path.home() / ".prefect")
+    return Path(home) / "prefect.db"
+
+
+def _free_bytes(path: Path) -> int:
+    folder = next((parent for parent in (path.parent, *path.parents) if parent.is_dir()), Path("/"))
+    return os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
 
 
 def guard_temporary_server() -> None:

@@ -34,8 +34,8 @@ from core.rundir import RunPaths, fingerprint
 from core.schemas import REJECTS_SCHEMA
 from pipeline.config import DecontaminateConfig
 from pipeline.dedupe import DocsPart, finished_parts
-from pipeline.filters import normalise_text
 from pipeline.manifest import SourceConfig
+from pipeline.normalisation import normalise_text
 from pipeline.readers import Record, read_file
 
 STATE_FILE = "decontaminate.json"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,19 +61,6 @@ _IPV6_CANDIDATE = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:(?:[0-9]{
                              r"(?![\w:]|\.[0-9])")
 MIN_IPV6_GROUPS = 3
 """An IPv6 candidate needs this many non-empty groups (or an embedded IPv4) to be redacted: ``x[1::2]`` is code."""
-
-
-def normalise_text(text: str) -> str:
-    """Canonical form of a document: NFC, ``\\n`` line ends, no trailing spaces, no blank edge lines.
-
-    Leading indentation is kept (it is meaningful in code and poetry); only whitespace at the end of a
-    line and blank lines at the start and end of the text are removed.
-    """
-    text = unicodedata.normalize("NFC", text)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    # split/rstrip/join measured ~6x faster than a MULTILINE regex on the stdlib sources.
-    return "\n".join([line.rstrip() for line in text.split("\n")]).strip("\n")
 
 
 COMPILED_COLLAPSE_MIN_CHARS = 1024

@@ -29,9 +29,10 @@ from core.errors import ManifestError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
-from pipeline.filters import Attributes, content_hash, measure_text, normalise_text, redact_pii, split_for
+from pipeline.filters import Attributes, content_hash, measure_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
 from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
+from pipeline.normalisation import normalise_text
 from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate

@@ -25,6 +25,7 @@ from core.atomic import atomic_path, sha256_file
 from core.config import FrozenConfig, Seed
 from core.errors import ConfigError
 from pipeline.fasttext_file import NotAFastTextModel, read_model_info
+from pipeline.normalisation import normalise_text
 
 LABEL_PREFIX = "__label__"
 POSITIVE_LABEL, NEGATIVE_LABEL = "positive", "negative"
@@ -77,8 +78,6 @@ class ClassifierTrainingSummary:
 def classifier_text(text: str) -> str:
     """The one-line form a document is classified in: normalised as ingest does, the first :data:`SAMPLE_CHARS`
     characters, whitespace runs (line ends included: fastText reads one example per line) made one space."""
-    from pipeline.filters import normalise_text
-
     return " ".join(normalise_text(text)[:SAMPLE_CHARS].split())
 
 

@@ -18,8 +18,9 @@ from core.schemas import REJECTS_SCHEMA
 from pipeline.config import DecontaminateConfig, DedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.dedupe import dedupe_documents
-from pipeline.filters import REJECT_REASONS, content_hash, normalise_text, split_for
+from pipeline.filters import REJECT_REASONS, content_hash, split_for
 from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.normalisation import normalise_text
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 VAL_FRACTION = 0.2

@@ -21,12 +21,12 @@ from pipeline.filters import (
     count_control_chars,
     count_symbols,
     duplicate_line_fraction,
-    normalise_text,
     redact_pii,
     split_for,
 )
 from pipeline.language import model_path
 from pipeline.manifest import FilterConfig, QualityClassifierConfig, checked_classifier, load_manifest
+from pipeline.normalisation import normalise_text
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import shard_check
+from core import file_digests
 from core.atomic import sha256_file
 from core.errors import QueryError, ShardFormatError
-from core.shard_check import forget_digests
+from core.file_digests import forget_digests
 from core.shard_dataset import shards_as_dataset
 from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
 from pipeline.query import connect, data_funnel, run_query, token_mix
@@ -175,7 +175,7 @@ def test_a_shard_is_hashed_once_per_version_and_a_flip_behind_a_restored_mtime_i
         hashed.append(Path(path).name)
         return sha256_file(path)
 
-    monkeypatch.setattr(shard_check, "sha256_mapped", counting_sha256)
+    monkeypatch.setattr(file_digests, "sha256_mapped", counting_sha256)
     forget_digests()  # as a process on a machine that did not write the shard (the writer remembers its hash)
     shutil.rmtree(own_digest_cache)
     rows = SplitRows(run_dir, "train", pad_id=1)
