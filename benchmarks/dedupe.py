@@ -297,7 +297,7 @@ def run_ours(paths, names: list[str]) -> tuple[list[tuple[int, int]], dict[str, 
     from pipeline.config import DedupeConfig, NearDedupeConfig
     from pipeline.dedupe import dedupe_documents, finished_parts
     from pipeline.filters import content_hash
-    from pipeline.ingest import SignatureCollector
+    from pipeline.part_files import SignatureCollector
 
     config = DedupeConfig(near=NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM))
     parts = finished_parts(paths)

@@ -14,17 +14,13 @@ README ask are named functions here (:func:`data_funnel`, :func:`rejects_by_reas
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.ipc as ipc
 
 from core.documents import DUPLICATES_FILE, document_part_files
 from core.errors import QueryError, ShardFormatError
@@ -36,35 +32,30 @@ from core.schemas import (
     DUPLICATES_SCHEMA,
     REJECTS_SCHEMA,
     SHARD_INDEX_SCHEMA,
-    shard_schema,
 )
 from core.shard_check import checked_shard_path, damaged_shard_message
 from core.shards import SHARD_LAYOUT, ShardInfo, read_shard_index, scan_shard_files
 from pipeline.objects import checked_url, is_remote
+from pipeline.remote_run import remote_run_tables
+from pipeline.view_tables import (
+    EMPTY_SEQUENCES_SCHEMA,
+    EVAL_METRICS_SCHEMA,
+    EVAL_RESULTS_SCHEMA,
+    SEQUENCES_VIEW,
+    TRAIN_METRICS_SCHEMA,
+    TRAIN_SEGMENTS_SCHEMA,
+    checked_shard,
+    first_line,
+    jsonl_objects,
+    metrics_table,
+    sequences_of,
+)
 
 VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
          "eval_results", "train_segments")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
-                                  ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
-EVAL_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("val_loss", pa.float64()), ("val_ppl", pa.float64()),
-                                 ("val_rows", pa.int64()), ("val_tokens", pa.int64())])
-EVAL_RESULTS_SCHEMA = pa.schema([("step", pa.int64()), ("checkpoint", pa.string()), ("task", pa.string()),
-                                 ("metric", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()),
-                                 ("num_samples", pa.int64()), ("source", pa.string())])
-TRAIN_SEGMENTS_SCHEMA = pa.schema([("segment", pa.int64()), ("start_step", pa.int64()), ("start_sample", pa.int64()),
-                                   ("num_processes", pa.int64()), ("world_size", pa.int64()),
-                                   ("micro_batch_size", pa.int64()), ("grad_accum_steps", pa.int64()),
-                                   ("seed", pa.int64()), ("num_shards", pa.int64()), ("num_train_rows", pa.int64())])
-"""``train_segments``: one row per training launch (``metrics/train_segments.jsonl``, written by the trainer)."""
-EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_ids", pa.list_(pa.int64())),
-                                    ("doc_starts", pa.list_(pa.int32())), ("first_doc_offset", pa.int32()),
-                                    ("num_tokens", pa.int32()), ("row_in_shard", pa.int64()), ("split", pa.string()),
-                                    ("source", pa.string()), ("shard_path", pa.string())])
-SEQUENCES_VIEW = "sequences"
 TRAIN_SEGMENTS_VIEW = "train_segments"
 DEPTH_ADVICE = 'Use "SET max_expression_depth'
-SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
 # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
 DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
                       "WHERE doc_id NOT IN (SELECT doc_id FROM duplicates) "
@@ -96,8 +87,6 @@ def connect(run_dir: str | Path, sql: str | None = None,
     if is_remote(str(run_dir)):
         checked_url(str(run_dir), "run dir")  # a bad bucket name or key: one line, before any request
     if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
-        from pipeline.remote_run import remote_run_tables  # fsspec: only a run dir in a bucket needs it
-
         tables = remote_run_tables(str(run_dir), sql, mirrored)
         tables.update({name: schema.empty_table() for name, (_, schema) in (derived or {}).items()})
     elif is_remote(str(run_dir)):
@@ -343,7 +332,7 @@ def _parquet_dataset(run_dir: Path, files: list[Path], schema: pa.Schema) -> ds.
     try:
         return ds.dataset([str(path) for path in _checked_files(run_dir, files)], format="parquet")
     except (pa.ArrowException, OSError) as err:
-        raise QueryError(f"{files[0].parent}: not readable as Parquet ({_first_line(err)}); remove or restore "
+        raise QueryError(f"{files[0].parent}: not readable as Parquet ({first_line(err)}); remove or restore "
                          "the broken file, or re-run the stage that wrote it.") from None
 
 
@@ -354,31 +343,9 @@ def _jsonl_rows(run_dir: Path, path: Path) -> list[dict[str, Any]]:
     return jsonl_objects(_checked_files(run_dir, [path])[0].read_text(encoding="utf-8", errors="replace"))
 
 
-def jsonl_objects(text: str) -> list[dict[str, Any]]:
-    """The JSON objects of JSONL text; a torn or odd line is skipped."""
-    rows = []
-    for line in text.splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            row = json.loads(line)
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
-
-
 def _jsonl_table(run_dir: Path, path: Path, empty_schema: pa.Schema) -> pa.Table:
     """Metrics rows; a torn last line (a writer killed mid-line) is skipped rather than failing the query."""
     return metrics_table(_jsonl_rows(run_dir, path), path, empty_schema)
-
-
-def metrics_table(rows: list[dict[str, Any]], path: Path | str, empty_schema: pa.Schema) -> pa.Table:
-    """The rows of a metrics file as a table (``empty_schema`` when none); QueryError naming ``path``."""
-    if not rows:
-        return empty_schema.empty_table()
-    try:
-        return pa.Table.from_pylist(rows)
-    except (pa.ArrowException, UnicodeError) as err:
-        raise QueryError(f"{path}: rows do not form one table ({_first_line(err)}); each key must hold one "
-                         "type of value in every line: fix or remove the odd lines.") from None
 
 
 def _train_segments_table(run_dir: Path, path: Path) -> pa.Table:
@@ -393,7 +360,7 @@ def _train_segments_table(run_dir: Path, path: Path) -> pa.Table:
     try:
         return pa.Table.from_pylist(rows, schema=TRAIN_SEGMENTS_SCHEMA)
     except (pa.ArrowException, TypeError) as err:
-        raise QueryError(f"{path}: a line holds values of the wrong type ({_first_line(err)}); the trainer writes "
+        raise QueryError(f"{path}: a line holds values of the wrong type ({first_line(err)}); the trainer writes "
                          "this file: restore it, or remove the odd line.") from None
 
 
@@ -403,7 +370,7 @@ def _eval_results_table(run_dir: Path, paths: RunPaths) -> pa.Table:
     try:
         return pa.Table.from_pylist(rows, schema=EVAL_RESULTS_SCHEMA)
     except (pa.ArrowException, TypeError) as err:
-        raise QueryError(f"{paths.eval_results}: a result file holds values of the wrong type ({_first_line(err)}); "
+        raise QueryError(f"{paths.eval_results}: a result file holds values of the wrong type ({first_line(err)}); "
                          "delete it and re-run `tokenmill eval` to compute it again.") from None
 
 
@@ -463,31 +430,6 @@ def _check_against_index(run_dir: Path, path: Path, info: ShardInfo | None) -> N
         raise QueryError(str(err)) from None
 
 
-def sequences_of(shards: dict[str, pa.Table], run_dir: Path | str) -> pa.Table:
-    """``sequences`` from ``{shard path relative to the run dir: its checked rows}`` (see :func:`_sequences_table`)."""
-    if not shards:
-        return EMPTY_SEQUENCES_SCHEMA.empty_table()
-    max_rows = max(table.num_rows for table in shards.values())
-    row_numbers = pa.array(np.arange(max_rows, dtype=np.int64))
-    zeros = pa.array(np.zeros(max_rows, dtype=np.int8))
-    tables = []
-    for relpath, table in shards.items():
-        split, source = (folder.split("=", 1)[1] for folder in relpath.split("/")[1:3])
-        indices = zeros.slice(0, table.num_rows)
-        for name, values in (("row_in_shard", row_numbers.slice(0, table.num_rows)),
-                             ("split", pa.DictionaryArray.from_arrays(indices, pa.array([split]))),
-                             ("source", pa.DictionaryArray.from_arrays(indices, pa.array([source]))),
-                             ("shard_path", pa.DictionaryArray.from_arrays(indices, pa.array([relpath])))):
-            table = table.append_column(name, values)
-        tables.append(table)
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid as err:
-        raise QueryError(f"{run_dir}/shards: shards have different columns ({_first_line(err)} ...); every shard "
-                         "of a run comes from one tokenizer and seq_len: re-run `tokenmill prepare` on a fresh "
-                         "run dir.") from None
-
-
 def _open_shard(run_dir: Path, shard: Path) -> pa.Table:
     """A shard's rows, memory-mapped (no copy of the tokens), without schema metadata; QueryError if unreadable.
 
@@ -495,23 +437,3 @@ def _open_shard(run_dir: Path, shard: Path) -> pa.Table:
     damaged file must fail here with its name, not inside the scan. That reads the offsets, not the tokens.
     """
     return checked_shard(lambda: pa.memory_map(str(shard)), shard, run_dir)
-
-
-def checked_shard(open_shard: Callable[[], Any], shard: Path | str, run_dir: Path | str) -> pa.Table:
-    """The rows of the shard ``open_shard()`` opens (a memory map or a stream), checked as :func:`_open_shard` says."""
-    try:
-        table = ipc.open_file(open_shard()).read_all().replace_schema_metadata(None)
-        table.validate(full=True)
-    except (pa.ArrowException, OSError) as err:
-        raise QueryError(f"{shard}: not a readable Arrow IPC shard ({_first_line(err)}); it is damaged or "
-                         f"truncated: `tokenmill shards verify {run_dir}` lists every damaged shard; queries that "
-                         "do not read `sequences` still work.") from None
-    if table.column_names != SHARD_COLUMNS:
-        raise QueryError(f"{shard}: columns {table.column_names}, a shard has {SHARD_COLUMNS}; it was not written "
-                         "by tokenmill's packer: remove it, or re-run `tokenmill prepare` on a fresh run dir.")
-    return table
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

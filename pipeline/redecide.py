@@ -23,8 +23,8 @@ from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import QUALITY_FILTERS, UNMEASURED, measure_text, redecide
-from pipeline.ingest import (
-    IngestPart,
+from pipeline.manifest import FilterConfig
+from pipeline.part_files import (
     ParquetSink,
     SignatureCollector,
     attribute_row,
@@ -33,18 +33,17 @@ from pipeline.ingest import (
     part_unit,
     reject_row,
 )
-from pipeline.manifest import FilterConfig
 from pipeline.readers import Reject
 
 FILTER_REASONS = frozenset(row.reason for row in QUALITY_FILTERS)
 
 
-def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, paths: RunPaths,
+def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, paths: RunPaths,
                   fingerprints: tuple[str, str], near: NearDedupeConfig | None,
                   record: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the part's rejects and attributes (and its documents when the kept set changed) under ``filters``;
     returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed)."""
-    name, unit = part_file_name(part.part_id), part_unit(part.part_id)
+    name, unit = part_file_name(part_id), part_unit(part_id)
     marker = read_json(paths.marker("ingest", unit))
     docs = {row["uri"]: row for row in pq.read_table(paths.docs / name).to_pylist()}
     rejects = pq.read_table(paths.rejects / name, schema=REJECTS_SCHEMA).to_pylist()
@@ -65,7 +64,7 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
     part_fingerprint = marker["fingerprint"]
     if kept_changed:
         part_fingerprint = fingerprint(*fingerprints)
-        with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
+        with SignatureCollector(paths, part_id, part_fingerprint, near) as signatures:
             _write_rows(paths.docs / name, DOCUMENTS_SCHEMA, kept_rows, paths, signatures.add)
             signatures.write()
     reasons = Counter(row["reason"] for row in broken + rejected_rows)

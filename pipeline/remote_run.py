@@ -25,7 +25,7 @@ from core.errors import QueryError
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
 from core.shard_check import damaged_shard_message
 from core.shards import SHARD_LAYOUT
-from pipeline import query
+from pipeline import view_tables
 from pipeline.objects import ObjectPath, object_errors
 
 SHARD_KEY = re.compile(r"shards/split=(train|val)/source=[A-Za-z0-9][A-Za-z0-9_.\-]*/part-[0-9]{5,}\.arrow")
@@ -67,7 +67,7 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
         with object_errors(f"{url}/{rel}"):
             return fs.cat(f"{base}/{rel}").decode("utf-8", "replace") if rel in present else ""
 
-    read_shards = sql is None or query.SEQUENCES_VIEW in lowered
+    read_shards = sql is None or view_tables.SEQUENCES_VIEW in lowered
     return {
         "_docs": parquet(_finished_parts(keys, present), DOCUMENTS_SCHEMA),
         "duplicates": parquet([rel for rel in ["dedupe/duplicates.parquet"] if rel in present], DUPLICATES_SCHEMA),
@@ -76,12 +76,12 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
                                                for part in _finished_parts(keys, present)) if rel in present],
                               ATTRIBUTES_SCHEMA),
         "shards": parquet([rel for rel in ["shards/index.parquet"] if rel in present], SHARD_INDEX_SCHEMA),
-        "train_metrics": query.metrics_table(query.jsonl_objects(text("metrics/train.jsonl")),
-                                             f"{url}/metrics/train.jsonl", query.TRAIN_METRICS_SCHEMA),
-        "eval_metrics": query.metrics_table(query.jsonl_objects(text("metrics/eval.jsonl")),
-                                            f"{url}/metrics/eval.jsonl", query.EVAL_METRICS_SCHEMA),
-        "eval_results": query.EVAL_RESULTS_SCHEMA.empty_table(),
-        "train_segments": query.TRAIN_SEGMENTS_SCHEMA.empty_table(),
+        "train_metrics": view_tables.metrics_table(view_tables.jsonl_objects(text("metrics/train.jsonl")),
+                                                   f"{url}/metrics/train.jsonl", view_tables.TRAIN_METRICS_SCHEMA),
+        "eval_metrics": view_tables.metrics_table(view_tables.jsonl_objects(text("metrics/eval.jsonl")),
+                                                  f"{url}/metrics/eval.jsonl", view_tables.EVAL_METRICS_SCHEMA),
+        "eval_results": view_tables.EVAL_RESULTS_SCHEMA.empty_table(),
+        "train_segments": view_tables.TRAIN_SEGMENTS_SCHEMA.empty_table(),
         "sequences": _sequences(url, base, fs, _shard_keys(url, keys) if read_shards else []),
     }
 
@@ -122,10 +122,10 @@ def _sequences(url: str, base: str, fs: Any, shard_keys: list[str]) -> pa.Table:
             with object_errors(f"{url}/{rel}"):
                 read.append(fs.cat(f"{base}/{rel}"))
             return pa.BufferReader(read[0])
-        shards[rel] = query.checked_shard(open_shard, f"{url}/{rel}", url)
+        shards[rel] = view_tables.checked_shard(open_shard, f"{url}/{rel}", url)
         if hashlib.sha256(read[0]).hexdigest() != recorded.get(rel):
             raise QueryError(damaged_shard_message(f"{url}/{rel}", url, "differs" if rel in recorded else "unlisted"))
-    return query.sequences_of(shards, url)
+    return view_tables.sequences_of(shards, url)
 
 
 def _recorded_sha256(url: str, base: str, fs: Any, shard_keys: list[str]) -> dict[str, str]:

@@ -1,12 +1,14 @@
 """Filter stage: which ``filters:`` keys of a manifest are thresholds (verdicts over stored attributes) and which
-change what is measured, so a threshold-only change re-decides an ingested run without reading its sources."""
+change what is measured, so a threshold-only change re-decides an ingested run without reading its sources.
+
+The functions take a manifest's ``filters:`` (:class:`pipeline.manifest.FilterConfig`) as the pydantic model it is:
+:mod:`pipeline.manifest` compares manifests with them, so this module cannot import it back."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pipeline.manifest compares manifests with these functions
-    from pipeline.manifest import FilterConfig
+from pydantic import BaseModel
 
 THRESHOLD_KEYS: tuple[str, ...] = (
     "min_chars", "max_control_char_fraction", "min_mean_word_length", "max_mean_word_length", "max_symbol_ratio",
@@ -30,7 +32,7 @@ changes what is measured: a new run dir."""
 N_GRAM_KEYS = ("gopher_repetition.top_n_grams", "gopher_repetition.dup_n_grams")
 
 
-def measurement_settings(filters: FilterConfig) -> dict[str, Any]:
+def measurement_settings(filters: BaseModel) -> dict[str, Any]:
     """The ``filters:`` settings the measured values depend on: all but :data:`THRESHOLD_KEYS`.
 
     None is left out, so a manifest without an optional filter fingerprints as before the key existed."""
@@ -45,7 +47,7 @@ def measurement_settings(filters: FilterConfig) -> dict[str, Any]:
     return settings
 
 
-def decision_settings(filters: FilterConfig) -> dict[str, Any]:
+def decision_settings(filters: BaseModel) -> dict[str, Any]:
     """``{threshold key: value}`` of :data:`THRESHOLD_KEYS` (a key of a filter that is off is left out)."""
     settings = filters.model_dump(mode="json")
     values = {}
@@ -58,6 +60,6 @@ def decision_settings(filters: FilterConfig) -> dict[str, Any]:
     return values
 
 
-def changes_only_thresholds(before: FilterConfig, after: FilterConfig) -> bool:
+def changes_only_thresholds(before: BaseModel, after: BaseModel) -> bool:
     """Whether two ``filters:`` differ in :data:`THRESHOLD_KEYS` only (equal filters included)."""
     return measurement_settings(before) == measurement_settings(after)

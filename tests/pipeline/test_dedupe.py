@@ -339,13 +339,13 @@ def test_read_rows_reads_only_the_row_groups_it_needs(tmp_path: Path) -> None:
 def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Band keys are made one signature row group at a time, and a candidate's signature comes from the one
     row group that holds it: the stage never holds a whole part's signatures (0.5 KB a document)."""
-    from pipeline import ingest
+    from pipeline import part_files
     from pipeline.dedupe import finished_parts
     from tests.pipeline.test_ingest import write_manifest as write_sources
     from tests.pipeline.test_ingest import write_short_docs
 
     config = DedupeConfig(near=NearDedupeConfig(num_perm=16, threshold=0.7))
-    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
     monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * 16)
     write_short_docs(tmp_path / "big.jsonl", 2_000)
     manifest = write_sources(tmp_path / "m.yaml", [{"name": "s", "path": "big.jsonl", "format": "jsonl"}])

@@ -310,11 +310,11 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file bigger than a part is a part of its own: held until the part ends, its signatures (512 bytes a
     document at 128 permutations, several times short documents' text) made memory grow with the file."""
-    from pipeline import ingest, minhash, near_dedupe
+    from pipeline import minhash, near_dedupe, part_files
     from pipeline.config import NearDedupeConfig
 
     near = NearDedupeConfig(num_perm=16)
-    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
     monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * near.num_perm, raising=False)
     write_short_docs(tmp_path / "big.jsonl", 2_000)
     manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "big.jsonl", "format": "jsonl"}])
@@ -337,11 +337,11 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
 
 
 def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import ingest, near_dedupe
+    from pipeline import near_dedupe, part_files
     from pipeline.config import NearDedupeConfig
 
     near = NearDedupeConfig(num_perm=16)
-    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
     monkeypatch.setattr(near_dedupe, "SIGNATURE_BLOCK_BYTES", 200 * 4 * near.num_perm, raising=False)
     data = tmp_path / "data"
     data.mkdir()
@@ -361,9 +361,9 @@ def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeyp
 def test_each_split_lands_in_row_groups_of_its_own_in_record_order(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """So the pack of one split skips the other's row groups undecompressed (core.documents.iter_documents)."""
-    from pipeline import ingest
+    from pipeline import part_files
 
-    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 300)
+    monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
     write_short_docs(tmp_path / "docs.jsonl", 2_000)
     manifest = write_manifest(tmp_path / "m.yaml", [{"name": "s", "path": "docs.jsonl", "format": "jsonl"}])
     paths = RunPaths(tmp_path / "run")
