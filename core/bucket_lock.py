@@ -44,7 +44,7 @@ LOGGER = logging.getLogger(__name__)
 def s3_client() -> Any:
     """A botocore S3 client from the standard AWS environment (AWS_ENDPOINT_URL, credentials, region)."""
     try:
-        import botocore.session
+        import botocore.session  # botocore: the [s3] extra, needed only for a bucket
     except ImportError:
         raise ObjectStoreError("a run dir in a bucket needs s3fs (and botocore); pip install 'tokenmill[s3]'") from None
     return botocore.session.get_session().create_client("s3")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.atomic import TEMP_PREFIX
+from core.atomic import TEMP_PREFIX, write_text_atomic
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
 from core.bucket_url import object_and_folder
 from core.errors import ObjectStoreError, RunDirError
@@ -233,8 +233,6 @@ class BucketRun:
         return state if isinstance(state, dict) else {}
 
     def _write_state(self, state: dict[str, list[Any]]) -> None:
-        from core.atomic import write_text_atomic
-
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.state_path, json.dumps(state, sort_keys=True))
 
@@ -324,8 +322,6 @@ def trainer_working_copy(run_dir: str | Path) -> Iterator[Path]:
         launch = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}:{os.getppid()}"
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             BucketRun(url, local, lock).pull()
-            from core.atomic import write_text_atomic
-
             write_text_atomic(stamp, launch)
         else:
             while not (stamp.is_file() and stamp.read_text() == launch):

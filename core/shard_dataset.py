@@ -37,7 +37,7 @@ def shards_as_dataset(run_dir: str | Path, split: str = "train", source: str | N
     a shard is unreadable, of another format version, of other columns than the rest, or not the bytes the
     index recorded (its sha256, hashed once per file version: :mod:`core.shard_check`).
     """
-    import datasets
+    import datasets  # datasets (~1 s): only the datasets bridge needs it
 
     run_dir = Path(run_dir)
     infos = [info for info in read_shard_index(run_dir) if info.split == split and source in (None, info.source)]

@@ -19,11 +19,25 @@ import typer
 from typer.core import TyperCommand
 
 from core.errors import TokenmillError
-from core.rundir import RunPaths
+from core.eval_results import failed_results
+from core.numbers import rounded_floats
+from core.rundir import TASK_FILE_NAME, RunPaths
 from core.seeds import MAX_SEED
+from flows.failures import user_error
 from flows.output import OutputFormat, emit_rows
+from flows.sample_view import write_sample_rows
 from flows.server import guard_temporary_server, start_temporary_server
-from flows.settings import QUIET_ENV, configure_environment, show_library_progress
+from flows.settings import (
+    QUIET_ENV,
+    ConsoleFilter,
+    configure_console,
+    configure_environment,
+    heartbeats_unless_temporary,
+    show_library_progress,
+)
+from pipeline.worker_preload import INGEST_PRELOAD
+from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
+from trainer.sampling_options import check_sampling
 
 if TYPE_CHECKING:
     from flows.recipe import ResolvedRun
@@ -56,7 +70,7 @@ RunDirArg = Annotated[str, typer.Argument(help="Run directory, or its URL in a b
 
 def _show_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from importlib.metadata import version  # ~12 ms: only --version
 
         typer.echo(f"tokenmill {version('tokenmill')}")
         raise typer.Exit()
@@ -121,7 +135,7 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
 
     Example: tokenmill train configs/tiny.yaml
     """
-    from core.shards import read_shard_index
+    from core.shards import read_shard_index  # pyarrow (~0.3 s)
 
     with bucket_run_dir(recipe, run_dir, "train"):
         run = _checked_recipe(recipe, run_dir)
@@ -144,23 +158,21 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     The settings come from the run dir's run.yaml, which is data: code it names is refused (SECURITY.md).
     Example: tokenmill eval runs/tiny --checkpoint all
     """
-    from flows.recipe import resolve_recorded_run, resolve_run
-    from flows.run_code import refuse_untrusted_code
+    from flows.recipe import resolve_recorded_run, resolve_run  # pydantic, pyarrow, YAML (~1 s)
+    from flows.run_code import refuse_untrusted_code  # pydantic, pyarrow, YAML (~1 s)
 
     if checkpoint is not None and checkpoint not in ("last", "all") and not checkpoint.isdigit():
         raise TokenmillError(f"--checkpoint {checkpoint!r}: give a step number, last or all.")
-    from core.rundir import TASK_FILE_NAME
 
     if task is not None and not TASK_FILE_NAME.match(task):
         raise TokenmillError(f"--task {task!r}: a task name has letters, digits, '_', '.' and '-' only.")
     run = resolve_run(recipe, run_dir) if recipe is not None else resolve_recorded_run(run_dir)
     STATE["run_dir"] = run.paths.root
     refuse_untrusted_code(run, task)  # before Prefect starts or anything is imported: one line
-    from trainer.checkpoint_layout import chosen_checkpoints
 
     chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)  # a wrong step: one line, no Prefect
     with run.paths.lock():
-        from flows.evaluation_state import cached_evaluation
+        from flows.evaluation_state import cached_evaluation  # pydantic, pyarrow (~1 s)
 
         cached = cached_evaluation(run, checkpoint, task)
         if cached is not None:  # every result current: no Prefect server, no flow run (~1 s, not ~14)
@@ -170,8 +182,7 @@ def evaluate(run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
             _print_summary(cached)
             return
         flows_module = _import_flows_with_a_server()
-        from flows.progress import live_progress
-        from flows.settings import heartbeats_unless_temporary
+        from flows.progress import live_progress  # Prefect (~3 s)
 
         with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = flows_module.evaluate_model(run, checkpoint=checkpoint, task=task)
@@ -183,7 +194,7 @@ class QueryCommand(TyperCommand):
     shown (the registry imports DuckDB: every other use of the command line would pay for it)."""
 
     def format_help(self, ctx: typer.Context, formatter: Any) -> None:
-        from flows.run_sql import view_names
+        from flows.run_sql import view_names  # DuckDB, pandas (~0.8 s)
 
         self.help = (self.help or "").replace(VIEWS_PLACEHOLDER, ", ".join(view_names()))
         super().format_help(ctx, formatter)
@@ -201,8 +212,8 @@ def query(run_dir: RunDirArg,
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
     (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
     """
-    from flows.run_sql import run_query
-    from pipeline.objects import is_remote
+    from flows.run_sql import run_query  # DuckDB, pandas (~0.8 s)
+    from pipeline.objects import is_remote  # logging (~13 ms): with the query
 
     if not is_remote(run_dir):
         RunPaths(run_dir).check_is_run()  # a folder with no run: one line, not 0 rows
@@ -247,7 +258,7 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
     Needs a Prefect server: `prefect server start` and PREFECT_API_URL=http://127.0.0.1:4200/api.
     Example: tokenmill serve --recipe configs/tiny.yaml
     """
-    from flows.serve import serve_deployments
+    from flows.serve import serve_deployments  # YAML (~50 ms); Prefect when serving
 
     _configure_console(say_errors_once=False, temporary_server=False)  # no final `error:` line: keep Prefect's
     guard_temporary_server()
@@ -265,10 +276,9 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
 
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
-    from trainer.sampling_options import check_sampling
 
     check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
-    from trainer.generate import generate_text, load_exported_model
+    from trainer.generate import generate_text, load_exported_model  # imports torch
 
     model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).check_is_run().model)
     typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
@@ -281,7 +291,7 @@ def report(run_dir: RunDirArg) -> None:
 
     Skipped when no file of the run changed since it was written. Example: tokenmill report runs/tiny
     """
-    from flows.report import report_is_current, write_report
+    from flows.report import report_is_current, write_report  # DuckDB, pandas, pydantic (~2 s)
 
     paths = RunPaths(local_run_dir(run_dir))
     current = report_is_current(paths)
@@ -294,7 +304,7 @@ def shards_verify(run_dir: RunDirArg) -> None:
 
     Example: tokenmill shards verify runs/tiny
     """
-    from core.shards import read_shard_index, verify_shards
+    from core.shards import read_shard_index, verify_shards  # pyarrow (~0.4 s)
 
     run_dir = local_run_dir(run_dir)
     faults = verify_shards(run_dir)
@@ -313,7 +323,7 @@ def shards_stats(run_dir: RunDirArg,
 
     Example: tokenmill shards stats runs/tiny --format json
     """
-    from pipeline.shard_stats import shard_stats
+    from pipeline.shard_stats import shard_stats  # pyarrow (~0.4 s)
 
     rows = shard_stats(local_run_dir(run_dir), histogram="dict" if output_format is OutputFormat.json else "text")
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
@@ -332,12 +342,10 @@ def shards_sample(run_dir: RunDirArg,
 
     Example: tokenmill shards sample runs/tiny --n 3 --decode
     """
-    from tokenization.sample import sample_rows
+    from tokenization.sample import sample_rows  # tokenizers, pyarrow, pydantic (~1.6 s)
 
     rows = sample_rows(local_run_dir(run_dir), n, seed=seed, split=split, source=source, decode=decode)
     if output_format is OutputFormat.table:
-        from flows.sample_view import write_sample_rows
-
         write_sample_rows(rows, sys.stdout)
         return
     emit_rows(list(rows[0]) if rows else [], [list(row.values()) for row in rows], output_format)
@@ -361,7 +369,7 @@ def classifier_train(
     Prints the examples per label and the accuracy on the 10% held out. Example: tokenmill classifier train
     good/ bad.jsonl --out model.bin
     """
-    from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier
+    from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier  # pydantic, YAML (~0.3 s)
 
     config = ClassifierTrainingConfig(text_field=text_field, epoch=epoch, seed=seed)
     typer.echo(train_classifier(positive, negative, out, config).line())
@@ -371,11 +379,11 @@ def local_run_dir(run_dir: str) -> Path:
     """``run_dir`` as a local folder: a URL (``s3://…``) becomes its local mirror (:mod:`pipeline.run_mirror`),
     fetched or brought up to date first, for the commands that memory-map, hash or write files. RunDirError when
     the folder holds no run (:meth:`core.rundir.RunPaths.check_is_run`)."""
-    from pipeline.objects import is_remote
+    from pipeline.objects import is_remote  # logging (~13 ms): only for a bucket
 
     if not is_remote(run_dir):
         return RunPaths(run_dir).check_is_run().root
-    from pipeline.run_mirror import mirror_run
+    from pipeline.run_mirror import mirror_run  # ~25 ms: only for a bucket
 
     local = mirror_run(run_dir)
     typer.echo(f"reading {run_dir} through its local mirror {local}", err=True)
@@ -390,14 +398,14 @@ def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> It
 
     See :mod:`core.bucket_run` and :mod:`core.bucket_lock`.
     """
-    from flows.recipe import DEFAULT_RECIPE, load_recipe, run_dir_url
+    from flows.recipe import DEFAULT_RECIPE, load_recipe, run_dir_url  # pydantic, pyarrow, YAML (~1 s)
 
     url = run_dir_url(load_recipe(recipe or DEFAULT_RECIPE)[0], run_dir)
     if url is None:
         yield
         return
-    from core.bucket_lock import BucketLock
-    from core.bucket_run import BUCKET_RUN_ENV, BucketRun
+    from core.bucket_lock import BucketLock  # ~8 ms: only for a bucket
+    from core.bucket_run import BUCKET_RUN_ENV, BucketRun  # ~25 ms: only for a bucket
 
     with BucketLock(url, f"tokenmill {command}") as lock:
         bucket_run = BucketRun(url, lock=lock)
@@ -432,8 +440,7 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
     changed since ``command`` last finished here (:mod:`flows.up_to_date`): then its summary is printed again
     and neither Prefect nor a server starts.
     """
-    from core.eval_results import failed_results
-    from flows.up_to_date import sealed_summary, write_seal
+    from flows.up_to_date import sealed_summary, write_seal  # pydantic, pyarrow, YAML (~1 s)
 
     STATE["run_dir"] = run.paths.root
     with run.paths.lock():
@@ -448,8 +455,7 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
             _print_summary(sealed)
             return
         flows_module = _import_flows_with_a_server(_start_ingest_workers if ingests else None)
-        from flows.progress import live_progress
-        from flows.settings import heartbeats_unless_temporary
+        from flows.progress import live_progress  # Prefect (~3 s)
 
         with live_progress(), heartbeats_unless_temporary(STATE["temporary_server"]):
             summary = getattr(flows_module, flow_name)(run, **options)
@@ -474,7 +480,7 @@ def _import_flows_with_a_server(start_workers: Callable[[], None] | None = None)
     STATE["temporary_server"] = server is not None
     if start_workers is not None and server is None:
         start_workers()
-    import flows.pipeline
+    import flows.pipeline  # Prefect and every stage (~5 s)
 
     _configure_console(say_errors_once=True, temporary_server=server is not None)
     if server is not None:
@@ -489,8 +495,7 @@ def _import_flows_with_a_server(start_workers: Callable[[], None] | None = None)
 def _start_ingest_workers() -> None:
     """Start the fork server of the ingest workers (flows.stage_processes), which imports what they need."""
     if (os.cpu_count() or 1) > 1:
-        from flows.stage_processes import start_fork_server
-        from pipeline.worker_preload import INGEST_PRELOAD
+        from flows.stage_processes import start_fork_server  # multiprocessing (~30 ms): only when stages run
 
         start_fork_server(INGEST_PRELOAD)
 
@@ -501,8 +506,9 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
     Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
     ``runs/<name>``).
     """
+    # pydantic, pyarrow, YAML (~1 s)
     from flows.recipe import DEFAULT_RECIPE, manifest_paths, refuse_changed_recipe, resolve_run
-    from pipeline.manifest import load_manifest, resolve_source_path
+    from pipeline.manifest import load_manifest, resolve_source_path  # pydantic, pyarrow, YAML (~1 s)
 
     run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
     for manifest_path in manifest_paths(run.recipe, run.base):
@@ -515,9 +521,9 @@ def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
 def _refuse_unmatched_sources(run: ResolvedRun) -> None:
     """A source that matches no file (a glob typo) is one line naming it, before Prefect starts (ManifestError from
     :func:`pipeline.ingest.list_source_files`). Sources the run's plan lists already are not walked again."""
-    from flows.recipe import manifest_paths
-    from pipeline.ingest import collect_sources, list_source_files
-    from pipeline.unmatched_source import matched_before
+    from flows.recipe import manifest_paths  # pydantic, pyarrow, YAML (~1 s)
+    from pipeline.ingest import collect_sources, list_source_files  # pydantic, pyarrow, YAML (~1 s)
+    from pipeline.unmatched_source import matched_before  # pydantic, pyarrow, YAML (~1 s)
 
     with warnings.catch_warnings():  # the flow's planning says them, once
         warnings.simplefilter("ignore")
@@ -531,7 +537,6 @@ def _configure_console(*, say_errors_once: bool, temporary_server: bool) -> None
 
     ``--debug`` shows everything; ``--quiet`` shows warnings and errors only.
     """
-    from flows.settings import ConsoleFilter, configure_console
 
     if not STATE["debug"]:
         configure_console(ConsoleFilter(say_errors_once=say_errors_once, hide_view_links=temporary_server),
@@ -544,7 +549,6 @@ def _optional(path: Path | None) -> str | None:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     """The summary as JSON, every float to 4 significant digits (the run dir's files keep full precision)."""
-    from core.numbers import rounded_floats
 
     typer.echo(json.dumps(rounded_floats(summary), indent=2, default=str))
 
@@ -598,8 +602,6 @@ def _exit_on_error(err: Exception) -> NoReturn:
     if isinstance(err, typer.Abort):
         _exit_interrupted()
     if not STATE["debug"] and not isinstance(err, TokenmillError | typer.TyperException):
-        from flows.failures import user_error  # an OS limit on a path, or the temporary server failing for one
-
         err = user_error(err, temporary_server=STATE["temporary_server"]) or err
     if STATE["debug"] or not isinstance(err, TokenmillError | typer.TyperException):
         raise err
@@ -638,7 +640,6 @@ def _exit_interrupted(now: bool = False) -> NoReturn:
 
 def kept_in_run_dir(run_dir: Path) -> str:
     """What an interrupted run leaves to resume from: its newest complete checkpoint and its finished stages."""
-    from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 
     paths = RunPaths(run_dir)
     complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]

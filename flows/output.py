@@ -83,7 +83,7 @@ def write_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: Text
     is never wrapped (folded mid-word, it could not be read back or grepped); the choice of table or records
     still follows the terminal width (``COLUMNS``, else 80).
     """
-    from rich.console import Console
+    from rich.console import Console  # rich (~0.1 s): only when a table is printed
 
     console = Console(file=out, width=width, highlight=False, markup=False, emoji=False)
     cells = [[terminal_text(text_value(value)) for value in row] for row in rows]
@@ -115,8 +115,8 @@ def table_fits(headers: Sequence[str], cells: Sequence[Sequence[str]], width: in
 
 def _print_rich_table(console: Console, headers: Sequence[str], cells: Sequence[Sequence[str]],
                       wrap: bool = True) -> None:
-    from rich.table import Column, Table
-    from rich.text import Text
+    from rich.table import Column, Table  # rich: as above
+    from rich.text import Text  # rich: as above
 
     # Text(), never markup: "[/version]" would crash the table and "[link=…]" become a terminal hyperlink.
     table = Table(*(Column(header=Text(header), overflow="fold", no_wrap=not wrap) for header in headers))

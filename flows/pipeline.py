@@ -37,6 +37,8 @@ from flows.tasks import (
 from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
 from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
+from trainer.downstream import check_tasks
+from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
 SPLITS = ("train", "val")
@@ -165,7 +167,7 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
 
 def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
     """Plan the missing or stale (checkpoint, task) results and compute them; a failure is recorded and logged."""
-    from trainer.eval_checkpoint import val_split_task_fingerprint
+    from trainer.eval_checkpoint import val_split_task_fingerprint  # imports torch: only when evaluating
     from trainer.eval_plan import has_export, plan_evaluation  # imports torch
 
     config, paths = run.recipe.eval, run.paths
@@ -195,8 +197,6 @@ def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str]
     config, paths = run.recipe.eval, run.paths
     if task == VAL_SPLIT_TASK or (task is None and not config.tasks):
         return {}, []
-    from trainer.downstream import check_tasks  # lm-eval imports slowly
-    from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
 
     include, trusted = eval_task_folders(run), run.trust.task_folders
     if task is None:
@@ -214,7 +214,7 @@ def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
     address = dask_address or run.recipe.dask_address
     if address is None:
         return prepare_data(run)
-    from prefect_dask import DaskTaskRunner
+    from prefect_dask import DaskTaskRunner  # dask.distributed (~1 s): only with a Dask address
 
     return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
 

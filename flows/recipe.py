@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from core.bucket_run import working_copy_root
 from core.code_trust import NO_CODE, CodeTrust
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.documents import document_part_files
@@ -24,6 +25,7 @@ from pipeline.manifest import (
     load_manifest,
     portable_manifest,
 )
+from pipeline.objects import check_url, is_remote
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
 from trainer.mixture_config import MixtureScheduleConfig
@@ -119,8 +121,6 @@ def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
     """
     url = run_dir_url(recipe, run_dir)
     if url is not None:
-        from core.bucket_run import working_copy_root
-
         return working_copy_root(url)
     chosen = run_dir or recipe.run_dir or f"runs/{recipe.name}"
     return Path(chosen).resolve()
@@ -128,7 +128,6 @@ def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
 
 def run_dir_url(recipe: RunRecipe, run_dir: str | Path | None) -> str | None:
     """The chosen run dir when it is a URL in a bucket (``--run-dir`` first, then the recipe's), else None."""
-    from pipeline.objects import check_url, is_remote
 
     chosen = str(run_dir or recipe.run_dir or "")
     if not is_remote(chosen):

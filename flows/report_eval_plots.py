@@ -66,7 +66,7 @@ def _plot_series(axes: Any, rows: list[Row], label_of: Callable[[Row], str]) -> 
 
 def _step_ticks(axes: Any, steps: list[int]) -> None:
     """Ticks at the checkpoints' steps (integers; a lone one centred on a padded axis), or integer steps."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib (~0.6 s): only when a plot is drawn
 
     if len(steps) > MAX_STEP_TICKS:
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -16,6 +16,8 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow.compute as pc
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer
 
 from core.rundir import RunPaths, path_inside_run
 from flows.stage_times import read_versions, stage_wall_times
@@ -73,7 +75,6 @@ def _last(rows: list[dict[str, Any]], key: str) -> Any:
 def exported_parameters(paths: RunPaths) -> int | None:
     """Parameters of the exported model, from its safetensors headers (no weights read; tied ones once, as
     the export stores them); None before an export, or when a header does not read (the sample says why)."""
-    from safetensors import SafetensorError, safe_open
 
     files = sorted(paths.model.glob("*.safetensors")) if paths.model.is_dir() else []
     if not files or not all(readable(paths, path) for path in files):
@@ -112,7 +113,6 @@ def vocab_use(paths: RunPaths, con: duckdb.DuckDBPyConnection) -> dict[str, int]
 def _vocab_size(paths: RunPaths) -> int | None:
     if not readable(paths, paths.tokenizer):
         return None
-    from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(paths.tokenizer)).get_vocab_size()
 

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from flows.report_eval_plots import plot_eval_sources, plot_eval_tasks
 
 PLOTS: dict[str, str] = {
@@ -43,7 +45,7 @@ def import_in_background() -> None:
     """
     def import_matplotlib() -> None:
         with contextlib.suppress(Exception):
-            import matplotlib.backends.backend_agg
+            import matplotlib.backends.backend_agg  # the thread's work: matplotlib imported ahead
             import matplotlib.figure  # noqa: F401  (most of pyplot's import; pyplot itself picks a backend)
 
     threading.Thread(target=import_matplotlib, name="import-matplotlib", daemon=True).start()
@@ -61,10 +63,10 @@ def render_png(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any]
 def drawn_figure(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, Any],
                  figsize: tuple[float, float]) -> Iterator[Any]:
     """The matplotlib figure of one plot as the report draws it (Agg, no mathtext), closed after the block."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.6 s): only when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib (~0.6 s): only when a plot is drawn
 
     # Source names label the axes: "$...$" in one must be drawn as it is, not parsed (a bad formula raised).
     with matplotlib.rc_context({"text.parse_math": False}):
@@ -82,6 +84,7 @@ def drawn_figure(plot: Callable[[Any, dict[str, Any]], None], data: dict[str, An
 def _plain_log_ticks(axes: Any) -> None:
     """Log-scale ticks as plain numbers: their default labels are mathtext (``$\\mathdefault{10^{1}}$``), which
     is drawn as that raw text once math parsing is off."""
+    # matplotlib (~0.6 s): only when a plot is drawn
     from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
     for axis in (axes.xaxis, axes.yaxis):
@@ -134,7 +137,6 @@ def _tokens_seen(train: list[dict[str, Any]]) -> tuple[list[float], list[float]]
 
 def _interp(x: Any, xp: list[float], fp: list[float]) -> Any:
     """Piecewise-linear through ``(xp, fp)``, extended past both ends along the end segments (axis margins)."""
-    import numpy as np
 
     x = np.asarray(x, dtype=float)
     low = (fp[1] - fp[0]) / (xp[1] - xp[0])
@@ -241,7 +243,7 @@ def _top_reasons(rejects: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 def _reason_colors(count: int) -> list[Any]:
     """Set2, unlike the sources' tab10 colors on the left; its 8th color (gray) falls on "other"."""
-    import matplotlib
+    import matplotlib  # matplotlib (~0.6 s): only when a plot is drawn
 
     palette = matplotlib.colormaps["Set2"].colors
     return [palette[i % len(palette)] for i in range(count)]

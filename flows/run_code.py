@@ -12,7 +12,9 @@ from pathlib import Path
 
 from core.errors import ConfigError
 from core.eval_results import VAL_SPLIT_TASK
-from flows.recipe import ResolvedRun
+from flows.recipe import ResolvedRun, model_source
+from trainer.eval_tasks import include_dirs, recorded_include
+from trainer.task_folder_code import refuse_code_in_task_folders
 
 
 def eval_task_folders(run: ResolvedRun) -> list[Path]:
@@ -22,7 +24,6 @@ def eval_task_folders(run: ResolvedRun) -> list[Path]:
     ``tokenmill eval RUN_DIR`` (no recipe folder: the base is the run dir) the folders the eval-tasks stage
     resolved and recorded when the data were prepared.
     """
-    from trainer.eval_tasks import include_dirs, recorded_include
 
     recorded = recorded_include(run.paths) if run.base == run.paths.root else None
     return recorded or include_dirs(run.paths, run.recipe.eval, run.base)
@@ -37,7 +38,6 @@ def refuse_untrusted_code(run: ResolvedRun, task: str | None = None) -> None:
     """ConfigError (one line naming the file and key) when evaluating ``task`` (default every ``eval.tasks``)
     would run code the user did not name: a construct that runs code in a task folder not trusted, or model
     code :func:`refuse_untrusted_model_code` refuses."""
-    from trainer.task_folder_code import refuse_code_in_task_folders
 
     if task not in (None, VAL_SPLIT_TASK) or (task is None and run.recipe.eval.tasks):
         folders = [folder for folder in [*eval_task_folders(run), run.paths.eval_tasks] if folder.is_dir()]
@@ -52,13 +52,12 @@ def refuse_untrusted_model_code(run: ResolvedRun) -> None:
     base_model_config = run.paths.base_model / "config.json"
     if not (run.recipe.model.is_hugging_face and base_model_config.is_file()):
         return
-    from flows.recipe import model_source
-    from trainer.hf_model import refuse_model_code
+    from trainer.hf_model import refuse_model_code  # imports torch: only for a Hugging Face model
 
     refuse_model_code(base_model_config, run.trust.model_code)
     source = model_source(run.recipe, run.base)
     if run.trust.model_code and source is not None:
-        from trainer.base_model import code_differences
+        from trainer.base_model import code_differences  # imports torch: only for remote code
 
         if differing := code_differences(source, run.paths.base_model):
             raise ConfigError(f"{run.paths.base_model / differing[0]}: not the file of the model folder the recipe "

@@ -30,7 +30,7 @@ the other's work pool and parameters without a word."""
 
 def serve_deployments(recipe: str | None = None, run_dir: str | None = None, limit: int = 1) -> None:
     """Block, serving every deployment; ``recipe``/``run_dir`` override the yaml's default parameters."""
-    from prefect import serve
+    from prefect import serve  # Prefect (~3 s): only `tokenmill serve`
 
     serve(*served_deployments(recipe, run_dir), limit=limit)
 
@@ -38,7 +38,7 @@ def serve_deployments(recipe: str | None = None, run_dir: str | None = None, lim
 def served_deployments(recipe: str | None = None, run_dir: str | None = None) -> list[Any]:
     """prefect.yaml's deployments of ``data-to-model`` as ``tokenmill serve`` registers them: named apart
     (SERVED_SUFFIX), with their schedules, ``recipe``/``run_dir`` overriding the yaml's parameters."""
-    from flows.pipeline import data_to_model
+    from flows.pipeline import data_to_model  # Prefect and every stage: only `tokenmill serve`
 
     deployments = []
     for spec in load_deployment_specs():
@@ -56,7 +56,7 @@ def served_deployments(recipe: str | None = None, run_dir: str | None = None) ->
 
 def cron_schedules(spec: dict[str, Any]) -> list[Any]:
     """The deployment's active cron schedules with their time zones (as `prefect deploy` reads them)."""
-    from prefect.schedules import Cron
+    from prefect.schedules import Cron  # Prefect (~3 s): only `tokenmill serve`
 
     return [Cron(schedule["cron"], timezone=schedule.get("timezone"), day_or=schedule.get("day_or", True))
             for schedule in spec.get("schedules") or [] if "cron" in schedule and schedule.get("active", True)]

@@ -128,6 +128,7 @@ def start_temporary_server(*, log_to_terminal: bool = False) -> TemporaryServer 
     Prefect starts its own when it needs one, and guard_temporary_server guards it). The server's own output
     (its tracebacks of failed requests) goes to an unnamed temporary file unless ``log_to_terminal`` (--debug).
     """
+    # not at the top: this file also runs by path, where `flows` may be another package
     from flows.settings import TOKENMILL_PREFECT_HOME_ENV
 
     if "prefect" in sys.modules:  # too late to name a server to Prefect: it starts its own (guard_temporary_server)
@@ -195,10 +196,12 @@ def guard_temporary_server() -> None:
     Does nothing when a server is configured (``PREFECT_API_URL``), when temporary servers are switched
     off, or when Prefect already started its own (it keeps serving this process).
     """
+    # not at import: Prefect is imported only after start_temporary_server (it reads PREFECT_API_URL once)
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
+    # Prefect's server module (~3 s): only where Prefect starts its own
     from prefect.server.api.server import SubprocessASGIServer
 
     current = SubprocessASGIServer._instances.get(None)
@@ -215,15 +218,16 @@ def _guarded_server_class() -> type:
     Defined on first use: importing Prefect's server module costs ~3 s, paid only where Prefect would
     import it anyway (a flow with no server configured).
     """
+    # Prefect's server module (~3 s): only where Prefect starts its own
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
+    from prefect.settings import get_current_settings  # Prefect: as above
 
     class GuardedTemporaryServer(SubprocessASGIServer):
         _instances: dict[int | None, Any] = {}  # its own registry: constructing one never returns Prefect's
 
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
             """Prefect's command and environment (``SubprocessASGIServer._run_uvicorn_command``), guarded."""
-            import prefect
+            import prefect  # loaded already: this class subclasses Prefect's
 
             uvicorn_args = ["--app-dir", str(prefect.__module_path__.parent), "--factory",
                             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port",
@@ -260,7 +264,7 @@ def serve_on_free_port(parent_pid: int, port_fd: int, app: str) -> None:
     listener.listen(128)
     with os.fdopen(port_fd, "w") as report:
         report.write(f"{listener.getsockname()[1]}\n")
-    import uvicorn
+    import uvicorn  # uvicorn: only in the server's own process
 
     uvicorn.Server(uvicorn.Config(app, factory=True, log_level="error", lifespan="on")).run(sockets=[listener])
 

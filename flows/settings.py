@@ -84,8 +84,8 @@ def heartbeats_unless_temporary(temporary_server: bool) -> Iterator[None]:
     if not temporary_server:
         yield
         return
-    import prefect.settings
-    from prefect.settings import temporary_settings
+    import prefect.settings  # Prefect, after configure_environment has set what it reads
+    from prefect.settings import temporary_settings  # Prefect: as above
 
     with temporary_settings(updates={prefect.settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield

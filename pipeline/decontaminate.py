@@ -32,6 +32,7 @@ from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, doc_id_for
 from core.errors import ConfigError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import REJECTS_SCHEMA
+from pipeline import minhash
 from pipeline.config import DecontaminateConfig
 from pipeline.dedupe import DocsPart, finished_parts
 from pipeline.manifest import SourceConfig
@@ -181,7 +182,6 @@ def val_quoting_earlier_train(new_parts: list[DocsPart], earlier_parts: list[Doc
     reached the shards (dedupe-removed or contaminated). Every new val document holding a shared n-gram is
     found, not only the first; the ``max_ngram_train_docs`` boilerplate rule applies as for train documents.
     """
-    from pipeline import minhash  # numba's compiled loops: loaded only when there is text to check
     hashes, owners, positions, owner_docs = [], [], [], []
     for part in new_parts:
         for batch in _kept_batches([part.path], removed, "val", ["doc_id", "text", "split"]):
@@ -217,7 +217,6 @@ def document_ngrams(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.n
 
     Documents shorter than ``ngram`` words have none (they cannot share a long n-gram with anything).
     """
-    from pipeline import minhash  # numba's compiled loops: loaded only when there is text to check
     words, word_offsets = minhash.whitespace_word_hashes(texts)
     ngrams, offsets = minhash.shingle_hashes(words, word_offsets, ngram)
     short = np.diff(word_offsets) < ngram
@@ -240,7 +239,6 @@ def _add_reference(texts: pa.Array, labels_of_texts: list[str], ngram: int, hash
 
 def find_matches(parts: list[DocsPart], removed: pa.Array, reference: ReferenceNgrams, ngram: int) -> TrainMatches:
     """Every kept train document of ``parts`` that shares at least one n-gram with the reference."""
-    from pipeline import minhash  # numba's compiled loops: loaded only when there is text to check
     matches = TrainMatches()
     for part in parts:
         for batch in _kept_batches([part.path], removed, "train", ["doc_id", "text", "split"]):
@@ -278,7 +276,6 @@ def choose_contaminated(matches: TrainMatches, reference: ReferenceNgrams, max_t
 
 def boilerplate_slots(matches: TrainMatches, num_slots: int, max_train_docs: int | None) -> np.ndarray:
     """Per reference n-gram: found in more than ``max_train_docs`` of the matched train documents (never when None)."""
-    from pipeline import minhash  # numba's compiled loops: loaded only when there is text to check
     if max_train_docs is None or not matches.slots:
         return np.zeros(num_slots, dtype=bool)
     docs_per_slot = np.bincount(np.concatenate([minhash.sorted_unique(slots) for slots in matches.slots]),

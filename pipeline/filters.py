@@ -17,7 +17,9 @@ import numpy as np
 import xxhash
 
 from core.schemas import NON_FILTER_REJECT_REASONS
+from pipeline.language import detect_language
 from pipeline.manifest import FilterConfig
+from pipeline.quality_classifier import loaded_classifier
 from pipeline.web_filters import (
     LazyStatistics,
     NotMeasured,
@@ -272,7 +274,6 @@ def _decide_duplicate_lines(values: Mapping[str, Any], filters: FilterConfig) ->
 def _measure_language(document: MeasuredText, filters: FilterConfig) -> Attributes:
     if filters.language is None:
         return {}
-    from pipeline.language import detect_language  # fastText: loaded only by a manifest that asks for it
 
     code, score = detect_language(document.text)
     return {"language": code, "language_score": score}
@@ -357,7 +358,6 @@ def _measure_quality_score(document: MeasuredText, filters: FilterConfig) -> Att
     config = filters.quality_classifier
     if config is None:
         return {}
-    from pipeline.quality_classifier import loaded_classifier  # fastText: loaded only by a manifest that asks
 
     assert config.sha256 is not None  # filled in by load_manifest with the model file
     return {"quality_score": loaded_classifier(config.model_file(), config.sha256).score(document.text, config.label)}

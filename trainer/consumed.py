@@ -74,7 +74,7 @@ def _replay(launch: Launch, spikes: set[int], rolled_back: list[tuple[int, int]]
     """The launch's surviving steps, read off a loader set up as the launch set its own up."""
     # The trainer's own mixture construction, from the section as the trainer validates it (train.py imports
     # everything this module does, and the trainer never imports this module).
-    from trainer.train import MIXTURE_SECTIONS, TrainerSections, build_mixture
+    from trainer.train import MIXTURE_SECTIONS, TrainerSections, build_mixture  # imports torch: only for this view
 
     record = launch.record
     shards = record["shards"]

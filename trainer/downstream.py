@@ -148,9 +148,9 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: C
     with working_directory(data_root):
         manager = task_manager(include_dirs, trusted)
         load_checked_tasks(manager, name, trusted)
-        import lm_eval
+        import lm_eval  # lm-eval (~5 s): only when a task runs
 
-        from trainer.lm_eval_progress import CountingHFLM
+        from trainer.lm_eval_progress import CountingHFLM  # imports lm-eval and transformers
 
         logging.getLogger("lm_eval").setLevel(logging.WARNING)
         # What simple_evaluate(model="hf", model_args=…, batch_size=…, device=…) builds, as lm-eval's command does.

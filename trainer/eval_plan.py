@@ -19,6 +19,7 @@ from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, is_current
 from core.rundir import RunPaths
 from trainer.checkpoint import verify_checkpoint
 from trainer.config import EvalConfig
+from trainer.downstream import run_task
 from trainer.export import exported_step
 
 
@@ -77,7 +78,6 @@ def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: st
     line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
     folders whose code may run (:func:`trainer.downstream.run_task`); ``on_progress(requests scored, requests)``
     while lm-eval runs."""
-    from trainer.downstream import run_task  # lm-eval imports slowly
 
     try:
         results = run_task(model_folder(paths, step), task, include, trusted=trusted, batch_size=config.batch_size,

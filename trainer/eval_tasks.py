@@ -27,6 +27,7 @@ from core.documents import document_part_files, document_part_marker, iter_docum
 from core.errors import ConfigError
 from core.rundir import RunPaths, file_stats, fingerprint
 from trainer.config import EvalConfig
+from trainer.downstream import checked_tasks, task_texts
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.next_line_task import next_line_items, write_next_line_task
 
@@ -74,7 +75,6 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
         return {**unchanged, "skipped": True}  # the built-in task's files too are as the last check left them
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
-    from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named
 
     task_fps, data_files = checked_tasks(list(config.tasks), folders, trusted, data_root=paths.root)
     record = {"data_files": [_recorded(paths, paths.root / path) for path in data_files]}

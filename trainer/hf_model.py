@@ -52,8 +52,8 @@ def read_config_dict(path: Path) -> dict[str, Any]:
 
 def load_causal_lm_config(path: Path, trust_remote_code: bool = False) -> Any:
     """The ``transformers`` config of a causal LM at ``path`` (a folder or a config.json); ConfigError otherwise."""
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers import AutoConfig  # transformers: ~5 s, HF models only
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # transformers: ~5 s, HF models only
 
     file = config_file(path)
     refuse_model_code(file, trust_remote_code)
@@ -86,7 +86,7 @@ def check_causal_lm(config: Any, file: Path) -> None:
 
     Encoders that also have a causal-LM head (BERT, RoBERTa, …) count only with ``is_decoder: true``.
     """
-    from transformers.models.auto.modeling_auto import (
+    from transformers.models.auto.modeling_auto import (  # transformers: ~5 s, HF models only
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
@@ -154,7 +154,7 @@ def read_weights(files: list[Path], headers_only: bool = False) -> dict[str, tor
 
 def build_hf_model(config: Any, seed: int) -> nn.Module:
     """A freshly initialised causal LM in fp32; the same seed gives the same weights (init is seeded locally)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers: ~5 s, HF models only
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -231,8 +231,8 @@ def checkpoint_renaming(model: nn.Module) -> Callable[[str], str]:
     (GPT-NeoX/Pythia: ``embed_out.weight`` in the files is the model's ``lm_head.weight``). Only renamings
     apply: a checkpoint that needs a tensor conversion (fused experts, …) fails the name check below.
     """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, rename_source_key
+    from transformers.conversion_mapping import get_model_conversion_mapping  # transformers: ~5 s, HF models only
+    from transformers.core_model_loading import WeightConverter, rename_source_key  # transformers: ~5 s, HF models only
 
     renamings = [t for t in get_model_conversion_mapping(model) if not isinstance(t, WeightConverter)]
     return lambda name: rename_source_key(name, renamings, [])[0]

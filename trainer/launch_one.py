@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     _, environment = prepare_simple_launcher_cmd_env(checked)
     os.environ.clear()
     os.environ.update(environment)
-    import torch
+    import torch  # after os.environ is the launcher's: torch reads it on import
 
     torch.set_num_threads(int(environment["OMP_NUM_THREADS"]))  # torch read the variable before it was set
     sys.argv = [checked.training_script, *checked.training_script_args]

@@ -53,8 +53,8 @@ def task_manager(include_dirs: list[Path], trusted: Collection[Path] = ()) -> An
             raise ConfigError(f"eval.include folder {folder} does not exist or is not a folder; create it or "
                               "remove it from eval.include")
     refuse_code_in_task_folders(include_dirs, trusted)
-    from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks import TaskManager  # lm-eval (~5 s): only when tasks are named
+    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval (~5 s): only when tasks are named
 
     for yaml_path in task_yaml_files(include_dirs):
         try:
@@ -87,7 +87,7 @@ def load_checked_tasks(manager: Any, name: str, trusted: Collection[Path] = ()) 
 def _load_config(yaml_path: Path, name: str, resolving: frozenset[Path]) -> dict[str, Any]:
     """The YAML as lm-eval's factory reads it (includes merged; ``!function`` imported only in a folder of
     ``resolving``, the trusted ones)."""
-    from lm_eval.tasks._yaml_loader import load_yaml
+    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval (~5 s): only when tasks are named
 
     resolve = any(Path(yaml_path).resolve().is_relative_to(folder) for folder in resolving)
     try:
@@ -103,7 +103,7 @@ def _leaves(registry: dict[str, Any], name: str, overrides: dict[str, Any], yaml
 
     Walked here, before lm-eval builds anything, because building a task downloads its dataset.
     """
-    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._index import Kind  # lm-eval (~5 s): only when tasks are named
 
     entry = registry.get(name)
     if entry is None:
@@ -121,7 +121,7 @@ def _leaves(registry: dict[str, Any], name: str, overrides: dict[str, Any], yaml
 def _group_leaves(registry: dict[str, Any], group: str, raw: dict[str, Any], overrides: dict[str, Any],
                   yaml_path: Path | None, resolving: frozenset[Path]) -> list[_Leaf]:
     """A group's members: registered names and inline task or group dicts (group-level keys override theirs)."""
-    from lm_eval.tasks._factory import GROUP_FIELD_NAMES
+    from lm_eval.tasks._factory import GROUP_FIELD_NAMES  # lm-eval (~5 s): only when tasks are named
 
     merged = {**{key: value for key, value in raw.items() if key not in GROUP_FIELD_NAMES}, **overrides}
     leaves: list[_Leaf] = []
@@ -192,7 +192,7 @@ def _files_under(path: Path) -> list[Path]:
 def _check_metrics(leaf: _Leaf) -> None:
     """Refuse a metric lm-eval would fetch from the Hugging Face evaluate hub (unknown or ``hf_evaluate``)."""
     from lm_eval.api import metrics as _registers_metrics  # noqa: F401 (importing it fills the registry)
-    from lm_eval.api.registry import metric_registry
+    from lm_eval.api.registry import metric_registry  # lm-eval (~5 s): only when tasks are named
 
     if leaf.config.get("process_results") is not None:
         return  # lm-eval looks no metric up when the task computes its own
@@ -207,7 +207,7 @@ def _check_metrics(leaf: _Leaf) -> None:
 def _unknown_task_message(name: str, registry: dict[str, Any], yaml_path: Path | None) -> str:
     builtin = _builtin_task_yaml(name)
     if builtin is not None:
-        from lm_eval.tasks._yaml_loader import load_yaml
+        from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval (~5 s): only when tasks are named
 
         dataset = load_yaml(builtin, resolve_func=False).get("dataset_path")
         return (f"eval task {name!r} is a built-in lm-eval task reading the Hugging Face Hub dataset {dataset!r}, "
@@ -222,7 +222,7 @@ def _unknown_task_message(name: str, registry: dict[str, Any], yaml_path: Path |
 
 def _builtin_task_yaml(name: str) -> Path | None:
     """The YAML of lm-eval's built-in task or group ``name``, found by text (its index takes ~20 s to build)."""
-    import lm_eval.tasks
+    import lm_eval.tasks  # lm-eval (~5 s): only when tasks are named
 
     declaration = re.compile(rf"^(task|group):\s*[\"']?{re.escape(name)}[\"']?\s*$", re.MULTILINE)
     for path in sorted(Path(lm_eval.tasks.__file__).parent.rglob("*.yaml")):

@@ -186,14 +186,14 @@ class HuggingFaceSpec:
     def export_weights(self, model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Tied weights left out and transformers' load-time renamings reverted, as ``save_pretrained`` writes them
         (a GPT-NeoX export holds ``embed_out.weight``, not the in-memory ``lm_head.weight``)."""
-        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.core_model_loading import revert_weight_conversion  # transformers: ~5 s, HF models only
 
         tied = tied_names(model)
         return revert_weight_conversion(model, {name: t for name, t in state_dict.items() if name not in tied})
 
 
 def _class_of(config: Any) -> type:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers: ~5 s, HF models only
 
     return AutoModelForCausalLM._model_mapping[type(config)]
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
 from accelerate.state import PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -112,7 +112,6 @@ def deepspeed_plugin(train: TrainConfig, run_dir: Path | None, on_gpu: bool) -> 
     if train.precision != "fp32":
         raise ConfigError("train.deepspeed_config: DeepSpeed sets the precision from its JSON (bf16.enabled / "
                           "fp16.enabled); set train.precision: fp32 in the recipe.")
-    from accelerate.utils import DeepSpeedPlugin
 
     return DeepSpeedPlugin(hf_ds_config=str(path))
 

@@ -154,7 +154,7 @@ class EnergyMeter:
 
     def _open_nvml(self, device: torch.device) -> Exception | None:
         try:
-            import pynvml
+            import pynvml  # the [gpu] extra: only on an NVIDIA GPU
 
             pynvml.nvmlInit()
             self._nvml = pynvml

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accelerate.tracking import GeneralTracker
+from accelerate.tracking import GeneralTracker, MLflowTracker, TensorBoardTracker, TrackioTracker, WandBTracker
 
 from core.rundir import RunPaths
 
@@ -113,14 +113,11 @@ def flatten_config(recipe: dict[str, Any], prefix: str = "") -> dict[str, str | 
 
 
 def tensorboard_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
-    from accelerate.tracking import TensorBoardTracker
-
     return TensorBoardTracker(TRACKER_PROJECT, logging_dir=str(paths.tensorboard))
 
 
 def wandb_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
     """Offline into ``metrics/wandb/`` unless WANDB_MODE / WANDB_DIR say otherwise; resumes the stored run id."""
-    from accelerate.tracking import WandBTracker
 
     options: dict[str, Any] = {"name": paths.root.name, "id": ids.get("wandb_run_id") or uuid.uuid4().hex[:16],
                                "resume": "allow"}
@@ -142,8 +139,7 @@ def mlflow_uri(paths: RunPaths) -> str:
 
 def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
     """A run in experiment ``project``; continues the stored run when it was made in the same store."""
-    import mlflow
-    from accelerate.tracking import MLflowTracker
+    import mlflow  # the [trackers] extra: only when train.trackers names it
 
     user_uri = os.environ.get("MLFLOW_TRACKING_URI")
     store = user_uri or RUN_DIR_STORE  # no absolute path kept in the run dir
@@ -160,7 +156,6 @@ def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> Genera
 
 def trackio_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
     """A local trackio project in ``metrics/trackio/`` unless TRACKIO_DIR is set; resumes the run of this name."""
-    from accelerate.tracking import TrackioTracker
 
     target = Path(os.environ.get("TRACKIO_DIR") or paths.trackio)
     saved = os.environ.get("TRACKIO_DIR")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import Field, ValidationError, model_validator
@@ -397,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
 def leave_process_group() -> None:
     """Tear the process group down before exit: gloo threads alive at interpreter exit can abort a rank
     ("terminate called without an active exception") after training has already finished."""
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
