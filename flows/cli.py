@@ -276,7 +276,6 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
 
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
-
     check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
     from trainer.generate import generate_text, load_exported_model  # imports torch
 
@@ -537,7 +536,6 @@ def _configure_console(*, say_errors_once: bool, temporary_server: bool) -> None
 
     ``--debug`` shows everything; ``--quiet`` shows warnings and errors only.
     """
-
     if not STATE["debug"]:
         configure_console(ConsoleFilter(say_errors_once=say_errors_once, hide_view_links=temporary_server),
                           quiet=STATE["quiet"])
@@ -549,7 +547,6 @@ def _optional(path: Path | None) -> str | None:
 
 def _print_summary(summary: dict[str, Any]) -> None:
     """The summary as JSON, every float to 4 significant digits (the run dir's files keep full precision)."""
-
     typer.echo(json.dumps(rounded_floats(summary), indent=2, default=str))
 
 
@@ -640,7 +637,6 @@ def _exit_interrupted(now: bool = False) -> NoReturn:
 
 def kept_in_run_dir(run_dir: Path) -> str:
     """What an interrupted run leaves to resume from: its newest complete checkpoint and its finished stages."""
-
     paths = RunPaths(run_dir)
     complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]
     markers = paths.stages.iterdir() if paths.stages.is_dir() else []

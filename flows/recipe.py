@@ -128,7 +128,6 @@ def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
 
 def run_dir_url(recipe: RunRecipe, run_dir: str | Path | None) -> str | None:
     """The chosen run dir when it is a URL in a bucket (``--run-dir`` first, then the recipe's), else None."""
-
     chosen = str(run_dir or recipe.run_dir or "")
     if not is_remote(chosen):
         return None

@@ -75,7 +75,6 @@ def _last(rows: list[dict[str, Any]], key: str) -> Any:
 def exported_parameters(paths: RunPaths) -> int | None:
     """Parameters of the exported model, from its safetensors headers (no weights read; tied ones once, as
     the export stores them); None before an export, or when a header does not read (the sample says why)."""
-
     files = sorted(paths.model.glob("*.safetensors")) if paths.model.is_dir() else []
     if not files or not all(readable(paths, path) for path in files):
         return None

@@ -137,7 +137,6 @@ def _tokens_seen(train: list[dict[str, Any]]) -> tuple[list[float], list[float]]
 
 def _interp(x: Any, xp: list[float], fp: list[float]) -> Any:
     """Piecewise-linear through ``(xp, fp)``, extended past both ends along the end segments (axis margins)."""
-
     x = np.asarray(x, dtype=float)
     low = (fp[1] - fp[0]) / (xp[1] - xp[0])
     high = (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])

@@ -24,7 +24,6 @@ def eval_task_folders(run: ResolvedRun) -> list[Path]:
     ``tokenmill eval RUN_DIR`` (no recipe folder: the base is the run dir) the folders the eval-tasks stage
     resolved and recorded when the data were prepared.
     """
-
     recorded = recorded_include(run.paths) if run.base == run.paths.root else None
     return recorded or include_dirs(run.paths, run.recipe.eval, run.base)
 
@@ -38,7 +37,6 @@ def refuse_untrusted_code(run: ResolvedRun, task: str | None = None) -> None:
     """ConfigError (one line naming the file and key) when evaluating ``task`` (default every ``eval.tasks``)
     would run code the user did not name: a construct that runs code in a task folder not trusted, or model
     code :func:`refuse_untrusted_model_code` refuses."""
-
     if task not in (None, VAL_SPLIT_TASK) or (task is None and run.recipe.eval.tasks):
         folders = [folder for folder in [*eval_task_folders(run), run.paths.eval_tasks] if folder.is_dir()]
         refuse_code_in_task_folders(folders, run.trust.task_folders)

@@ -205,7 +205,6 @@ def checked_classifier(config: QualityClassifierConfig, manifest_path: str | Pat
 
     Raises :class:`ManifestError` naming ``filters.quality_classifier.path``, ``.label`` or ``.sha256``.
     """
-
     key = f"{manifest_path}: filters.quality_classifier"
     model_file = Path(config.path)
     if not model_file.is_absolute():

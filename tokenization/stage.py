@@ -85,7 +85,7 @@ def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], 
 def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
     """Numbers of the recorded shards that are missing or whose sha256 differs from the one recorded.
 
-    Each file is hashed once per version (:func:`core.shard_check.file_sha256`: in this process, or cached by
+    Each file is hashed once per version (:func:`core.file_digests.file_sha256`: in this process, or cached by
     device, inode, size, mtime and ctime outside the run dir), so a skipped pair costs a ``stat`` per shard.
     """
     return {number for number, info in enumerate(state["shards"]) if not shard_intact(paths.root, ShardInfo(**info))}

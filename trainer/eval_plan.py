@@ -78,7 +78,6 @@ def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: st
     line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
     folders whose code may run (:func:`trainer.downstream.run_task`); ``on_progress(requests scored, requests)``
     while lm-eval runs."""
-
     try:
         results = run_task(model_folder(paths, step), task, include, trusted=trusted, batch_size=config.batch_size,
                            limit=config.limit, data_root=paths.root, on_progress=on_progress)

@@ -118,7 +118,6 @@ def tensorboard_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> G
 
 def wandb_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
     """Offline into ``metrics/wandb/`` unless WANDB_MODE / WANDB_DIR say otherwise; resumes the stored run id."""
-
     options: dict[str, Any] = {"name": paths.root.name, "id": ids.get("wandb_run_id") or uuid.uuid4().hex[:16],
                                "resume": "allow"}
     if "WANDB_MODE" not in os.environ:
@@ -156,7 +155,6 @@ def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> Genera
 
 def trackio_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
     """A local trackio project in ``metrics/trackio/`` unless TRACKIO_DIR is set; resumes the run of this name."""
-
     target = Path(os.environ.get("TRACKIO_DIR") or paths.trackio)
     saved = os.environ.get("TRACKIO_DIR")
     os.environ["TRACKIO_DIR"] = str(target)  # trackio reads it once, when first imported

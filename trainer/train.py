@@ -398,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
 def leave_process_group() -> None:
     """Tear the process group down before exit: gloo threads alive at interpreter exit can abort a rank
     ("terminate called without an active exception") after training has already finished."""
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
