@@ -26,8 +26,8 @@ from core.atomic import read_json
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths, file_stats, fingerprint
+from trainer import downstream  # its functions called through the module: tests spy on them there
 from trainer.config import EvalConfig
-from trainer.downstream import checked_tasks, task_texts
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.next_line_task import next_line_items, write_next_line_task
 
@@ -76,7 +76,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
     if NEXT_LINE_TASK in config.tasks:
         write_builtin_task(paths, config)
 
-    task_fps, data_files = checked_tasks(list(config.tasks), folders, trusted, data_root=paths.root)
+    task_fps, data_files = downstream.checked_tasks(list(config.tasks), folders, trusted, data_root=paths.root)
     record = {"data_files": [_recorded(paths, paths.root / path) for path in data_files]}
     record["inputs"] = _inputs_fingerprint(paths, settings, folders, record["data_files"])
     run_fp = fingerprint(settings, sorted(task_fps.items()))
@@ -86,7 +86,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
         return {**done, "skipped": True}
     num_items = {}
     for name in sorted(task_fps):
-        texts = task_texts(name, folders, trusted, data_root=paths.root)
+        texts = downstream.task_texts(name, folders, trusted, data_root=paths.root)
         num_items[name] = len(texts)
         paths.write_text(paths.eval_text(name),
                          "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
