@@ -1,14 +1,15 @@
 """Filter stage data: datatrove 0.10's punctuation sets (``datatrove/utils/text.py``), which the web-grade filters
 (:mod:`pipeline.web_filters`) read as datatrove does. Generated from them, not edited, and kept as data
-(``data/punctuation.json``, package data read once here); ``tests/pipeline/test_generated_data.py`` compares them
+(``data/punctuation.json``, package data read once here, found by this file's path as
+:mod:`pipeline.english_exceptions` says); ``tests/pipeline/test_generated_data.py`` compares them
 with datatrove's."""
 
 from __future__ import annotations
 
 import json
-from importlib.resources import files
+from pathlib import Path
 
-_SETS: dict[str, str] = json.loads(files("pipeline").joinpath("data", "punctuation.json").read_text(encoding="utf-8"))
+_SETS: dict[str, str] = json.loads((Path(__file__).parent / "data" / "punctuation.json").read_text(encoding="utf-8"))
 
 TERMINAL_PUNCTUATION = frozenset(_SETS["terminal_punctuation"])
 """Characters that end a sentence in some script (Unicode Sentence_Terminal): FineWeb's ``line_punct_ratio``."""

@@ -5,6 +5,8 @@ read must be what the filters were generated from, and the files must ship in a 
 from __future__ import annotations
 
 import fnmatch
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -27,6 +29,26 @@ def test_the_special_cases_are_spacys() -> None:
 def test_the_punctuation_sets_are_datatroves() -> None:
     assert frozenset(datatrove_text.TERMINAL_PUNCTUATION) == TERMINAL_PUNCTUATION
     assert frozenset(datatrove_text.PUNCTUATION_SET) == PUNCTUATION
+
+
+SHADOWED = """
+import importlib.util, sys
+spec = importlib.util.spec_from_loader("pipeline", None, is_package=True)
+spec.submodule_search_locations = [sys.argv[1], sys.argv[2]]
+sys.modules["pipeline"] = importlib.util.module_from_spec(spec)
+from pipeline.english_exceptions import SPECIAL_CASES
+from pipeline.punctuation import PUNCTUATION
+print(len(SPECIAL_CASES), len(PUNCTUATION))
+"""
+
+
+def test_the_data_is_found_when_the_name_pipeline_is_another_module(tmp_path: Path) -> None:
+    """Prefect loads a deployment's ``flows/pipeline.py`` as the module ``pipeline`` (searching ``flows/`` first):
+    data found by the package's name was looked for in ``flows/data/`` and every served run crashed."""
+    found = subprocess.run([sys.executable, "-c", SHADOWED, str(tmp_path), str(REPO / "pipeline")], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == [str(len(SPECIAL_CASES)), str(len(PUNCTUATION))]
 
 
 def package_data_patterns() -> dict[str, list[str]]:
