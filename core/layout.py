@@ -2,7 +2,7 @@
 directory").
 
 Every other module asks :class:`RunLayout` (through :class:`core.rundir.RunPaths`, which adds the writes and the
-lock) for a path, or :data:`RELATIVE` and :func:`key` for the same name relative to the run dir (a bucket key, a
+lock) for a path, or :data:`RELATIVE` and :func:`run_key` for the same name relative to the run dir (a bucket key, a
 file-stats entry); ``tests/test_run_dir_layout.py`` holds the rule with ``ast``. Reading only: nothing here
 touches the disk, so the object-store side and the flows can use it without a local run dir.
 """
@@ -21,6 +21,13 @@ TOKENIZER_FILE = "tokenizer.json"
 """A Hugging Face ``tokenizers`` file: ``tokenizer/tokenizer.json`` and the one in every model folder."""
 CHECKPOINT_MANIFEST = "manifest.json"
 """Written last into a checkpoint folder (trainer.checkpoint_layout): a folder without it is incomplete."""
+
+# Names other modules (and tests) use on their own, beside the paths built from them.
+DUPLICATES_FILE = "duplicates.parquet"
+CONTAMINATED_FILE = "contaminated.parquet"
+CLUSTERS_FILE = "clusters.parquet"
+MINHASH_DIR = "minhash"
+BANDS_DIR = "bands"
 
 SHARD_LAYOUT = "shards/split=<train|val>/source=<source name>/part-NNNNN.arrow"
 """Where shards live, as error messages show it (:meth:`RunLayout.shard` builds it)."""
@@ -47,11 +54,24 @@ MIRROR_STATE_SUFFIX = ".mirror.json"
 run dir's name gets (core.path_limits)."""
 UNMIRRORED_FOLDERS = ("checkpoints/", "model/", "eval/models/")
 """Key prefixes of weights a mirror leaves out (their small JSON files are mirrored)."""
+PUBLISH_TIERS = (("shards/index.parquet",), ("checkpoints/step-", f"/{CHECKPOINT_MANIFEST}"), ("checkpoints/latest",),
+                 ("stages/",), ("stages/sealed/",))
+"""Keys a bucket run uploads after every other output, in this order (a checkpoint manifest: prefix and suffix)."""
 
 
 def part_file_name(part_id: int) -> str:
     """``part-NNNNN.parquet``: the name of a part's documents, rejects, attributes and dedupe cache files."""
     return f"part-{part_id:05d}.parquet"
+
+
+def part_unit(part_id: int) -> str:
+    """The part's unit name in the skip-if-done markers: ``part-NNNNN``, the stem of its Parquet files."""
+    return f"part-{part_id:05d}"
+
+
+def pack_unit(split: str, source: str) -> str:
+    """The (split, source) unit of the pack stage's markers: ``stages/pack/split=<split>/source=<source>.json``."""
+    return f"split={split}/source={source}"
 
 
 def step_dir_name(step: int) -> str:
@@ -86,7 +106,7 @@ class RunLayout:
     @property
     def run_dir_signs(self) -> tuple[Path, ...]:
         """What only a run dir holds (with ``docs/part-*.parquet``): a folder with none of them is no run."""
-        return (self.recipe, self.stages, self.shard_index, self.model / HF_CONFIG_FILE, self.latest_checkpoint,
+        return (self.recipe, self.stages, self.shard_index, self.model_config, self.latest_checkpoint,
                 self.train_metrics)
 
     @property
@@ -109,6 +129,10 @@ class RunLayout:
         """``docs/plan.json``: which source files go in which ingest part (ingest's stage state)."""
         return self.docs / "plan.json"
 
+    def document_part(self, part_id: int) -> Path:
+        """``docs/part-NNNNN.parquet``: one ingest part's kept documents."""
+        return self.docs / part_file_name(part_id)
+
     def legacy_ingest_marker(self, unit: str) -> Path:
         """``docs/<part>.json``: where run dirs of before ``stages/`` marked an ingest part done."""
         return self.docs / f"{unit}.json"
@@ -117,15 +141,27 @@ class RunLayout:
     def rejects(self) -> Path:
         return self.root / "rejects"
 
+    def rejects_part(self, part_id: int) -> Path:
+        """``rejects/part-NNNNN.parquet``: one ingest part's rejected records."""
+        return self.rejects / part_file_name(part_id)
+
     @property
     def contaminated(self) -> Path:
         """``rejects/contaminated.parquet``: the documents decontamination removed (rows of REJECTS_SCHEMA)."""
-        return self.rejects / "contaminated.parquet"
+        return self.rejects / CONTAMINATED_FILE
 
     @property
     def attributes(self) -> Path:
         """``attributes/part-NNNNN.parquet``: what the quality filters measured for every parsed document."""
         return self.root / "attributes"
+
+    def attributes_part(self, part_id: int) -> Path:
+        """``attributes/part-NNNNN.parquet``: one ingest part's measurements."""
+        return self.attributes / part_file_name(part_id)
+
+    def attributes_of(self, document_part: Path) -> Path:
+        """The attributes file beside a ``docs/part-NNNNN.parquet`` (same name in ``attributes/``)."""
+        return self.attributes / Path(document_part).name
 
     @property
     def dedupe(self) -> Path:
@@ -134,12 +170,12 @@ class RunLayout:
     @property
     def duplicates(self) -> Path:
         """``dedupe/duplicates.parquet``: the documents dedupe removed."""
-        return self.dedupe / "duplicates.parquet"
+        return self.dedupe / DUPLICATES_FILE
 
     @property
     def clusters(self) -> Path:
         """``dedupe/clusters.parquet``: near-duplicate clusters, for inspection."""
-        return self.dedupe / "clusters.parquet"
+        return self.dedupe / CLUSTERS_FILE
 
     @property
     def dedupe_state(self) -> Path:
@@ -154,12 +190,16 @@ class RunLayout:
     @property
     def minhash(self) -> Path:
         """``dedupe/minhash/part-NNNNN.parquet``: each part's MinHash signatures (a cache)."""
-        return self.dedupe / "minhash"
+        return self.dedupe / MINHASH_DIR
 
     @property
     def bands(self) -> Path:
         """``dedupe/bands/part-NNNNN.parquet``: each part's LSH band keys (a cache)."""
-        return self.dedupe / "bands"
+        return self.dedupe / BANDS_DIR
+
+    def near_caches(self, part_name: str) -> tuple[Path, Path]:
+        """A docs part's signature and band-key caches (``part_name``: ``part-NNNNN.parquet``)."""
+        return self.minhash / part_name, self.bands / part_name
 
     # ---- tokenizer, base model, shards ------------------------------------------------------------------
 
@@ -186,6 +226,16 @@ class RunLayout:
         """``base_model/``: the Hugging Face config (and weights, for continued pretraining) the run starts from,
         hard-linked or copied in by the model stage, so the run dir needs nothing outside itself."""
         return self.root / "base_model"
+
+    @property
+    def base_model_config(self) -> Path:
+        """``base_model/config.json``: the config the run starts from (its ``auto_map`` names model code)."""
+        return self.base_model / HF_CONFIG_FILE
+
+    @property
+    def base_model_tokenizer(self) -> Path:
+        """``base_model/tokenizer.json``: the model's own tokenizer, when it has one."""
+        return self.base_model / TOKENIZER_FILE
 
     @property
     def shards(self) -> Path:
@@ -225,6 +275,11 @@ class RunLayout:
     @property
     def model(self) -> Path:
         return self.root / "model"
+
+    @property
+    def model_config(self) -> Path:
+        """``model/config.json``: the exported model's Hugging Face config."""
+        return self.model / HF_CONFIG_FILE
 
     @property
     def report(self) -> Path:
@@ -391,9 +446,9 @@ class RunLayout:
 
 
 RELATIVE = RunLayout(Path())
-"""The layout relative to the run dir: ``key(RELATIVE.shard_index)`` is ``"shards/index.parquet"``, a bucket key."""
+"""The layout relative to the run dir: ``run_key(RELATIVE.shard_index)`` is ``"shards/index.parquet"``, a bucket key."""
 
 
-def key(path: Path) -> str:
+def run_key(path: Path) -> str:
     """A path of :data:`RELATIVE` as a ``/``-separated key (a bucket key, a marker's key prefix)."""
     return RELATIVE.key(path)
