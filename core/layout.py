@@ -28,6 +28,8 @@ CONTAMINATED_FILE = "contaminated.parquet"
 CLUSTERS_FILE = "clusters.parquet"
 MINHASH_DIR = "minhash"
 BANDS_DIR = "bands"
+PACK_STATE_FILE = "state.json"
+"""In each ``shards/split=<split>/source=<source>/``: the packed parts and shards of that (split, source)."""
 
 SHARD_LAYOUT = "shards/split=<train|val>/source=<source name>/part-NNNNN.arrow"
 """Where shards live, as error messages show it (:meth:`RunLayout.shard` builds it)."""
@@ -36,15 +38,19 @@ SHARD_KEY = re.compile(r"shards/split=(train|val)/source=[A-Za-z0-9][A-Za-z0-9_.
 SHARD_FILE_NAME = re.compile(r"part-[0-9]{5,}\.arrow")  # shard's {part:05d}: six digits past 99999
 DOCS_PART_KEY = re.compile(r"docs/(part-[0-9]{5,})\.parquet")
 """A documents part's relative path (bucket key); group 1 is its unit (the ingest marker's name)."""
+REJECTS_KEY = re.compile(r"rejects/[^/]+\.parquet")
+"""A rejects file's relative path (bucket key): a part's or ``contaminated.parquet``."""
 PART_FILES = "part-*.parquet"
 """Glob of a part's Parquet files in ``docs/``, ``attributes/``, ``rejects/``, ``dedupe/minhash|bands/``."""
 REJECT_FILES = "*.parquet"
 """Glob of ``rejects/``' files (each part's, and ``contaminated.parquet``)."""
+SHARD_FILES = "part-*.arrow"
+"""Glob of the shards in a ``shards/split=<split>/source=<source>/`` folder."""
 STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 """A checkpoint folder's (or an eval result folder's) name: ``step-NNNNNNN``."""
 CHECKPOINT_FOLDERS = "step-*"
 EVAL_RESULT_FILES = "step-*/*.json"
-PACK_STATE_FILES = "split=*/source=*/state.json"
+PACK_STATE_FILES = f"split=*/source=*/{PACK_STATE_FILE}"
 """Glob under ``shards/`` of every (split, source) folder's pack state."""
 
 SYNC_STATE_SUFFIX = ".sync.json"
@@ -72,6 +78,12 @@ def part_unit(part_id: int) -> str:
 def pack_unit(split: str, source: str) -> str:
     """The (split, source) unit of the pack stage's markers: ``stages/pack/split=<split>/source=<source>.json``."""
     return f"split={split}/source={source}"
+
+
+def shard_part_number(shard: Path) -> int | None:
+    """The part number of a shard matched by :data:`SHARD_FILES` (``part-00012.arrow``: 12); None if not a number."""
+    number = shard.stem.removeprefix("part-")
+    return int(number) if number.isdigit() else None
 
 
 def step_dir_name(step: int) -> str:
@@ -159,7 +171,7 @@ class RunLayout:
         """``attributes/part-NNNNN.parquet``: one ingest part's measurements."""
         return self.attributes / part_file_name(part_id)
 
-    def attributes_of(self, document_part: Path) -> Path:
+    def attributes_of(self, document_part: Path | str) -> Path:
         """The attributes file beside a ``docs/part-NNNNN.parquet`` (same name in ``attributes/``)."""
         return self.attributes / Path(document_part).name
 
@@ -255,7 +267,7 @@ class RunLayout:
 
     def pack_state(self, split: str, source: str) -> Path:
         """``shards/split=<split>/source=<source>/state.json``: the packed parts and shards of (split, source)."""
-        return self.shard_folder(split, source) / "state.json"
+        return self.shard_folder(split, source) / PACK_STATE_FILE
 
     # ---- training -------------------------------------------------------------------------------------------
 
