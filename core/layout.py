@@ -86,6 +86,12 @@ def shard_part_number(shard: Path) -> int | None:
     return int(number) if number.isdigit() else None
 
 
+def checkpoint_step(folder: Path) -> int | None:
+    """The step of a folder matched by :data:`CHECKPOINT_FOLDERS` (``step-0000040``: 40); None if not a number."""
+    number = folder.name.removeprefix("step-")
+    return int(number) if number.isdigit() else None
+
+
 def step_dir_name(step: int) -> str:
     """``step-NNNNNNN`` (7 digits, so names sort by step): a checkpoint's, an eval result's, an eval export's."""
     return f"step-{step:07d}"

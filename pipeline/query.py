@@ -29,6 +29,7 @@ import pyarrow.ipc as ipc
 from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
+from core.layout import REJECT_FILES
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import (
     ATTRIBUTES_SCHEMA,
@@ -308,7 +309,7 @@ def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[s
     return {
         "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
         "duplicates": _parquet_dataset(run_dir, _existing([paths.duplicates]), DUPLICATES_SCHEMA),
-        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA),
+        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob(REJECT_FILES)), REJECTS_SCHEMA),
         "attributes": _parquet_dataset(run_dir, _existing([paths.attributes_of(part)
                                                            for part in document_part_files(paths)]),
                                        ATTRIBUTES_SCHEMA),
