@@ -186,6 +186,9 @@ class UnitStatus:
     state: StageState
     reasons: tuple[str, ...] = ()
     fingerprint: str = ""
+    new_fingerprint: bool = True
+    """Whether a re-run records another fingerprint than the marker's (False when it only rewrites a missing
+    output from the same inputs): only then do the stages reading this one re-run too."""
 
 
 def stage_status(stage: Stage, unit: str | None = None) -> UnitStatus:
@@ -196,11 +199,13 @@ def stage_status(stage: Stage, unit: str | None = None) -> UnitStatus:
     if recorded is None:
         return UnitStatus(stage.name, unit, "to do", ("never finished",), stage_fingerprint)
     missing = _missing(stage.outputs(unit))
-    if recorded.get("fingerprint") == stage_fingerprint and not missing:
-        return UnitStatus(stage.name, unit, "done", (), stage_fingerprint)
+    same = recorded.get("fingerprint") == stage_fingerprint
+    if same and not missing:
+        return UnitStatus(stage.name, unit, "done", (), stage_fingerprint, new_fingerprint=False)
     reasons = changed_inputs(recorded.get("inputs", {}), inputs.digests())
     reasons += [f"output missing: {_shown(stage.paths, path)}" for path in missing]
-    return UnitStatus(stage.name, unit, "stale", tuple(reasons) or ("inputs changed",), stage_fingerprint)
+    return UnitStatus(stage.name, unit, "stale", tuple(reasons) or ("inputs changed",), stage_fingerprint,
+                      new_fingerprint=not same)
 
 
 def changed_inputs(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:

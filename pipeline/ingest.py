@@ -21,6 +21,7 @@ from typing import Any
 
 from core.atomic import read_json
 from core.errors import ManifestError
+from core.layout import part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
@@ -34,8 +35,6 @@ from pipeline.part_files import (
     SignatureCollector,
     attribute_row,
     document_row,
-    part_file_name,
-    part_unit,
     reject_row,
 )
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
@@ -93,7 +92,7 @@ def part_finished(paths: RunPaths, part_id: int) -> bool:
 
     The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
     """
-    documents = paths.docs / part_file_name(part_id)
+    documents = paths.document_part(part_id)
     return documents.is_file() and paths.finished_marker("ingest", part_unit(part_id)) is not None
 
 
@@ -438,7 +437,7 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 
     A part re-decided keeps its marker's fingerprint while its kept documents stay the same (later stages key on
     it), so the marker's ``measured`` and ``decided`` are compared as well."""
-    if not (paths.docs / part_file_name(part.part_id)).is_file():
+    if not paths.document_part(part.part_id).is_file():
         return None
     done = paths.done_summary("ingest", fingerprint(*fingerprints), part_unit(part.part_id))
     if done is not None:
@@ -455,9 +454,8 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 def _redecidable(part: IngestPart, measured: str, paths: RunPaths) -> bool:
     """Whether the part was measured with these settings and its attributes are there: only thresholds changed."""
     marker = paths.marker("ingest", part_unit(part.part_id))
-    name = part_file_name(part.part_id)
-    return (marker.is_file() and read_json(marker).get("measured") == measured
-            and all((folder / name).is_file() for folder in (paths.docs, paths.rejects, paths.attributes)))
+    files = (paths.document_part(part.part_id), paths.rejects_part(part.part_id), paths.attributes_part(part.part_id))
+    return marker.is_file() and read_json(marker).get("measured") == measured and all(f.is_file() for f in files)
 
 
 def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:
@@ -472,12 +470,12 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
 def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path | ObjectPath,
                 val_fraction: float, paths: RunPaths, on_progress: Callable[[int, int], None],
                 signatures: SignatureCollector) -> dict[str, Any]:
-    name = part_file_name(part.part_id)
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
-    with (paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp,
-          paths.atomic_write(paths.attributes / name) as attributes_tmp):
+    with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
+          paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
+          paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
         docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.documents import doc_id_for
+from core.layout import part_file_name
 from core.rundir import RunPaths
 from core.schemas import ATTRIBUTES_SCHEMA
 from pipeline.config import NearDedupeConfig
@@ -28,11 +29,6 @@ ROW_GROUP_CHARS = 8 << 20
 """A row group is flushed at this many rows or characters of text, whichever comes first: bounded memory
 here (per split: each split is buffered apart), and for every later reader (a row group is the least a
 Parquet reader decompresses)."""
-
-def part_unit(part_id: int) -> str:
-    """The part's unit name in the skip-if-done markers: ``part-NNNNN``, the stem of its Parquet files."""
-    return f"part-{part_id:05d}"
-
 
 def document_row(source: str, uri: str, source_id: str | None, text: str, val_fraction: float) -> dict[str, Any]:
     """The documents row of a kept text (its id, hash and split follow from it)."""
@@ -55,11 +51,6 @@ def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
 def reject_row(reject: Reject, source: str) -> dict[str, Any]:
     return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
             "detail": reject.detail, "raw": reject.raw, "text": None}
-
-
-def part_file_name(part_id: int) -> str:
-    """``part-NNNNN.parquet``: the name of a part's documents, rejects and dedupe cache files."""
-    return f"part-{part_id:05d}.parquet"
 
 
 class SignatureCollector:
