@@ -645,7 +645,7 @@ def kept_in_run_dir(run_dir: Path) -> str:
     paths = RunPaths(run_dir)
     complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]
     markers = paths.stages.iterdir() if paths.stages.is_dir() else []
-    stages = {entry.stem for entry in markers if entry != paths.seals}
+    stages = {entry.stem for entry in markers if entry not in (paths.seals, paths.launch_config)}
     kept = [f"checkpoint step {complete[-1]}"] if complete else []
     kept.append(f"{len(stages)} finished stage(s)" if stages else "no finished stage")
     return " and ".join(kept)

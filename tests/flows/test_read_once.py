@@ -4,14 +4,16 @@ and a launched trainer or evaluator reads the configuration its flow resolved (`
 
 Counted, not inferred: every YAML file tokenmill reads goes through ``core.config.load_yaml_mapping``, wrapped here
 (in every module that took it by name) to count the files it reads, while real ``tokenmill prepare`` commands run in
-this process. One core (``os.cpu_count``), so the ingest part runs here too and its reads are counted with the rest.
+this process. One core (``os.cpu_count``), so the ingest part runs here too and its reads are counted with the rest
+(on more cores it runs in a worker process, which is handed the manifest the command loaded).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +53,16 @@ def tokenmill(*args: str) -> None:
 
 
 @pytest.fixture
-def one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def in_process_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The command in this process on one core (its ingest part too), its state and console filters undone after."""
+    import flows.cli
+
     monkeypatch.setattr("os.cpu_count", lambda: 1)
-
-
-def test_prepare_reads_the_recipe_each_manifest_and_run_yaml_once(tmp_path: Path, prefect_server: None,
-                                                                   one_core: None,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    recipe = write_small_recipe(tmp_path, packages=("json",))
-    counts = count_yaml_reads(monkeypatch)
-    tokenmill("prepare", str(recipe))
-    assert counts == {"recipe.yaml": 1, "manifest.yaml": 1}, "a new run dir has no run.yaml to read"
-    for seal in (tmp_path / "run" / "stages" / "sealed").iterdir():
-        seal.unlink()  # the re-run goes through the flow and every stage, not the command's seal
-    counts.clear()
-    tokenmill("prepare", str(recipe))
-    assert counts == {"recipe.yaml": 1, "manifest.yaml": 1, "run.yaml": 1}
+    monkeypatch.setattr(flows.cli, "STATE", dict(flows.cli.STATE))
+    filters = {handler: list(handler.filters) for handler in logging.getLogger().handlers}
+    yield
+    for handler, kept in filters.items():
+        handler.filters[:] = kept
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Counts:
@@ -83,18 +79,28 @@ def count_reads(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Coun
     return counts
 
 
-def test_a_launched_trainer_and_evaluator_read_the_resolved_configuration_once(
-        tmp_path: Path, prefect_server: None, one_core: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``python -m trainer.train`` and ``python -m trainer.eval_checkpoint`` do when the flow launches them,
-    run in this process: the launch flag, and the file the flow wrote (as ``train-model`` does before it launches)."""
+def test_the_command_reads_the_recipe_each_manifest_and_run_yaml_once_and_a_launched_process_its_file_once(
+        tmp_path: Path, prefect_server: None, in_process_cli: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tokenmill prepare`` on a new run dir, then again through its flow; then what ``python -m trainer.train`` and
+    ``python -m trainer.eval_checkpoint`` do when the flow launches them (its flag, and the file the flow wrote, as
+    ``train-model`` does before it launches), run in this process."""
+    recipe = write_small_recipe(tmp_path, packages=("json",))
+    with monkeypatch.context() as patch:
+        counts = count_yaml_reads(patch)
+        tokenmill("prepare", str(recipe))
+        assert counts == {"recipe.yaml": 1, "manifest.yaml": 1}, "a new run dir has no run.yaml to read"
+        for seal in (tmp_path / "run" / "stages" / "sealed").iterdir():
+            seal.unlink()  # the re-run goes through the flow and every stage, not the command's seal
+        counts.clear()
+        tokenmill("prepare", str(recipe))
+        assert counts == {"recipe.yaml": 1, "manifest.yaml": 1, "run.yaml": 1}
+
     from accelerate.state import AcceleratorState, GradientState
 
     from flows.recipe import resolve_run, write_launch_config
     from trainer import eval_checkpoint, train
     from trainer.launch import LAUNCH_CONFIG_FLAG, eval_launch_command, launch_command
 
-    recipe = write_small_recipe(tmp_path, packages=("json",), max_steps=1)
-    tokenmill("prepare", str(recipe))
     write_launch_config(resolve_run(recipe))
     run_dir = str(tmp_path / "run")
     assert LAUNCH_CONFIG_FLAG in launch_command(Path(run_dir), 1, resolved=True)
