@@ -459,6 +459,12 @@ class RunLayout:
         """``stages/sealed/``: what a finished command recorded to skip its flow next time (flows.up_to_date)."""
         return self.stages / "sealed"
 
+    @property
+    def launch_config(self) -> Path:
+        """``stages/launch.json``: the resolved configuration (``model``, ``train``, the mixture) a launched trainer
+        or evaluator reads, written by the flow before it launches one (:mod:`trainer.run_config`)."""
+        return self.stages / "launch.json"
+
     def command_seal(self, command: str) -> Path:
         return self.seals / f"{command}.json"
 

@@ -23,7 +23,8 @@ from flows.subprocess_log import run_streaming
 from flows.training_progress import training_progress
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
-from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
+from pipeline.ingest import IngestPart, by_path, ingest_part, largest_first, plan_ingest
+from pipeline.manifest import CorpusManifest, ManifestFile
 from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, packed_shards, write_index
@@ -36,8 +37,8 @@ from trainer.launch import eval_launch_command, launch_command, launched_env, la
 @task(name="plan-ingest")
 @times_stage("ingest")
 @reports_progress("plan-ingest")
-def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
-    parts = largest_first(plan_ingest([Path(m) for m in manifests], paths, part_size_bytes))
+def plan_ingest_task(manifests: list[ManifestFile], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
+    parts = largest_first(plan_ingest(manifests, paths, part_size_bytes), by_path(manifests))
     open_shared_bar("ingest", "bytes", total=sum(part.num_bytes for part in parts), num_calls=len(parts))
     return [part.to_dict() for part in parts]
 
@@ -47,12 +48,14 @@ def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int
 @times_stage("ingest")
 @reports_progress("ingest-part")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, paths: RunPaths,
-                     near: NearDedupeConfig | None = None) -> dict[str, Any]:
+                     near: NearDedupeConfig | None = None,
+                     manifests: dict[str, CorpusManifest] | None = None) -> dict[str, Any]:
+    """``manifests``: the run's, as its command loaded them (:func:`pipeline.ingest.by_path`): not read again."""
     with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
         return run_stage_call(ingest_part, IngestPart.from_dict(part), val_fraction, paths,
                               on_progress=lambda num_records, num_bytes: meter.advance(num_bytes,
                                                                                        records=num_records),
-                              near=near)
+                              near=near, manifest=(manifests or {}).get(part["manifest_path"]))
 
 
 @task(name="dedupe")
@@ -134,7 +137,8 @@ def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s:
     The bar and the ``training-progress`` artifact follow the metrics files; the child's lines go to the log.
     ``trust_remote_code``: the command's decision (:mod:`core.code_trust`), handed to the trainer as a flag.
     """
-    argv = launch_command(paths.root, num_processes, until_step, trust_remote_code=trust_remote_code)
+    argv = launch_command(paths.root, num_processes, until_step, trust_remote_code=trust_remote_code,
+                          resolved=True)  # the flow wrote stages/launch.json before (flows.recipe.write_launch_config)
     with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
         run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=launched_env(),
                       pass_fds=launched_fds(paths))
@@ -149,7 +153,7 @@ def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: 
     On a terminal its bar counts the rows scored (the evaluator's progress lines); a log gets its result line.
     """
     argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export,
-                               trust_remote_code=trust_remote_code)
+                               trust_remote_code=trust_remote_code, resolved=True)  # stages/launch.json: as train
     bar = (f"evaluate step {step}", "rows") if score else (f"export step {step}", None)  # export only: a spinner
     with stage_meter(*bar) as meter:
         run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths),
