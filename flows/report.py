@@ -20,8 +20,9 @@ from core.rundir import RunPaths, file_stats, fingerprint
 from flows.report_headline import collect_headline, headline_html, headline_markdown
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
 from flows.report_visibility import uninformative_plots
+from flows.run_sql import connect
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import connect, data_funnel, eval_results_table, mix_steps, realised_mix, rejects_by_reason
+from pipeline.query import data_funnel, eval_results_table, mix_steps, realised_mix, rejects_by_reason
 from trainer.sample_generation import sample_is_current, write_sample_generation
 
 MIX_TABLE_TITLE = "Training mix per stage (samples taken per source; mixture / mixture_schedule runs only)"

@@ -1,6 +1,6 @@
 """Read-only SQL over a run dir in a bucket (``s3://bucket/runs/NAME``): the run's artifacts as Arrow data, via fsspec.
 
-:func:`pipeline.query.connect` calls this instead of reading local files, then confines DuckDB exactly as for a
+:func:`pipeline.query.open_views` calls this instead of reading local files, then confines DuckDB exactly as for a
 local run (file access off, configuration locked): DuckDB never sees a URL or the filesystem, only the Arrow
 datasets and tables registered here, so a statement cannot read another key of the bucket. Only keys under the
 run's prefix are listed, and shards only at ``shards/split=<split>/source=<name>/part-NNNNN.arrow``; any other
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -28,16 +27,19 @@ from core.shards import SHARD_LAYOUT
 from pipeline import query
 from pipeline.objects import ObjectPath, object_errors
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 SHARD_KEY = re.compile(r"shards/split=(train|val)/source=[A-Za-z0-9][A-Za-z0-9_.\-]*/part-[0-9]{5,}\.arrow")
 """The only ``.arrow`` keys read as shards (``core.shards.SHARD_LAYOUT``)."""
 DOCS_PART = re.compile(r"docs/(part-[0-9]{5,})\.parquet")
 
 
 def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict[str, ds.Dataset | pa.Table]:
-    """Every view's data of the run at ``url``, by the name :func:`pipeline.query.connect` registers it under.
+    """Every view's data of the run at ``url``, by the name :func:`pipeline.query.open_views` registers it under.
 
     ``unsupported``: views not read from a bucket here (the trainer's derived views, eval_results,
-    train_segments: :func:`pipeline.query.connect` answers those on the run's mirror); a statement naming one is
+    train_segments: :func:`pipeline.query.open_views` answers those on the run's mirror); a statement naming one is
     refused (QueryError) rather than answered from an empty view.
     """
     lowered = (sql or "").lower()
@@ -58,6 +60,9 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
     def parquet(rels: list[str], schema: pa.Schema) -> ds.Dataset | pa.Table:
         if not rels:
             return schema.empty_table()
+        # Imported here for start-up time: pyarrow.dataset imports pandas (0.2 s), which a local query never needs.
+        import pyarrow.dataset as ds
+
         try:
             return ds.dataset([f"{base}/{rel}" for rel in rels], format="parquet", filesystem=arrow_fs)
         except (pa.ArrowException, OSError) as err:
