@@ -33,7 +33,7 @@ MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
 
 def collect_report_data(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, read through the run's SQL views."""
-    con = connect(run_dir)
+    con = connect(run_dir, trainer_views=False)  # the report shows no trainer view: no replay of every step
     try:
         def rows(sql: str) -> list[dict[str, Any]]:
             return con.sql(sql).to_arrow_table().to_pylist()

@@ -38,6 +38,11 @@ TRAINING_VIEWS: dict[str, query.DerivedView] = {
     "row_losses": (row_losses_table, ROW_LOSSES_SCHEMA),
 }
 """Views derived by the trainer's code, built only for a statement that names them."""
+UNREAD_TRAINING_VIEWS: dict[str, query.DerivedView] = {
+    name: (lambda run_dir, schema=schema: query.empty_table(schema), schema)
+    for name, (_, schema) in TRAINING_VIEWS.items()
+}
+"""The same views, registered empty (``connect(..., trainer_views=False)``)."""
 
 
 def view_names() -> list[str]:
@@ -45,15 +50,18 @@ def view_names() -> list[str]:
     return [*query.VIEWS, *TRAINING_VIEWS]
 
 
-def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(run_dir: str | Path, sql: str | None = None, *,
+            trainer_views: bool = True) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every view of :func:`view_names`, unable to write or read other files.
 
     For notebooks: ``connect("runs/tiny").sql("SELECT ...").df()``. ``run_dir`` may be a URL
     (``s3://bucket/runs/NAME``). ``sql``, when given, is the one statement the connection is for: views it does
     not name and that are not read straight from Parquet are left empty (see :func:`pipeline.query.open_views`).
+    ``trainer_views=False`` leaves ``consumed`` and ``row_losses`` empty whatever is asked: they replay every
+    training step through the trainer's loader (importing torch: seconds), and the report reads neither.
     Raises QueryError naming the folder or file when the run dir holds what tokenmill would not write.
     """
-    return query.open_views(run_dir, sql, TRAINING_VIEWS)
+    return query.open_views(run_dir, sql, TRAINING_VIEWS if trainer_views else UNREAD_TRAINING_VIEWS)
 
 
 def run_query(run_dir: str | Path, sql: str) -> pa.Table:
