@@ -18,17 +18,15 @@ from pipeline import query
 
 
 def consumed_table(run_dir: Path) -> pa.Table:
-    """:func:`trainer.consumed.consumed_table`, imported when a statement names the view."""
-    # Imported here for start-up time: trainer.consumed imports torch (seconds), which no other view needs.
-    from trainer.consumed import consumed_table
+    """:func:`trainer.consumed.consumed_table`, imported when a statement names the view (it imports torch)."""
+    from trainer.consumed import consumed_table  # imports torch: only for the consumed view
 
     return consumed_table(run_dir)
 
 
 def row_losses_table(run_dir: Path) -> pa.Table:
     """:func:`trainer.consumed.row_losses_table`, imported when a statement names the view."""
-    # Imported here for start-up time: trainer.consumed imports torch (seconds), which no other view needs.
-    from trainer.consumed import row_losses_table
+    from trainer.consumed import row_losses_table  # imports torch: only for row_losses
 
     return row_losses_table(run_dir)
 
