@@ -99,3 +99,14 @@ def test_sql_reads_no_file_of_the_run_dir_but_its_checked_parquet(run_dir: Path)
     for path in (run_dir / "metrics/train.jsonl", run_dir / "docs/part-00000.json", run_dir / "docs"):
         with pytest.raises(duckdb.PermissionException):
             con.sql("SELECT * FROM read_text(?)", params=[str(path)]).fetchall()
+
+
+def test_the_report_reads_every_view_but_replays_no_training_step(run_dir: Path) -> None:
+    """The report opens the run with the one ``connect``, without the trainer's views: replaying every step
+    imports torch (seconds) for views the report never shows."""
+    program = ("import sys\nfrom pathlib import Path\nfrom flows.report import collect_report_data\n"
+               "collect_report_data(Path(sys.argv[1]))\nprint('torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", program, str(run_dir)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False", result.stdout
