@@ -288,6 +288,32 @@ def report(run_dir: RunDirArg) -> None:
     typer.echo(f"{'up to date' if current else 'wrote'} {write_report(paths)}")
 
 
+@app.command()
+def status(run_dir: RunDirArg,
+           recipe: Annotated[Path | None, typer.Argument(
+               help="Recipe to compare with (default: the run's own run.yaml).")] = None,
+           output_format: FormatOpt = OutputFormat.table) -> None:
+    """What a re-run would redo, and why: every stage and unit, done, stale or to do. Runs nothing.
+
+    A stale unit names what changed: a file, a setting, an upstream stage that re-runs, a missing output.
+    Example: tokenmill status runs/tiny configs/tiny.yaml
+    """
+    from flows.recipe import resolve_recorded_run, resolve_run
+    from flows.stage_list import ALL_STAGES
+    from flows.status import run_status
+
+    run = resolve_run(recipe, run_dir) if recipe is not None else resolve_recorded_run(local_run_dir(run_dir))
+    run.paths.check_is_run()
+    result = run_status(stage for cls in ALL_STAGES if (stage := cls.build(run)) is not None)
+    if output_format == OutputFormat.json:
+        typer.echo(json.dumps(result.as_json(), indent=2))
+        return
+    emit_rows(("stage", "unit", "state", "why"), result.rows(), output_format)
+    if output_format == OutputFormat.table:
+        typer.echo("up to date: a re-run does nothing" if result.up_to_date
+                   else f"a re-run redoes: {', '.join(result.redo)}")
+
+
 @shards_app.command("verify")
 def shards_verify(run_dir: RunDirArg) -> None:
     """Check every shard against the index (sha256, schema, metadata, token ids < vocab); exit 1 on any fault.

@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from core.eval_results import failed_results
+from core.layout import RELATIVE
 from core.rundir import file_stats, fingerprint
 from flows.recipe import ResolvedRun
 from flows.run_code import eval_task_folders
 from trainer.checkpoint_layout import chosen_checkpoints
 
 EVAL_STAGE = "evaluate"
-EVAL_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "checkpoints", "model", "eval")
+EVAL_FILES = (RELATIVE.recipe, RELATIVE.shard_index, RELATIVE.tokenizer_dir, RELATIVE.checkpoints, RELATIVE.model,
+              RELATIVE.eval)
 
 
 def evaluation_fingerprint(run: ResolvedRun) -> str:

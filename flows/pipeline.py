@@ -11,6 +11,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
 from core.eval_results import VAL_SPLIT_TASK, failed_results
+from core.layout import RELATIVE
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
@@ -249,7 +250,8 @@ def _refuse_corrupt_shards(paths: RunPaths) -> None:
 
 
 TRAIN_STAGE = "train"
-TRAINING_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "base_model", "checkpoints", "model")
+TRAINING_FILES = (RELATIVE.recipe, RELATIVE.shard_index, RELATIVE.tokenizer_dir, RELATIVE.base_model,
+                  RELATIVE.checkpoints, RELATIVE.model)
 """What a launched trainer reads and writes, relative to the run dir (the shards are named by the index)."""
 
 

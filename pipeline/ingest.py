@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from core.atomic import read_json
 from core.documents import doc_id_for
 from core.errors import ManifestError
+from core.layout import part_file_name, part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
@@ -91,17 +92,12 @@ def part_marker(paths: RunPaths, part_id: int) -> Path:
     return paths.marker("ingest", part_unit(part_id))
 
 
-def part_unit(part_id: int) -> str:
-    """The part's unit name in the skip-if-done markers: ``part-NNNNN``, the stem of its Parquet files."""
-    return f"part-{part_id:05d}"
-
-
 def part_finished(paths: RunPaths, part_id: int) -> bool:
     """Whether the part's documents and marker exist (``stages/ingest/``, or ``docs/`` in an older run dir).
 
     The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
     """
-    documents = paths.docs / part_file_name(part_id)
+    documents = paths.document_part(part_id)
     return documents.is_file() and paths.finished_marker("ingest", part_unit(part_id)) is not None
 
 
@@ -448,7 +444,7 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 
     A part re-decided keeps its marker's fingerprint while its kept documents stay the same (later stages key on
     it), so the marker's ``measured`` and ``decided`` are compared as well."""
-    if not (paths.docs / part_file_name(part.part_id)).is_file():
+    if not paths.document_part(part.part_id).is_file():
         return None
     done = paths.done_summary("ingest", fingerprint(*fingerprints), part_unit(part.part_id))
     if done is not None:
@@ -465,9 +461,8 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 def _redecidable(part: IngestPart, measured: str, paths: RunPaths) -> bool:
     """Whether the part was measured with these settings and its attributes are there: only thresholds changed."""
     marker = paths.marker("ingest", part_unit(part.part_id))
-    name = part_file_name(part.part_id)
-    return (marker.is_file() and read_json(marker).get("measured") == measured
-            and all((folder / name).is_file() for folder in (paths.docs, paths.rejects, paths.attributes)))
+    files = (paths.document_part(part.part_id), paths.rejects_part(part.part_id), paths.attributes_part(part.part_id))
+    return marker.is_file() and read_json(marker).get("measured") == measured and all(f.is_file() for f in files)
 
 
 def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:
@@ -482,12 +477,12 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
 def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path | ObjectPath,
                 val_fraction: float, paths: RunPaths, on_progress: Callable[[int, int], None],
                 signatures: SignatureCollector) -> dict[str, Any]:
-    name = part_file_name(part.part_id)
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
-    with (paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp,
-          paths.atomic_write(paths.attributes / name) as attributes_tmp):
+    with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
+          paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
+          paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
         docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
@@ -580,11 +575,6 @@ def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
 def reject_row(reject: Reject, source: str) -> dict[str, Any]:
     return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
             "detail": reject.detail, "raw": reject.raw, "text": None}
-
-
-def part_file_name(part_id: int) -> str:
-    """``part-NNNNN.parquet``: the name of a part's documents, rejects and dedupe cache files."""
-    return f"part-{part_id:05d}.parquet"
 
 
 class SignatureCollector:

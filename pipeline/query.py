@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from core.documents import DUPLICATES_FILE, document_part_files
+from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
+from core.layout import REJECT_FILES
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import (
     ATTRIBUTES_SCHEMA,
@@ -351,20 +352,18 @@ def _run_tables(run_dir: Path, named: Callable[[str], bool]) -> dict[str, ViewDa
     paths = RunPaths(run_dir)
     shard_files = _checked_shard_files(run_dir)
     built: dict[str, tuple[Callable[[], pa.Table], pa.Schema]] = {
-        "train_metrics": (lambda: _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
+        "train_metrics": (lambda: _jsonl_table(run_dir, paths.train_metrics, TRAIN_METRICS_SCHEMA),
                           TRAIN_METRICS_SCHEMA),
-        "eval_metrics": (lambda: _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
-                         EVAL_METRICS_SCHEMA),
+        "eval_metrics": (lambda: _jsonl_table(run_dir, paths.eval_metrics, EVAL_METRICS_SCHEMA), EVAL_METRICS_SCHEMA),
         "eval_results": (lambda: _eval_results_table(run_dir, paths), EVAL_RESULTS_SCHEMA),
-        TRAIN_SEGMENTS_VIEW: (lambda: _train_segments_table(run_dir, paths.metrics / "train_segments.jsonl"),
-                              TRAIN_SEGMENTS_SCHEMA),
+        TRAIN_SEGMENTS_VIEW: (lambda: _train_segments_table(run_dir, paths.train_segments), TRAIN_SEGMENTS_SCHEMA),
         SEQUENCES_VIEW: (lambda: _sequences_table(run_dir, shard_files), EMPTY_SEQUENCES_SCHEMA),
     }
     return {
         "_docs": _parquet_view(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
-        "duplicates": _parquet_view(run_dir, _existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA),
-        "rejects": _parquet_view(run_dir, sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA),
-        "attributes": _parquet_view(run_dir, _existing([paths.attributes / part.name
+        "duplicates": _parquet_view(run_dir, _existing([paths.duplicates]), DUPLICATES_SCHEMA),
+        "rejects": _parquet_view(run_dir, sorted(paths.rejects.glob(REJECT_FILES)), REJECTS_SCHEMA),
+        "attributes": _parquet_view(run_dir, _existing([paths.attributes_of(part)
                                                         for part in document_part_files(paths)]),
                                     ATTRIBUTES_SCHEMA),
         "shards": _parquet_view(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from core.errors import ConfigError
+from core.layout import CHECKPOINT_MANIFEST, STEP_DIR_PATTERN
+from core.layout import step_dir_name as step_dir_name
 from core.rundir import RunPaths
 
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = CHECKPOINT_MANIFEST
 """Written last into a checkpoint folder: a folder without it is incomplete."""
-STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
-
-
-def step_dir_name(step: int) -> str:
-    """``step-NNNNNNN`` (7 digits, so names sort by step)."""
-    return f"step-{step:07d}"
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:

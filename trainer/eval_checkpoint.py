@@ -30,10 +30,10 @@ from core.eval_results import (
     val_split_rows,
     write_result,
 )
+from core.layout import CHECKPOINT_MANIFEST
 from core.progress_lines import ProgressPrinter
 from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
-from trainer.checkpoint import step_dir_name
 from trainer.config import TrainConfig
 from trainer.evaluate import Evaluator
 from trainer.launch import exit_with_parent, run_dir_lock
@@ -69,14 +69,14 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, tru
     with run_dir_lock(paths.root):
         config = read_trainer_config(paths.root, trust_remote_code)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
-        checkpoint = paths.checkpoints / step_dir_name(step)
+        checkpoint = paths.checkpoint(step)
         task_fp = val_split_task_fingerprint(paths, config.train.precision)
         try:
             loop = build_training_loop(paths, config, accelerator, allow_data_change=True)
             loop.checkpointer.load_step(step)
         except CheckpointError as err:
             if score and accelerator.is_main_process:
-                fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / "manifest.json").is_file() else ""
+                fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / CHECKPOINT_MANIFEST).is_file() else ""
                 print(describe(write_result(paths, step, VAL_SPLIT_TASK, fingerprint, task_fp, error=str(err))),
                       flush=True)
             raise

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.fence import fence_on, is_ancestor
+from core.layout import RELATIVE, run_key
 from core.rundir import RunPaths
 
 
@@ -74,6 +75,8 @@ def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: 
                           trust_remote_code=trust_remote_code)
 
 
+LOCK_SUFFIX = f"/{run_key(RELATIVE.lock_file)}"
+"""How a descriptor's target ends when it is a run dir's lock."""
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 
 
@@ -168,7 +171,7 @@ def keep_lent_lock_here() -> None:
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             with contextlib.suppress(OSError):
-                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith("/.lock"):
+                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith(LOCK_SUFFIX):
                     os.set_inheritable(fd, False)
 
 

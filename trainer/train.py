@@ -361,7 +361,7 @@ BASE_MODEL_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json"
 
 def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
     """``base_model/``'s tokenizer settings when the run's tokenizer is that folder's (same bytes), else none."""
-    own = paths.base_model / "tokenizer.json"
+    own = paths.base_model_tokenizer
     if not (own.is_file() and paths.tokenizer.is_file() and sha256_file(own) == sha256_file(paths.tokenizer)):
         return []
     return [paths.base_model / name for name in BASE_MODEL_TOKENIZER_FILES if (paths.base_model / name).is_file()]
