@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
@@ -120,6 +119,10 @@ def _may_hold(row_group: pq.RowGroupMetaData, column: int | None, value: str) ->
 def _read_kept_rows(parquet: pq.ParquetFile, group: int, removed: np.ndarray, split: str | None,
                     source: str | None, columns: list[str]) -> pa.Table | None:
     """The row group's kept rows with ``columns``, or None when it keeps none (other columns then stay unread)."""
+    # Imported here for start-up time: pyarrow.compute builds its wrappers at import (~30 ms of every
+    # `tokenmill query`, which imports this module for the part list and reads no row here).
+    import pyarrow.compute as pc
+
     keys = parquet.read_row_group(group, columns=KEY_COLUMNS)
     doc_ids = keys.column("doc_id").to_numpy()
     mask = ~_is_in_sorted(doc_ids, removed)

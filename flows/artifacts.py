@@ -15,8 +15,9 @@ from core.eval_results import VAL_SPLIT_TASK, failed_results
 from core.numbers import rounded
 from core.rundir import RunPaths
 from flows.artifact_keys import artifact_key
+from flows.run_sql import run_query
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason, run_query
+from pipeline.query import data_funnel, eval_history, eval_results_table, rejects_by_reason
 from pipeline.shard_stats import shard_stats
 
 NO_REJECTS = "(none)"

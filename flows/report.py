@@ -21,8 +21,9 @@ from core.rundir import RunPaths, file_stats, fingerprint
 from flows.report_headline import collect_headline, headline_html, headline_markdown
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
 from flows.report_visibility import uninformative_plots
+from flows.run_sql import connect
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import connect, data_funnel, eval_results_table, mix_steps, realised_mix, rejects_by_reason
+from pipeline.query import data_funnel, eval_results_table, mix_steps, realised_mix, rejects_by_reason
 from trainer.sample_generation import sample_is_current, write_sample_generation
 
 MIX_TABLE_TITLE = "Training mix per stage (samples taken per source; mixture / mixture_schedule runs only)"
@@ -33,7 +34,7 @@ MARKDOWN_SPECIALS = str.maketrans({char: f"\\{char}" for char in "\\`*[]|"})
 
 def collect_report_data(run_dir: Path) -> dict[str, Any]:
     """Everything the report shows, read through the run's SQL views."""
-    con = connect(run_dir)
+    con = connect(run_dir, trainer_views=False)  # the report shows no trainer view: no replay of every step
     try:
         def rows(sql: str) -> list[dict[str, Any]]:
             return con.sql(sql).to_arrow_table().to_pylist()

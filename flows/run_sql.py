@@ -1,8 +1,9 @@
-"""Read-only SQL over a run with every view: pipeline's data views plus the trainer's ``consumed`` and ``row_losses``.
+"""Read-only SQL over a run, the one way to open one: every view, pipeline's data views and the trainer's.
 
-``pipeline.query`` cannot import the trainer (the layering rule), and those two views are the trainer's own data
-order replayed (:mod:`trainer.consumed`), so they are joined here: ``tokenmill query`` and notebooks
-(``flows.run_sql.connect(RUN_DIR)``) see them; ``pipeline.query.connect`` has the data views only.
+``connect`` (notebooks) and ``run_query`` (``tokenmill query``, the report, the Prefect artifacts) are the only
+public ways to open a run for SQL. They live here because only ``flows`` sees every package: the data views are
+built by :mod:`pipeline.query`, and ``consumed`` and ``row_losses`` are the trainer's own data order replayed
+(:mod:`trainer.consumed`), which pipeline cannot import (the layering rule), so they are handed in from here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ TRAINING_VIEWS: dict[str, query.DerivedView] = {
     "row_losses": (row_losses_table, ROW_LOSSES_SCHEMA),
 }
 """Views derived by the trainer's code, built only for a statement that names them."""
+UNREAD_TRAINING_VIEWS: dict[str, query.DerivedView] = {
+    name: (lambda run_dir, schema=schema: query.empty_table(schema), schema)
+    for name, (_, schema) in TRAINING_VIEWS.items()
+}
+"""The same views, registered empty (``connect(..., trainer_views=False)``)."""
 
 
 def view_names() -> list[str]:
@@ -42,11 +48,24 @@ def view_names() -> list[str]:
     return [*query.VIEWS, *TRAINING_VIEWS]
 
 
-def connect(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
-    """:func:`pipeline.query.connect` with the ``consumed`` and ``row_losses`` views too."""
-    return query.connect(run_dir, sql, TRAINING_VIEWS)
+def connect(run_dir: str | Path, sql: str | None = None, *,
+            trainer_views: bool = True) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with every view of :func:`view_names`, unable to write or read other files.
+
+    For notebooks: ``connect("runs/tiny").sql("SELECT ...").df()``. ``run_dir`` may be a URL
+    (``s3://bucket/runs/NAME``). ``sql``, when given, is the one statement the connection is for: views it does
+    not name and that are not read straight from Parquet are left empty (see :func:`pipeline.query.open_views`).
+    ``trainer_views=False`` leaves ``consumed`` and ``row_losses`` empty whatever is asked: they replay every
+    training step through the trainer's loader (importing torch: seconds), and the report reads neither.
+    Raises QueryError naming the folder or file when the run dir holds what tokenmill would not write.
+    """
+    return query.open_views(run_dir, sql, TRAINING_VIEWS if trainer_views else UNREAD_TRAINING_VIEWS)
 
 
 def run_query(run_dir: str | Path, sql: str) -> pa.Table:
-    """:func:`pipeline.query.run_query` with the ``consumed`` and ``row_losses`` views too."""
-    return query.run_query(run_dir, sql, TRAINING_VIEWS)
+    """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) over every view.
+
+    Raises QueryError with one line: a statement that could write, more or fewer than one statement, a DuckDB
+    error (its hints kept), or a run dir tokenmill would not write.
+    """
+    return query.run_statement(run_dir, sql, TRAINING_VIEWS)

@@ -1,26 +1,30 @@
 """Read-only SQL over a run: DuckDB views on the run's Parquet, Arrow and JSONL artifacts.
 
 A run dir is data from whoever made it, so nothing read from it (folder names, paths, metadata, rows)
-is ever pasted into SQL. DuckDB's file access is switched off and its configuration locked first; then
-every artifact is registered as a pyarrow dataset or table (its paths and names are columns of data), and
-the only SQL executed is constant text. A query can neither read nor write files (no ``COPY``, ``ATTACH``,
-``INSTALL``, ``read_csv('/etc/...')``) and the run dir is never changed. Only files inside the run dir, in
-the layout tokenmill writes, are read: anything else under ``shards/`` is refused, naming it.
+is ever pasted into SQL. DuckDB's file access is switched off and its configuration locked first, except for
+the exact Parquet files checked here (``allowed_paths``, set as a bound value), which DuckDB scans itself
+through its relation API; every other artifact is registered as a pyarrow table (its paths and names are
+columns of data), and the only SQL executed is constant text. A query can neither write files nor read any
+but those (no ``COPY``, ``ATTACH``, ``INSTALL``, ``read_csv('/etc/...')``) and the run dir is never changed.
+Only files inside the run dir, in the layout tokenmill writes, are read: anything else under ``shards/`` is
+refused, naming it.
 
-Besides one ad-hoc statement (:func:`run_query`), the questions the report, the Prefect artifacts and the
-README ask are named functions here (:func:`data_funnel`, :func:`rejects_by_reason`, :func:`eval_history`,
-:func:`token_mix`, :func:`near_duplicate_pairs`), each docstring listing its output columns.
+The one public way to open a run for SQL is :mod:`flows.run_sql` (``connect``, ``run_query``): it adds the
+trainer's views, which this package cannot import, to the views built here (:func:`open_views`,
+:func:`run_statement`). The questions the report, the Prefect artifacts and the README ask are named functions
+here (:func:`data_funnel`, :func:`rejects_by_reason`, :func:`eval_history`, :func:`token_mix`,
+:func:`near_duplicate_pairs`), each docstring listing its output columns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
@@ -47,17 +51,23 @@ from pipeline.view_tables import (
     TRAIN_METRICS_SCHEMA,
     TRAIN_SEGMENTS_SCHEMA,
     checked_shard,
+    empty_table,
     first_line,
     jsonl_objects,
     metrics_table,
     sequences_of,
 )
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
          "eval_results", "train_segments")
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_SEGMENTS_VIEW = "train_segments"
 DEPTH_ADVICE = 'Use "SET max_expression_depth'
+GLOB_CHARACTERS = "*?[]{}"
+"""Characters DuckDB's file readers may expand as a pattern."""
 # Kept documents: not removed as a duplicate, not dropped by decontamination (those are in rejects).
 DOCUMENTS_VIEW_SQL = ("CREATE VIEW documents AS SELECT * FROM _docs "
                       "WHERE doc_id NOT IN (SELECT doc_id FROM duplicates) "
@@ -69,28 +79,30 @@ DerivedView = tuple[Callable[[Path], pa.Table], pa.Schema]
 ``flows.run_sql`` hands them in: pipeline cannot import the trainer, and the trainer's order code derives them."""
 
 
-def connect(run_dir: str | Path, sql: str | None = None,
-            derived: Mapping[str, DerivedView] | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the run's views, unable to touch any file.
+def open_views(run_dir: str | Path, sql: str | None,
+               derived: Mapping[str, DerivedView]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the run's views and ``derived``, unable to touch any file but the run's
+    checked Parquet files. Users open a run with :func:`flows.run_sql.connect`, which hands in every derived view;
+    the named questions here pass none (they read only the data views).
 
     ``run_dir`` may be a URL (``s3://bucket/runs/NAME``): the data views are then read through fsspec
     (:mod:`pipeline.remote_run`), a statement naming eval_results, train_segments or a derived view runs on the
     run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
 
     Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
-    (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
-    ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
-    names ``sequences`` (else that view is empty), so a damaged shard breaks only the queries that read it.
-    ``derived``: more views by name, each built only when ``sql`` names it (or ``sql`` is None), else empty.
+    (columns as in the README's data contracts). ``sql``, when given, is the one statement the connection is
+    for: a view not read straight from Parquet (metrics, results, launches, sequences, ``derived``) is built only
+    when it names the view (else it is empty), so a damaged shard or metrics file breaks only the queries that
+    read it, and a query pays only for what it reads.
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
-    mirrored = [*(derived or {}), TRAIN_SEGMENTS_VIEW, "eval_results"]
+    mirrored = [*derived, TRAIN_SEGMENTS_VIEW, "eval_results"]
     if is_remote(str(run_dir)):
         checked_url(str(run_dir), "run dir")  # a bad bucket name or key: one line, before any request
     if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
         tables = remote_run_tables(str(run_dir), sql, mirrored)
-        tables.update({name: schema.empty_table() for name, (_, schema) in (derived or {}).items()})
+        tables.update({name: empty_table(schema) for name, (_, schema) in derived.items()})
     elif is_remote(str(run_dir)):
         # Views built by code that reads files (the trainer's replayed order, eval results): from the run's
         # local, deletable mirror (pipeline.run_mirror), fetched or brought up to date first.
@@ -98,33 +110,61 @@ def connect(run_dir: str | Path, sql: str | None = None,
     else:
         tables = _local_tables(Path(run_dir), sql, derived)
     con = duckdb.connect(":memory:")
-    # Locked before anything from the run dir reaches DuckDB; scanning registered Arrow data needs no file access.
+    # Locked before anything from the run dir reaches DuckDB: registered Arrow data needs no file access, and
+    # DuckDB may open only the checked Parquet files (a bound value; a path is never SQL text).
+    con.execute("SET allowed_paths = ?", [[path for data in tables.values() if isinstance(data, ParquetParts)
+                                           for path in data.paths]])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     for name, data in tables.items():
-        con.register(name, data)
+        if isinstance(data, ParquetParts):
+            _create_parquet_view(con, name, data)
+        else:
+            con.register(name, data)
     con.execute(DOCUMENTS_VIEW_SQL)
     return con
 
 
+@dataclass(frozen=True)
+class ParquetParts:
+    """A view's Parquet files, checked (regular, inside the run dir), for DuckDB to scan itself: no glob
+    character in any path, as DuckDB would expand one (see :func:`_parquet_view`)."""
+
+    paths: list[str]
+    folder: Path
+
+
+ViewData: TypeAlias = "ParquetParts | ds.Dataset | pa.Table"
+"""What a view is made from: Parquet files DuckDB scans, or Arrow data registered with it."""
+
+
+def _create_parquet_view(con: duckdb.DuckDBPyConnection, name: str, parts: ParquetParts) -> None:
+    try:
+        con.read_parquet(parts.paths).create_view(name)
+    except duckdb.Error as err:
+        raise QueryError(f"{parts.folder}: not readable as Parquet ({first_line(err)}); remove or restore the "
+                         "broken file, or re-run the stage that wrote it.") from None
+
+
 def _local_tables(run_dir: Path, sql: str | None,
-                  derived: Mapping[str, DerivedView] | None) -> dict[str, ds.Dataset | pa.Table]:
+                  derived: Mapping[str, DerivedView]) -> dict[str, ViewData]:
     if not run_dir.is_dir():
         raise QueryError(f"{run_dir}: no such run directory; give the folder a tokenmill run wrote "
                          "(runs/<name> by default).")
-    # Everything is read (or refused) before a connection exists. A word test, not a parse: a statement
-    # can read the view only by naming it, and a false positive merely opens the shards.
-    tables = _run_tables(run_dir, read_shards=sql is None or SEQUENCES_VIEW in sql.lower(),
-                         read_segments=sql is None or TRAIN_SEGMENTS_VIEW in sql.lower())
-    for name, (build, schema) in (derived or {}).items():
-        tables[name] = build(run_dir) if sql is None or name in sql.lower() else schema.empty_table()
+    # Everything but the Parquet files is read (or refused) before a connection exists. A word test, not a
+    # parse: a statement can read a view only by naming it, and a false positive merely builds that view.
+    def named(view: str) -> bool:
+        return sql is None or view in sql.lower()
+
+    tables = _run_tables(run_dir, named)
+    for name, (build, schema) in derived.items():
+        tables[name] = build(run_dir) if named(name) else empty_table(schema)
     return tables
 
 
-def run_query(run_dir: str | Path, sql: str, derived: Mapping[str, DerivedView] | None = None) -> pa.Table:
-    """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) and return a table.
-
-    ``derived``: more views, as :func:`connect` takes them.
+def run_statement(run_dir: str | Path, sql: str, derived: Mapping[str, DerivedView]) -> pa.Table:
+    """Run one read-only statement (SELECT, WITH … SELECT, DESCRIBE, SUMMARIZE, EXPLAIN) and return a table:
+    the machinery of :func:`flows.run_sql.run_query`. ``derived``: more views, as :func:`open_views` takes them.
     """
     try:
         statements = duckdb.extract_statements(sql)
@@ -137,8 +177,8 @@ def run_query(run_dir: str | Path, sql: str, derived: Mapping[str, DerivedView] 
     kind = statements[0].type
     if kind not in ALLOWED_STATEMENTS:
         raise QueryError(f"queries are read-only: {kind.name} statements are not allowed; use SELECT "
-                         f"over the views {', '.join([*VIEWS, *(derived or {})])}.")
-    con = connect(run_dir, sql, derived)
+                         f"over the views {', '.join([*VIEWS, *derived])}.")
+    con = open_views(run_dir, sql, derived)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as err:
@@ -222,7 +262,7 @@ ORDER BY d.similarity DESC, d.doc_id
 
 
 def _rows(run_dir: Path, sql: str) -> list[dict[str, Any]]:
-    con = connect(run_dir, sql)
+    con = open_views(run_dir, sql, {})
     try:
         return con.sql(sql).to_arrow_table().to_pylist()
     finally:
@@ -286,28 +326,31 @@ def near_duplicate_pairs(run_dir: Path) -> list[dict[str, Any]]:
 # ---- the run's artifacts as Arrow data ---------------------------------------------------------
 
 
-def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[str, ds.Dataset | pa.Table]:
-    """Every artifact of the run as Arrow data, by the name it is registered under (``_docs`` feeds ``documents``).
-
-    The layout under ``shards/`` is checked either way; the shard files are opened only when ``read_shards``
-    (else ``sequences`` is an empty table of its columns), the launch records only when ``read_segments``.
+def _run_tables(run_dir: Path, named: Callable[[str], bool]) -> dict[str, ViewData]:
+    """Every artifact of the run as a view's data, by the name it is registered under (``_docs`` feeds
+    ``documents``): the Parquet files as checked paths; the rest as Arrow data, built only for a view ``named``
+    (else an empty table of its columns), as converting Python rows to Arrow imports pandas (0.2 s at start-up)
+    and opening shards reads them. The layout under ``shards/`` is checked either way.
     """
     paths = RunPaths(run_dir)
     shard_files = _checked_shard_files(run_dir)
+    built: dict[str, tuple[Callable[[], pa.Table], pa.Schema]] = {
+        "train_metrics": (lambda: _jsonl_table(run_dir, paths.train_metrics, TRAIN_METRICS_SCHEMA),
+                          TRAIN_METRICS_SCHEMA),
+        "eval_metrics": (lambda: _jsonl_table(run_dir, paths.eval_metrics, EVAL_METRICS_SCHEMA), EVAL_METRICS_SCHEMA),
+        "eval_results": (lambda: _eval_results_table(run_dir, paths), EVAL_RESULTS_SCHEMA),
+        TRAIN_SEGMENTS_VIEW: (lambda: _train_segments_table(run_dir, paths.train_segments), TRAIN_SEGMENTS_SCHEMA),
+        SEQUENCES_VIEW: (lambda: _sequences_table(run_dir, shard_files), EMPTY_SEQUENCES_SCHEMA),
+    }
     return {
-        "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
-        "duplicates": _parquet_dataset(run_dir, _existing([paths.duplicates]), DUPLICATES_SCHEMA),
-        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob(REJECT_FILES)), REJECTS_SCHEMA),
-        "attributes": _parquet_dataset(run_dir, _existing([paths.attributes_of(part)
-                                                           for part in document_part_files(paths)]),
-                                       ATTRIBUTES_SCHEMA),
-        "shards": _parquet_dataset(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
-        "train_metrics": _jsonl_table(run_dir, paths.train_metrics, TRAIN_METRICS_SCHEMA),
-        "eval_metrics": _jsonl_table(run_dir, paths.eval_metrics, EVAL_METRICS_SCHEMA),
-        "eval_results": _eval_results_table(run_dir, paths),
-        "train_segments": (_train_segments_table(run_dir, paths.train_segments) if read_segments
-                           else TRAIN_SEGMENTS_SCHEMA.empty_table()),
-        "sequences": _sequences_table(run_dir, shard_files) if read_shards else EMPTY_SEQUENCES_SCHEMA.empty_table(),
+        "_docs": _parquet_view(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
+        "duplicates": _parquet_view(run_dir, _existing([paths.duplicates]), DUPLICATES_SCHEMA),
+        "rejects": _parquet_view(run_dir, sorted(paths.rejects.glob(REJECT_FILES)), REJECTS_SCHEMA),
+        "attributes": _parquet_view(run_dir, _existing([paths.attributes_of(part)
+                                                        for part in document_part_files(paths)]),
+                                    ATTRIBUTES_SCHEMA),
+        "shards": _parquet_view(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
+        **{name: build() if named(name) else empty_table(schema) for name, (build, schema) in built.items()},
     }
 
 
@@ -326,11 +369,22 @@ def _checked_files(run_dir: Path, files: list[Path]) -> list[Path]:
     return files
 
 
-def _parquet_dataset(run_dir: Path, files: list[Path], schema: pa.Schema) -> ds.Dataset | pa.Table:
+def _parquet_view(run_dir: Path, files: list[Path], schema: pa.Schema) -> ViewData:
+    """The Parquet files of a view, for DuckDB to scan (``schema``'s empty table when there are none).
+
+    A path with a glob character (a run dir named ``runs/[a]``) would be expanded by DuckDB into other files:
+    those are scanned through a pyarrow dataset instead.
+    """
     if not files:
-        return schema.empty_table()
+        return empty_table(schema)
+    paths = [str(path.absolute()) for path in _checked_files(run_dir, files)]
+    if not any(char in path for path in paths for char in GLOB_CHARACTERS):
+        return ParquetParts(paths, files[0].parent)
+    # Imported here for start-up time: pyarrow.dataset imports pandas (0.2 s), which no other query needs.
+    import pyarrow.dataset as ds
+
     try:
-        return ds.dataset([str(path) for path in _checked_files(run_dir, files)], format="parquet")
+        return ds.dataset(paths, format="parquet")
     except (pa.ArrowException, OSError) as err:
         raise QueryError(f"{files[0].parent}: not readable as Parquet ({first_line(err)}); remove or restore "
                          "the broken file, or re-run the stage that wrote it.") from None

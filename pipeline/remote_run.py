@@ -1,6 +1,6 @@
 """Read-only SQL over a run dir in a bucket (``s3://bucket/runs/NAME``): the run's artifacts as Arrow data, via fsspec.
 
-:func:`pipeline.query.connect` calls this instead of reading local files, then confines DuckDB exactly as for a
+:func:`pipeline.query.open_views` calls this instead of reading local files, then confines DuckDB exactly as for a
 local run (file access off, configuration locked): DuckDB never sees a URL or the filesystem, only the Arrow
 datasets and tables registered here, so a statement cannot read another key of the bucket. Only keys under the
 run's prefix are listed, and shards only at ``shards/split=<split>/source=<name>/part-NNNNN.arrow``; any other
@@ -12,10 +12,9 @@ whole into memory (an object cannot be memory-mapped).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -28,15 +27,18 @@ from core.shards import SHARD_LAYOUT
 from pipeline import view_tables
 from pipeline.objects import ObjectPath, object_errors
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 SHARD_INDEX, SHARDS_PREFIX = run_key(RELATIVE.shard_index), f"{run_key(RELATIVE.shards)}/"
 TRAIN_METRICS, EVAL_METRICS = run_key(RELATIVE.train_metrics), run_key(RELATIVE.eval_metrics)
 
 
 def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict[str, ds.Dataset | pa.Table]:
-    """Every view's data of the run at ``url``, by the name :func:`pipeline.query.connect` registers it under.
+    """Every view's data of the run at ``url``, by the name :func:`pipeline.query.open_views` registers it under.
 
     ``unsupported``: views not read from a bucket here (the trainer's derived views, eval_results,
-    train_segments: :func:`pipeline.query.connect` answers those on the run's mirror); a statement naming one is
+    train_segments: :func:`pipeline.query.open_views` answers those on the run's mirror); a statement naming one is
     refused (QueryError) rather than answered from an empty view.
     """
     lowered = (sql or "").lower()
@@ -56,7 +58,10 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
 
     def parquet(rels: list[str], schema: pa.Schema) -> ds.Dataset | pa.Table:
         if not rels:
-            return schema.empty_table()
+            return view_tables.empty_table(schema)
+        # Imported here for start-up time: pyarrow.dataset imports pandas (0.2 s), which a local query never needs.
+        import pyarrow.dataset as ds
+
         try:
             return ds.dataset([f"{base}/{rel}" for rel in rels], format="parquet", filesystem=arrow_fs)
         except (pa.ArrowException, OSError) as err:
@@ -79,8 +84,8 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
                                                    f"{url}/{TRAIN_METRICS}", view_tables.TRAIN_METRICS_SCHEMA),
         "eval_metrics": view_tables.metrics_table(view_tables.jsonl_objects(text(EVAL_METRICS)),
                                                   f"{url}/{EVAL_METRICS}", view_tables.EVAL_METRICS_SCHEMA),
-        "eval_results": view_tables.EVAL_RESULTS_SCHEMA.empty_table(),
-        "train_segments": view_tables.TRAIN_SEGMENTS_SCHEMA.empty_table(),
+        "eval_results": view_tables.empty_table(view_tables.EVAL_RESULTS_SCHEMA),
+        "train_segments": view_tables.empty_table(view_tables.TRAIN_SEGMENTS_SCHEMA),
         "sequences": _sequences(url, base, fs, _shard_keys(url, keys) if read_shards else []),
     }
 

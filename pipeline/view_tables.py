@@ -36,6 +36,12 @@ SEQUENCES_VIEW = "sequences"
 SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of ``schema``'s columns and no rows. Not ``schema.empty_table()``: that builds each column with
+    ``pa.array``, which imports pandas (0.2 s of a query's start-up) to ask whether it was handed a pandas object."""
+    return pa.Table.from_batches([], schema=schema)
+
+
 def jsonl_objects(text: str) -> list[dict[str, Any]]:
     """The JSON objects of JSONL text; a torn or odd line is skipped."""
     rows = []
@@ -50,7 +56,7 @@ def jsonl_objects(text: str) -> list[dict[str, Any]]:
 def metrics_table(rows: list[dict[str, Any]], path: Path | str, empty_schema: pa.Schema) -> pa.Table:
     """The rows of a metrics file as a table (``empty_schema`` when none); QueryError naming ``path``."""
     if not rows:
-        return empty_schema.empty_table()
+        return empty_table(empty_schema)
     try:
         return pa.Table.from_pylist(rows)
     except (pa.ArrowException, UnicodeError) as err:
@@ -61,7 +67,7 @@ def metrics_table(rows: list[dict[str, Any]], path: Path | str, empty_schema: pa
 def sequences_of(shards: dict[str, pa.Table], run_dir: Path | str) -> pa.Table:
     """``sequences`` from ``{shard path relative to the run dir: its checked rows}`` (see :func:`_sequences_table`)."""
     if not shards:
-        return EMPTY_SEQUENCES_SCHEMA.empty_table()
+        return empty_table(EMPTY_SEQUENCES_SCHEMA)
     max_rows = max(table.num_rows for table in shards.values())
     row_numbers = pa.array(np.arange(max_rows, dtype=np.int64))
     zeros = pa.array(np.zeros(max_rows, dtype=np.int8))

@@ -45,8 +45,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from flows.run_sql import run_query
 from pipeline.filters import REJECT_REASONS
-from pipeline.query import run_query
 from tests.flows.prefect_server import background, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,9 +26,9 @@ from core.atomic import TEMP_PREFIX
 from core.rundir import RunPaths
 from core.shards import ShardInfo
 from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
+from flows.run_sql import run_query
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
-from pipeline.query import run_query
 from pipeline.stages import dedupe_stage
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import prefect_server

@@ -31,9 +31,9 @@ from core.errors import ConfigError, ManifestError, SourceReadError
 from core.rundir import RunPaths
 from core.shards import read_shard_index
 from flows.recipe import load_recipe, record_recipe
+from flows.run_sql import run_query
 from pipeline.config import DedupeConfig
 from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.query import run_query
 from pipeline.stages import dedupe_stage
 from tests.chaos.conftest import (
     build_chaos_corpus,

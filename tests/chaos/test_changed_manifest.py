@@ -20,7 +20,7 @@ import yaml
 
 from core.errors import ConfigError
 from flows.recipe import load_recipe, record_recipe
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from tests.chaos.conftest import build_chaos_corpus, file_bytes, run_data_stages, tokenmill, write_chaos_recipe
 
 Manifest = dict[str, Any]

@@ -1,6 +1,6 @@
 """Hostile run dirs: whoever made a run dir, opening it runs nothing from it and reads nothing outside it.
 
-Folder names, index rows and metadata are data: ``tokenmill query``/``report`` and ``pipeline.query.connect``
+Folder names, index rows and metadata are data: ``tokenmill query``/``report`` and ``flows.run_sql.connect``
 refuse a ``shards/`` tree tokenmill would not write (one line naming the folder) before any SQL runs; an index
 path that is absolute, holds ``..`` or leaves the run dir through a symlink is a ``verify`` fault and is refused
 by the loader, ``shards stats`` and ``shards sample``. Run dirs are hand-built (``build_query_run``) and then
@@ -26,7 +26,7 @@ from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from core.shards import ShardRows, read_shard_index, verify_shards, write_shard, write_shard_index
 from flows.report import write_report
-from pipeline.query import connect
+from flows.run_sql import connect
 from pipeline.shard_stats import shard_stats
 from tests.chaos.conftest import tokenmill
 from tests.conftest import build_query_run

@@ -17,7 +17,7 @@ from core.shards import verify_shards
 from flows.artifact_keys import artifact_key
 from flows.pipeline import training_fingerprint
 from flows.report import report_inputs_fingerprint
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from core.shards import read_shard_index, verify_shards
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import write_small_recipe
 

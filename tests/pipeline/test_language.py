@@ -18,10 +18,10 @@ import yaml
 from benchmarks.corpus import man_page_texts
 from core.errors import ManifestError
 from core.rundir import RunPaths
+from flows.run_sql import run_query
 from pipeline.ingest import ingest_part, plan_ingest
 from pipeline.language import LANGUAGE_CODES, detect_language
 from pipeline.manifest import load_manifest
-from pipeline.query import run_query
 
 LANGUAGES = ("en", "de", "fr", "es", "ja")
 PAGES = 12

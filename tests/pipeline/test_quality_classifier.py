@@ -24,6 +24,7 @@ from benchmarks.corpus import man_page_texts
 from core.errors import ConfigError, ManifestError
 from core.rundir import RunPaths
 from flows.recipe import record_recipe, refuse_changed_recipe, resolve_run
+from flows.run_sql import run_query
 from flows.up_to_date import sealed_summary, write_seal
 from pipeline.fasttext_file import NotAFastTextModel, read_model_info
 from pipeline.ingest import ingest_part, parts_to_ingest, plan_ingest
@@ -36,7 +37,6 @@ from pipeline.quality_classifier import (
     read_examples,
     train_classifier,
 )
-from pipeline.query import run_query
 from tests.flows.conftest import write_small_recipe
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")

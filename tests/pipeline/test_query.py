@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import QueryError
-from pipeline.query import VIEWS, connect, run_query
+from flows.run_sql import connect, run_query
+from pipeline.query import VIEWS
 from tests.conftest import build_query_run
 
 

@@ -22,7 +22,8 @@ from core.errors import QueryError, ShardFormatError
 from core.file_digests import forget_digests
 from core.shard_dataset import shards_as_dataset
 from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
-from pipeline.query import connect, data_funnel, run_query, token_mix
+from flows.run_sql import connect, run_query
+from pipeline.query import data_funnel, token_mix
 from pipeline.shard_stats import shard_stats
 from tests.conftest import build_query_run
 from tokenization.sample import sample_rows

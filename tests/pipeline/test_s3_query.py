@@ -12,7 +12,7 @@ import pytest
 import s3fs
 
 from core.errors import QueryError
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from pipeline.run_mirror import mirror_root
 from tests.conftest import build_query_run
 

@@ -16,11 +16,11 @@ import yaml
 from benchmarks.corpus import debian_doc_texts, man_page_texts, stdlib_docstring_texts
 from core.errors import ManifestError
 from core.rundir import RunPaths
+from flows.run_sql import run_query
 from pipeline.filters import check_filters, content_hash
 from pipeline.ingest import IngestPart, ingest_part, parts_to_ingest, plan_ingest
 from pipeline.manifest import FilterConfig, changed_manifest_keys, changed_threshold_keys, load_manifest
 from pipeline.normalisation import normalise_text
-from pipeline.query import run_query
 from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
 from pipeline.words import split_words

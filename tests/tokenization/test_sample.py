@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.shards import read_shard_index
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from tests.test_readme_sql import build_small_run
 from tokenization.sample import sample_rows
 

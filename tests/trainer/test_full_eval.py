@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from core.eval_results import VAL_SPLIT_TASK, all_rows, read_result
 from core.rundir import RunPaths
-from pipeline.query import run_query
+from flows.run_sql import run_query
 from tests.trainer.conftest import MakeRunDir, edit_recipe, fresh_accelerator
 from trainer.checkpoint_layout import chosen_checkpoints
 from trainer.data import PAD_ID, SplitRows, make_batch
