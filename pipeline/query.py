@@ -8,7 +8,7 @@ the only SQL executed is constant text. A query can neither read nor write files
 the layout tokenmill writes, are read: anything else under ``shards/`` is refused, naming it.
 
 Besides one ad-hoc statement (:func:`run_query`), the questions the report, the Prefect artifacts and the
-README ask are named functions here (:func:`data_funnel`, :func:`rejects_by_reason`, :func:`eval_history`,
+docs/querying.md ask are named functions here (:func:`data_funnel`, :func:`rejects_by_reason`, :func:`eval_history`,
 :func:`token_mix`, :func:`near_duplicate_pairs`), each docstring listing its output columns.
 """
 
@@ -78,7 +78,7 @@ def connect(run_dir: str | Path, sql: str | None = None,
     run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
 
     Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
-    (columns as in the README's data contracts). For notebooks: ``connect("runs/tiny").sql("...").df()``.
+    (columns: docs/querying.md, "The views"). For notebooks: ``connect("runs/tiny").sql("...").df()``.
     ``sql``, when given, is the one statement the connection is for: the shard files are opened only when it
     names ``sequences`` (else that view is empty), so a damaged shard breaks only the queries that read it.
     ``derived``: more views by name, each built only when ``sql`` names it (or ``sql`` is None), else empty.
