@@ -1,4 +1,4 @@
-"""The public data contracts of a run directory, as explicit pyarrow schemas (see README "Data contracts")."""
+"""The public data contracts of a run directory, as explicit pyarrow schemas (docs/formats.md documents each)."""
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ class ShardTokens:
         except BaseException:
             self._mmap.close()
             raise
-        # ``.values`` ignores slice offsets (FACTS.md); batches written by write_shard are never sliced.
+        # ``.values`` ignores slice offsets (docs/library-facts.md); batches written by write_shard are never sliced.
         views = [arr.values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len) for arr in arrays]
         if not views:
             views = [np.zeros((0, self.seq_len), dtype=token_type.to_pandas_dtype())]

@@ -210,7 +210,7 @@ def query(run_dir: RunDirArg,
     """Read-only SQL over a run's views: {views}.
 
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
-    (or s3://bucket/runs/tiny, with the AWS variables set: README, "Run from object storage").
+    (or s3://bucket/runs/tiny, with the AWS variables set: docs/object-storage.md).
     """
     from flows.run_sql import run_query  # DuckDB, pandas (~0.8 s)
     from pipeline.objects import is_remote  # logging (~13 ms): with the query

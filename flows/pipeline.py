@@ -1,4 +1,4 @@
-"""The data-to-model flow: the stages in order, one line each (see ARCHITECTURE.md for the data path)."""
+"""The data-to-model flow: the stages in order, one line each (see docs/architecture.md for the data path)."""
 
 from __future__ import annotations
 

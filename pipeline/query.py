@@ -11,7 +11,7 @@ refused, naming it.
 
 The one public way to open a run for SQL is :mod:`flows.run_sql` (``connect``, ``run_query``): it adds the
 trainer's views, which this package cannot import, to the views built here (:func:`open_views`,
-:func:`run_statement`). The questions the report, the Prefect artifacts and the README ask are named functions
+:func:`run_statement`). The questions the report, the Prefect artifacts and docs/querying.md ask are named functions
 here (:func:`data_funnel`, :func:`rejects_by_reason`, :func:`eval_history`, :func:`token_mix`,
 :func:`near_duplicate_pairs`), each docstring listing its output columns.
 """
@@ -90,7 +90,7 @@ def open_views(run_dir: str | Path, sql: str | None,
     run's local mirror (:mod:`pipeline.run_mirror`), and DuckDB is confined just the same.
 
     Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
-    (columns as in the README's data contracts). ``sql``, when given, is the one statement the connection is
+    (columns: docs/querying.md, "The views"). ``sql``, when given, is the one statement the connection is
     for: a view not read straight from Parquet (metrics, results, launches, sequences, ``derived``) is built only
     when it names the view (else it is empty), so a damaged shard or metrics file breaks only the queries that
     read it, and a query pays only for what it reads.

@@ -1,7 +1,9 @@
-"""Every command in the README, run for real on a real run; a README command that no test runs fails here.
+"""Every command in the README and the docs pages it sends users to, run for real on a real run; a command there
+that no test runs fails here.
 
-The commands are read from README.md: every line of a ```bash block (`#` starts a comment, a trailing `&`
-runs it in the background) and every row of the "Commands" table. `RUNNERS` names, for a pattern of each
+The commands are read from README.md and from the pages that hold commands to type (docs/querying.md,
+docs/orchestration.md): every line of a ```bash block (`#` starts a comment, a trailing `&` runs it in the
+background), and every row of the README's "Commands" table. `RUNNERS` names, for a pattern of each
 command, the test that runs it: `test_every_readme_command_has_a_runner` fails on a command that no pattern
 claims (one added later) and on a pattern that claims none (one edited or removed).
 
@@ -51,6 +53,8 @@ from tests.flows.prefect_server import background, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+COMMAND_PAGES = (README, REPO / "docs" / "querying.md", REPO / "docs" / "orchestration.md")
+"""The README and the docs pages whose ```bash blocks users type (the README's sections moved there)."""
 VENV = Path(sys.prefix)
 """The virtual environment running pytest: the README's `.venv`."""
 README_PORT = 4200
@@ -85,7 +89,7 @@ def split_comment(line: str) -> tuple[str, str]:
 
 
 def readme_sections(text: str) -> dict[str, str]:
-    """``{heading: body}`` for every ``## heading`` of the README."""
+    """``{heading: body}`` for every ``## heading`` of the README (or of a docs page)."""
     chunks = re.split(r"^## ", text, flags=re.M)[1:]
     return {chunk.split("\n", 1)[0].strip(): chunk.split("\n", 1)[1] for chunk in chunks}
 
@@ -110,7 +114,8 @@ def readme_table_commands(text: str) -> list[str]:
 
 
 README_TEXT = README.read_text(encoding="utf-8")
-BASH_COMMANDS = readme_bash_commands(README_TEXT)
+BASH_COMMANDS = [command for page in COMMAND_PAGES
+                 for command in readme_bash_commands(page.read_text(encoding="utf-8"))]
 TABLE_COMMANDS = readme_table_commands(README_TEXT)
 
 QUICK_START = r"python3 -m venv \.venv && \.venv/bin/pip install -q -e \. && \.venv/bin/tokenmill run"
@@ -623,7 +628,7 @@ def wait_for_deployment(env: dict[str, str], name: str) -> dict:
 
 
 def nightly_at_2am_utc(deployment: dict) -> bool:
-    """The deployment's one schedule is README's "cron `0 2 * * *` UTC"."""
+    """The deployment's one schedule is docs/orchestration.md's "cron `0 2 * * *` UTC"."""
     (schedule,) = [entry["schedule"] for entry in deployment["schedules"]]
     return (schedule["cron"], schedule["timezone"]) == ("0 2 * * *", "UTC")  # served and deployed alike
 

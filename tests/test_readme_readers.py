@@ -1,6 +1,6 @@
-"""The README's "Reading the shards with pyarrow, polars, datasets or DuckDB": each snippet, run on a real run.
+"""docs/querying.md's "Reading the shards with pyarrow, polars, datasets or DuckDB": each snippet, run on a real run.
 
-Every snippet must give the numbers the shard index records (rows and tokens per split), and the README's
+Every snippet must give the numbers the shard index records (rows and tokens per split), and the page's
 claim that ``datasets.Dataset.from_file`` cannot read a shard is held here too (it is why the helper exists).
 """
 

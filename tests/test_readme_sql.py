@@ -1,4 +1,5 @@
-"""README "SQL cookbook" and "Reading a shard without tokenmill": every snippet runs on a real, trained small run.
+"""docs/querying.md "SQL cookbook" and "Reading a shard without tokenmill": every snippet runs on a real, trained
+small run (the README's sections, moved there).
 
 The run is built once per module the way the flow builds it (pure stage functions, no Prefect): a slice of
 the standard library with a planted exact copy, a near copy, a too-short file and a binary file, then a few
@@ -25,7 +26,7 @@ from tests.flows.conftest import write_small_recipe
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+QUERYING = Path(__file__).resolve().parents[1] / "docs" / "querying.md"
 SOURCE = "stdlib"
 """The source name write_small_recipe gives the corpus (the README snippets read ``source=stdlib`` shards)."""
 
@@ -89,10 +90,10 @@ def build_small_run(root: Path, *, train_steps: int = 0, packages: tuple[str, ..
 
 
 def readme_section(heading: str) -> str:
-    """The text of README section ``## heading`` up to the next ``## `` heading."""
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## )", text, re.S | re.M)
-    assert match, f"README has no section '## {heading}'"
+    """The text of docs/querying.md's section ``## heading`` up to the next ``## `` heading (or the end)."""
+    text = QUERYING.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match, f"docs/querying.md has no section '## {heading}'"
     return match.group(1)
 
 
@@ -154,7 +155,7 @@ def test_named_queries_token_mix_and_near_duplicate_pairs(trained_run: Path) -> 
 
 
 def test_a_sampled_row_is_found_by_shard_path_and_row_in_shard(trained_run: Path) -> None:
-    """README: "A row is pinned down by shard_path and row_in_shard; tokenmill shards sample prints both"."""
+    """docs/querying.md: "A row is pinned down by shard_path and row_in_shard; tokenmill shards sample prints both"."""
     from tokenization.sample import sample_rows
 
     for row in sample_rows(trained_run, 5, seed=3):

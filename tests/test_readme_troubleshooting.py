@@ -1,4 +1,4 @@
-"""README "Troubleshooting": every message it lists is one the code really writes (wording included).
+"""docs/troubleshooting.md "Messages": every message it lists is one the code really writes (wording included).
 
 A row's message is quoted in backticks with ``…`` (and single capital letters: ``N``, ``H``) standing for
 what varies; each literal piece of it (8 characters or more) must occur in the code. A reworded error
@@ -15,8 +15,8 @@ CODE_FOLDERS = ("core", "pipeline", "tokenization", "trainer", "flows")
 
 
 def troubleshooting_messages() -> list[str]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Troubleshooting\n", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    section = text.split("\n## Messages\n", 1)[1].split("\n## ", 1)[0]
     messages = []
     for row in re.findall(r"^\| (.+?) \| .+ \|$", section, re.M):
         messages += re.findall(r"`([^`]+)`", row)
@@ -35,7 +35,7 @@ def test_every_troubleshooting_message_is_written_by_the_code() -> None:
                      for path in sorted((REPO / folder).rglob("*.py")))
     code += "\n".join(path.read_text(encoding="utf-8") for path in sorted((REPO / "tests").rglob("*.py"))
                       if path.name != Path(__file__).name)  # the Chromium message is the report test's
-    code = code.replace("`", "")  # the README quotes messages in code spans, without their inner backticks
+    code = code.replace("`", "")  # the page quotes messages in code spans, without their inner backticks
     messages = troubleshooting_messages()
     assert len(messages) >= 12
     missing = {message: piece for message in messages for piece in literal_pieces(message) if piece not in code}

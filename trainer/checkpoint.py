@@ -14,7 +14,7 @@ written by a background thread from a CPU copy of the state (:mod:`trainer.check
 the next save, a restore, and the end of training wait for it, and its failure is raised there.
 
 Deliberately not used: Accelerate's ``automatic_checkpoint_naming`` (its counter restarts at 0 in a
-new process and prunes the wrong folder, FACTS.md) and ``register_for_checkpointing`` (it unpickles
+new process and prunes the wrong folder, docs/library-facts.md) and ``register_for_checkpointing`` (it unpickles
 with ``weights_only=False``); our own state goes through JSON instead.
 """
 

@@ -1,6 +1,6 @@
 """Launch: a run dir -> the ``accelerate launch`` argv that starts ``trainer.train`` on 1..N processes.
 
-The flow runs this argv as a subprocess (never through a shell). Facts behind the flags (FACTS.md):
+The flow runs this argv as a subprocess (never through a shell). Facts behind the flags (docs/library-facts.md):
 ``--num_processes 2`` alone, or with ``--cpu``, silently starts ONE process; ``--multi_gpu`` goes
 through torchrun and, on a machine without GPUs, forms a gloo group (MULTI_CPU). The other flags only
 pin Accelerate's defaults so it does not print a warning for each; ``--mixed_precision no`` does not

@@ -1,7 +1,7 @@
 """Precision: ``train.precision`` -> autocast dtype around forward passes, and dynamic loss scaling for fp16.
 
 The trainer does mixed precision itself instead of through Accelerate's ``mixed_precision`` (which it
-sets to ``"no"``): Accelerate silently runs fp16 as fp32 on a CPU (FACTS.md), so its loss scaler could
+sets to ``"no"``): Accelerate silently runs fp16 as fp32 on a CPU (docs/library-facts.md), so its loss scaler could
 never be exercised there. Weights and AdamW state stay fp32 (the "master" copy) in every mode; only
 the matmuls inside ``autocast()`` run in bf16/fp16. For fp16, a ``GradScaler`` multiplies the loss
 before backward, unscales the gradients before clipping, skips the update when they overflowed

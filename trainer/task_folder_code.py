@@ -1,6 +1,6 @@
 """lm-eval task folders read as data: whatever in a task YAML would run code, refused unless the user named the folder.
 
-lm-eval (0.4.13, FACTS.md) runs Python from a task folder in three ways. A ``!function module.fn`` tag imports
+lm-eval (0.4.13; docs/library-facts.md) runs Python from task folders in 3 ways. A ``!function module.fn`` tag imports
 ``module.py`` next to the YAML (or any importable module); Python task classes (``class:``), ``process_results``,
 custom datasets, metrics, aggregations and filters can only be given that way. Every string it renders
 (``doc_to_text``, ``doc_to_target``, ``doc_to_choice``, ``description``, …) that is not a document field is a

@@ -1,4 +1,4 @@
-"""One Prefect test server for the whole session (FACTS.md: ~14 s to start, ~1-2 s per small flow)."""
+"""One Prefect test server for the whole session (docs/library-facts.md: ~14 s to start, ~1-2 s per small flow)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_dask_run_is_byte_identical_to_the_local_run(tmp_path: Path, prefect_api
     recipe.write_text(yaml.safe_dump(data))
     local = prepare_on(str(recipe), str(tmp_path / "local"))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        # As a user runs it: the README's `--dask-address`, through the console script.
+        # As a user runs it: docs/orchestration.md's `--dask-address`, through the console script.
         result = subprocess.run([TOKENMILL, "--quiet", "prepare", str(recipe), "--run-dir", str(tmp_path / "dask"),
                                  "--dask-address", cluster.scheduler_address],
                                 capture_output=True, text=True, timeout=600)

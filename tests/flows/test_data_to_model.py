@@ -197,7 +197,7 @@ def run_tokenmill(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[s
 
 def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
         finished_run: tuple[Path, dict, dict], tmp_path: Path) -> None:
-    """README: "no absolute paths, so a copied run dir still works". Copy the finished run, hide the original,
+    """docs/architecture.md: no absolute paths, a copied run dir works. Copy the finished run, hide the original,
     and every file of the copy is free of the original's path; the read-only commands, the `lm_eval` command
     (from the run dir, as the task YAML says) and a re-run of the flow work on the copy, the re-run up to date.
     A resumed training on the copy was checked once (30 -> 32 steps) and left out: ~1 min of CI for files the

@@ -1,7 +1,7 @@
 """prefect.yaml's deployments against a real `prefect server start`, served locally, on a run with work to do.
 
 The work-pool path (`prefect work-pool create`, `prefect deploy --all`, a process worker running one-shot in the
-deploying checkout) is tested by tests/test_readme_commands.py with the README's own commands; a flow run
+deploying checkout) is tested by tests/test_readme_commands.py with docs/orchestration.md's own commands; a flow run
 started by a worker and one started by `tokenmill serve` are the same flow in the same kind of subprocess, so
 one deployment doing real work (prepare, ten steps, evaluation) is enough here.
 """

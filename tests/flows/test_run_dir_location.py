@@ -1,4 +1,4 @@
-"""Where runs go, as the README says: the default ``runs/<name>``, a relative ``--run-dir`` and a recipe's relative
+"""Where runs go (docs/architecture.md): the default ``runs/<name>``, a relative ``--run-dir`` and a recipe's relative
 ``run_dir`` are taken from the folder tokenmill runs in; paths inside the recipe from the recipe's folder."""
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ FAILING_EXAMPLES = [
 """``(text, filters, reason)``: a document each quality filter rejects."""
 CHECK_ORDER = ("empty", "too_long", "binary", "too_short", "mean_word_length", "symbol_ratio", "duplicate_lines",
                "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "quality_classifier")
-"""The documented order of the quality filters (README, ``check_filters``): the first failing one is the reason."""
+"""The quality filters' documented order (docs/manifest.md, ``check_filters``): the first failing one is the reason."""
 NON_FILTER_FIELDS = {"redact_pii"}
 """``FilterConfig`` fields no quality filter reads: redaction replaces text, it never rejects."""
 
@@ -219,14 +219,15 @@ def test_every_filter_config_field_is_read_by_one_filter_that_its_docstring_and_
 
 
 def readme_reject_reasons() -> list[str]:
-    """The reasons the README's ``Reject reasons:`` paragraph lists, in its order."""
-    paragraph = (REPO / "README.md").read_text(encoding="utf-8").split("\nReject reasons:", 1)[1].split("\n\n")[0]
+    """The reasons docs/formats.md's ``Reject reasons:`` paragraph lists, in its order."""
+    formats = (REPO / "docs" / "formats.md").read_text(encoding="utf-8")
+    paragraph = formats.split("\nReject reasons:", 1)[1].split("\n\n")[0]
     return re.findall(r"`([a-z0-9_]+)`", paragraph.split("(see `REJECT_REASONS`", 1)[0])
 
 
 def readme_filters_block() -> dict[str, str]:
-    """``{key: comment}`` of the ``filters:`` block in the README's manifest reference."""
-    block = (REPO / "README.md").read_text(encoding="utf-8").split("\nfilters:", 1)[1].split("\n```", 1)[0]
+    """``{key: comment}`` of the ``filters:`` block in the manifest reference, docs/manifest.md."""
+    block = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8").split("\nfilters:", 1)[1].split("\n```", 1)[0]
     entries = {}
     for line in block.splitlines()[1:]:
         match = re.fullmatch(r"  (\w+): [^#]*?(?:#\s*(.*))?", line)

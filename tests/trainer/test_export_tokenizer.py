@@ -59,7 +59,7 @@ def test_the_readme_line_for_tokenizer_file_knows_eos_and_pad(export_dir: Path) 
     from transformers import PreTrainedTokenizerFast
 
     config = json.loads((export_dir / "tokenizer_config.json").read_text())
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
     line = ('PreTrainedTokenizerFast(tokenizer_file="runs/tiny/model/tokenizer.json", '
             f'eos_token="{config["eos_token"]}", pad_token="{config["pad_token"]}")')
     assert line in readme
