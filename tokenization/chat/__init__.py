@@ -1,4 +1,4 @@
-"""Chat data for supervised fine-tuning: conversation records -> token ids with a loss mask, by the model's own template.
+"""Chat data for supervised fine-tuning: conversation records -> token ids and a loss mask, by the model's template.
 
 Input: one record (``messages`` or ``prompt``/``completion``) and a local model dir. Output: ``MaskedConversation``
 (token ids, 1 where a token carries loss) or a ``Rejection`` with its reason, for ``rejects``. Pure functions, no I/O

@@ -113,11 +113,12 @@ def _spans_from_prefixes(template: ChatTemplate, conversation: Conversation,
     """Token spans of the assistant turns ``turns``, each the difference of two prefix renderings."""
     full_text = template.render_text(conversation.template_input())
     input_ids, offsets = template.encode_with_offsets(full_text)
+    starts = [start for start, _ in offsets]
     spans = {}
     for turn in turns:
         start_char, end_char = _prefix_chars(template, conversation, turn, full_text)
-        start = _token_at(offsets, start_char, turn, "its generation prompt and its reply")
-        end = _token_at(offsets, end_char, turn, "its end and the next turn")
+        start = _token_at(starts, offsets, start_char, turn, "its generation prompt and its reply")
+        end = _token_at(starts, offsets, end_char, turn, "its end and the next turn")
         end = _end_of_turn(input_ids, start, end, template.special_token_ids)
         if end <= start:
             raise _Refused(f"assistant turn {turn} renders to no tokens after its generation prompt")
@@ -139,10 +140,10 @@ def _prefix_chars(template: ChatTemplate, conversation: Conversation, turn: int,
     return len(prompt_text), len(turn_text)
 
 
-def _token_at(offsets: list[tuple[int, int]], char: int, turn: int, between: str) -> int:
+def _token_at(starts: list[int], offsets: list[tuple[int, int]], char: int, turn: int, between: str) -> int:
     """The index of the first token starting at or after ``char``; refused when a token straddles ``char`` (the
     tokenizer merged text across the turn's boundary, so no token position separates them)."""
-    index = bisect.bisect_left([start for start, _ in offsets], char)
+    index = bisect.bisect_left(starts, char)
     if index > 0 and offsets[index - 1][1] > char:
         raise _Refused(f"assistant turn {turn} cannot be masked: one token spans {between}")
     return index
