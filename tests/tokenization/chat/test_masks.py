@@ -168,12 +168,16 @@ THINKING_TWO_TURNS = {"messages": [user("2+2?"), assistant("<think>add them</thi
                                    assistant("<think>add again</think>6")]}
 
 
+@pytest.mark.parametrize("reasoning", ["add them", "add"])
 def test_a_thinking_template_without_markers_is_refused_per_record_never_masked_mid_content(
-        model_dirs: dict[str, Path]) -> None:
+        reasoning: str, model_dirs: dict[str, Path]) -> None:
     """It drops the <think> part of turns before the last user turn: the first reply renders differently once the
-    second follows. Prefix positions would then land inside the second turn's header and content."""
+    second follows. Prefix positions would then land in the next turn: inside a token for "add them", and (with
+    "add") exactly after the next header's ``<|im_start|>``, a mask that would silently train on it."""
     template = load_chat_template(model_dirs["thinking"])
-    reason = rejection(template, THINKING_TWO_TURNS)
+    record = {"messages": [user("2+2?"), assistant(f"<think>{reasoning}</think>4"),
+                           *THINKING_TWO_TURNS["messages"][2:]]}
+    reason = rejection(template, record)
     assert reason.startswith("assistant turn 1 cannot be masked: the template renders the conversation up to it "
                              "differently once later turns follow")
     assert loss_spans(template, masked(template, THINKING_TWO_TURNS, mode="last_assistant")) == [
