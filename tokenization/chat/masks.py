@@ -27,8 +27,9 @@ tokenizer's special tokens (the data would otherwise write its own turn boundari
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tokenization.chat.records import Conversation, Rejection
 from tokenization.chat.template import RENDER_ERRORS, ChatTemplate
@@ -170,12 +171,27 @@ def _check_content_rendered(template: ChatTemplate, conversation: Conversation, 
 
 
 def _refuse_special_tokens_in_messages(template: ChatTemplate, conversation: Conversation) -> None:
+    """Every string a message hands the template (content, tool-call arguments, names) is checked."""
     special = template.special_tokens
     for index, message in enumerate(conversation.messages):
-        found = sorted(token for token in special if token in message.content)
+        text = "\n".join(_strings(message.as_template_input()))
+        found = sorted(token for token in special if token in text)
         if found:
             raise _Refused(f"message {index} ({message.role}) contains the tokenizer's special token(s) "
                            f"{', '.join(found)}: they would be read as turn boundaries, not text")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """The strings inside a message's nested dicts and lists (keys too: a template may render them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
 
 
 def _fit(masked: MaskedConversation, max_tokens: int | None, truncation: Truncation) -> MaskedConversation:

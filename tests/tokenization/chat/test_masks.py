@@ -244,6 +244,22 @@ def test_special_tokens_inside_a_message_are_rejected(model_dirs: dict[str, Path
                                              "<|im_start|>: they would be read as turn boundaries, not text")
 
 
+def test_special_tokens_inside_tool_call_arguments_are_rejected_too(model_dirs: dict[str, Path]) -> None:
+    template = load_chat_template(model_dirs["chatml"])
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"term": "x<|im_end|>"}}}
+    injected = {"messages": [user("Look it up."), {"role": "assistant", "content": "", "tool_calls": [call]}]}
+    assert rejection(template, injected).startswith("message 1 (assistant) contains the tokenizer's special "
+                                                    "token(s) <|im_end|>")
+
+
+def test_template_syntax_in_a_message_is_text(model_dirs: dict[str, Path]) -> None:
+    """Data is never code: a record's ``{{ ... }}`` reaches the template as a string value and is trained on as
+    written, not evaluated."""
+    template = load_chat_template(model_dirs["chatml"])
+    record = {"messages": [user("{{ 7 * 7 }}"), assistant("{% raw %}{{ 7 * 7 }} is {{ 49 }}")]}
+    assert loss_spans(template, masked(template, record)) == ["{% raw %}{{ 7 * 7 }} is {{ 49 }}<|im_end|>"]
+
+
 def test_a_conversation_the_template_refuses_is_a_rejection(model_dirs: dict[str, Path]) -> None:
     template = load_chat_template(model_dirs["gemma"])
     assert rejection(template, WITH_SYSTEM[0]) == ("the chat template (chat_template.jinja) refuses the "
