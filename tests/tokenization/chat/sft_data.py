@@ -55,10 +55,15 @@ def masked_records(template: ChatTemplate, records: list[dict[str, Any]] = RECOR
     return out
 
 
+INIT_STD = 0.3
+"""Far from the usual 0.02: logits that differ from token to token, so a conversation seeing another changes its loss
+by far more than the tolerance (with near-uniform logits the loss barely moves)."""
+
+
 def tiny_hf_llama(vocab_size: int, seq_len: int, seed: int = 0) -> nn.Module:
     config = AutoConfig.for_model("llama", vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  max_position_embeddings=seq_len)
+                                  max_position_embeddings=seq_len, initializer_range=INIT_STD)
     return build_hf_model(config, seed).eval()
 
 
