@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 import torch
 
 from core.chat_shards import ShardLossMask, write_chat_shard
 from core.errors import ShardFormatError
+from core.schemas import shard_schema
 from core.shards import ShardTokens, shard_relpath, write_shard
 from tests.tokenization.chat.sft_data import masked_records, tiny_hf_llama, tiny_tokenmill_llama
 from tokenization.chat.masks import MaskedConversation
@@ -86,6 +89,11 @@ def test_chat_shards_are_read_by_the_trainers_shard_readers(tmp_path: Path) -> N
     assert np.array_equal(tokens.tokens, chat.rows.input_ids)
     assert [starts.row(row).tolist() for row in range(len(chat))] == chat.rows.doc_starts
     assert np.array_equal(mask.mask, chat.loss_mask)
+    with pa.memory_map(str(tmp_path / relpath)) as source:
+        table = ipc.open_file(source).read_all()
+    assert table.column("num_loss_tokens").to_pylist() == chat.loss_mask.sum(axis=1).tolist()
+    plain_columns = shard_schema(pa.uint16(), 10, {})
+    assert table.select(plain_columns.names).schema.remove_metadata().equals(plain_columns)  # a token shard inside
     tokens.close()
     mask.close()
     plain = shard_relpath("train", "text", 0)
