@@ -117,9 +117,10 @@ class Stage(ABC):
         """Fields the marker keeps beside the summary (an ingest part's ``part``); none by default."""
         return {}
 
-    def changed_outputs(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
-        """Outputs that exist but are no longer what the marker ``recorded`` (a shard whose sha256 changed, a
-        tokenizer edited by hand): the unit is redone. Existence is checked by the runner; none by default."""
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """Files changed since the marker ``recorded`` that its fingerprint cannot hold: an output edited (a shard
+        whose sha256 is not the recorded one), or an input found only by running (a task's data file, listed in
+        the marker). The unit is redone. Missing outputs are the runner's to see; none by default."""
         return []
 
 
@@ -148,7 +149,7 @@ def run_stage(stage: Stage, unit: str | None = None, on_progress: Progress | Non
     stage_fingerprint = inputs.fingerprint()
     recorded = read_marker(stage.paths, stage.name, unit)
     if recorded is not None and recorded.get("fingerprint") == stage_fingerprint \
-            and _missing(stage.outputs(unit)) == [] and stage.changed_outputs(unit, recorded) == []:
+            and _missing(stage.outputs(unit)) == [] and stage.changed_since(unit, recorded) == []:
         return StageResult(stage.name, unit, stage_fingerprint, recorded["summary"], skipped=True)
     stage.paths.marker(stage.name, unit).unlink(missing_ok=True)
     summary = stage.run(unit, on_progress or _no_progress)
@@ -201,12 +202,12 @@ def stage_status(stage: Stage, unit: str | None = None) -> UnitStatus:
     if recorded is None:
         return UnitStatus(stage.name, unit, "to do", ("never finished",), stage_fingerprint)
     missing = _missing(stage.outputs(unit))
-    changed = stage.changed_outputs(unit, recorded) if not missing else []
+    changed = stage.changed_since(unit, recorded) if not missing else []
     if recorded.get("fingerprint") == stage_fingerprint and not missing and not changed:
         return UnitStatus(stage.name, unit, "done", (), stage_fingerprint)
     reasons = changed_inputs(recorded.get("inputs", {}), inputs.digests())
     reasons += [f"output missing: {_shown(stage.paths, path)}" for path in missing]
-    reasons += [f"output changed: {_shown(stage.paths, path)}" for path in changed]
+    reasons += [f"changed since: {_shown(stage.paths, path)}" for path in changed]
     return UnitStatus(stage.name, unit, "stale", tuple(reasons) or ("inputs changed",), stage_fingerprint)
 
 

@@ -122,7 +122,7 @@ class TokenizerStage(Stage):
     def outputs(self, unit: str | None) -> list[Path]:
         return [self.paths.tokenizer, *([self.paths.special_tokens] if self.from_model else [])]
 
-    def changed_outputs(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
         """The tokenizer, when its bytes are not the ones recorded (edited or replaced since)."""
         intact = recorded["summary"].get("tokenizer_sha256") == sha256_file(self.paths.tokenizer)
         return [] if intact else [self.paths.tokenizer]
