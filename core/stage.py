@@ -32,11 +32,12 @@ from core.rundir import CODE_VERSION, RunPaths
 MARKER_FORMAT = 2
 """Markers that record their inputs (``inputs``): what :func:`stage_status` compares to name a change."""
 
-Progress = Callable[[int, int | None], None]
-"""``progress(done, total)``: how far a running stage is, in the stage's :attr:`Stage.progress_unit`."""
+Progress = Callable[..., None]
+"""``progress(done, total[, counts])``: how far a running stage is, in the stage's :attr:`Stage.progress_unit`;
+``counts``: running totals of side counts shown with their rates (an ingest part's ``{"records": 1790}``)."""
 
 
-def _no_progress(done: int, total: int | None) -> None:
+def _no_progress(done: int, total: int | None, counts: Mapping[str, int] | None = None) -> None:
     """The progress callback of a stage run outside a flow (a test, the Python API)."""
 
 

@@ -6,40 +6,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
+from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
 from core.eval_results import VAL_SPLIT_TASK, failed_results
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
+from core.stage import StageResult
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_is_cached, record_evaluation
-from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
+from flows.recipe import ResolvedRun, as_resolved, record_recipe
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
+from flows.stage_list import PREPARE_STAGES, build_stages
 from flows.stage_processes import stage_processes
-from flows.tasks import (
-    base_model_task,
-    decontaminate_task,
-    dedupe_task,
-    downstream_task,
-    eval_checkpoint_task,
-    eval_tasks_task,
-    ingest_part_task,
-    pack_task,
-    plan_ingest_task,
-    report_task,
-    shard_index_task,
-    tokenizer_task,
-    train_task,
-)
-from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
-from pipeline.manifest import load_manifest
+from flows.stage_task import stage_results, submit_stages
+from flows.tasks import downstream_task, eval_checkpoint_task, report_task, train_task
+from pipeline.ingest import INGEST_PRELOAD, IngestStage, parts_to_ingest
 from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
-
-SPLITS = ("train", "val")
 
 
 @flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
@@ -47,44 +34,40 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
     """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done).
 
     ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved.
+    The stages are :data:`flows.stage_list.PREPARE_STAGES`, each unit one task run of the generic stage task.
     """
     run = as_resolved(recipe, run_dir)
-    loaded, base, paths = run.recipe, run.base, run.paths
-    root = paths.root
+    paths = run.paths
     import_plotting_in_background()  # for the report at the end
     with paths.lock():
-        record_recipe(loaded, base, root)
-        manifests = [str(path) for path in manifest_paths(loaded, base)]
-        parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
+        record_recipe(run.recipe, run.base, paths.root)
+        stages = build_stages(PREPARE_STAGES, run)
+        ingest = stages[0]
+        assert isinstance(ingest, IngestStage)
+        parts = ingest.plan()  # docs/plan.json: the sources' new files planned into new parts
         # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core
         # and at most one per part still to do (a re-run with every part done starts none).
-        workers = min(os.cpu_count() or 1, len(parts_to_ingest([IngestPart.from_dict(part) for part in parts],
-                                                                 loaded.data.val_fraction, paths)))
+        workers = min(os.cpu_count() or 1, len(parts_to_ingest(parts, run.recipe.data.val_fraction, paths)))
         with stage_processes(workers, preload=INGEST_PRELOAD):
-            ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
-                                               near=unmapped(loaded.dedupe.near))
-            ingested = ingest_runs.result()
-        # Stages pass files, not values: wait_for records each dependency as an edge of Prefect's task graph.
-        deduped = dedupe_task(paths, loaded.dedupe, wait_for=ingest_runs or [parts])
-        eval_tasks = eval_tasks_task(paths, loaded.eval, str(base), trusted_folders(run))  # checked now, not later
-        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]),
-                                            wait_for=[deduped, eval_tasks])
-        base_model = _optional_str(model_source(loaded, base))
-        model = (base_model_task(paths, loaded.model, base_model, run.trust.model_code) if base_model is not None
-                 else None)
-        tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
-                                   loaded.model.is_hugging_face, wait_for=[decontaminated, model])
-        splits, sources = _split_source_pairs(manifests)
-        packed = pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack), wait_for=[tokenizer])
-        packed.result()
-        shards = shard_index_task(paths, wait_for=packed)
-        report = report_task(paths, wait_for=[shards])
-    summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
-               "decontaminate": decontaminated, "eval_tasks": eval_tasks,
-               "base_model": model, "tokenizer": tokenizer, "num_shards": len(shards),
-               "num_tokens": sum(info.num_tokens for info in shards), "report": report}
-    publish_funnel(root, summary, report)
+            futures = submit_stages([ingest])
+            wait([future for submitted in futures.values() for future in submitted])
+        results = stage_results(submit_stages(stages[1:], futures))
+    summary = _prepare_summary(paths, results)
+    publish_funnel(paths.root, summary, summary["report"])
     return summary
+
+
+def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> dict[str, Any]:
+    """The summary ``tokenmill prepare`` prints (and seals): each stage's own, as the stages returned them."""
+    def one(name: str) -> dict[str, Any] | None:
+        return results[name][0].as_summary() if name in results else None
+
+    indexed = results["shard-index"][0].summary
+    return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
+            "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
+            "eval_tasks": one("eval-tasks") or {"tasks": {}, "num_items": {}, "include": []},
+            "base_model": one("base-model"), "tokenizer": one("tokenizer"), "num_shards": indexed["num_shards"],
+            "num_tokens": indexed["num_tokens"], "report": str(paths.root / results["report"][0].summary["index"])}
 
 
 @flow(name="train-model")
@@ -217,12 +200,6 @@ def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
     from prefect_dask import DaskTaskRunner
 
     return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
-
-
-def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
-    names = [source.name for manifest in manifests for source in load_manifest(manifest).sources]
-    pairs = [(split, name) for split in SPLITS for name in names]
-    return [split for split, _ in pairs], [name for _, name in pairs]
 
 
 def _report_failed_training(paths: RunPaths, failure: Exception) -> None:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import read_json
-from core.documents import DUPLICATES_FILE, document_part_files, document_part_marker
+from core.documents import DUPLICATES_FILE, document_part_files, document_part_fingerprint
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 from core.stage import Inputs, Progress, Stage, run_stage
@@ -125,9 +125,9 @@ def dedupe_fingerprint(parts: list[DocsPart], config: DedupeConfig) -> str:
 
 
 def finished_parts(paths: RunPaths) -> list[DocsPart]:
-    """Finished docs parts in part order, with their marker fingerprints."""
+    """Finished docs parts in part order, with the fingerprints of their kept documents."""
     return [
-        DocsPart(int(path.stem.split("-")[1]), path, read_json(document_part_marker(paths, path))["fingerprint"])
+        DocsPart(int(path.stem.split("-")[1]), path, document_part_fingerprint(paths, path))
         for path in document_part_files(paths)
     ]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json, sha256_file
-from core.documents import document_part_files, document_part_marker, iter_documents
+from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.rundir import RunPaths
 from core.shard_check import shard_intact
@@ -123,9 +123,9 @@ def _pack_inputs(paths: RunPaths, split: str, source: str,
 
 
 def part_fingerprints(paths: RunPaths, parts: list[Path]) -> dict[str, str]:
-    """``{part file name: its ingest marker's fingerprint}``: a part re-decided with other kept documents (new
+    """``{part file name: its kept documents' fingerprint}``: a part re-decided with other kept documents (new
     thresholds, :mod:`pipeline.redecide`) gets a new one."""
-    return {part.name: read_json(document_part_marker(paths, part)).get("fingerprint", "") for part in parts}
+    return {part.name: document_part_fingerprint(paths, part) for part in parts}
 
 
 def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints: dict[str, str]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json
-from core.documents import document_part_files, document_part_marker, iter_documents
+from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.stage import Inputs, Progress, Stage, read_marker, run_stage
@@ -80,7 +80,7 @@ class EvalTasksStage(Stage):
     """
 
     name = STAGE
-    reads = ("ingest",)
+    reads = ("ingest", "dedupe")  # the kept validation documents: the built-in task's items
 
     def __init__(self, paths: RunPaths, config: EvalConfig, include: list[Path],
                  trusted: Collection[Path] = ()) -> None:
@@ -100,10 +100,13 @@ class EvalTasksStage(Stage):
         folders = [folder for folder in self.include if folder != self.paths.eval_tasks]  # eval/tasks/: an output
         files = {f"{_recorded(self.paths, folder)}/{name}": identity for folder in folders
                  for name, _, identity in file_stats(folder, folder)}
-        parts = {f"ingest/{part.stem}": read_json(document_part_marker(self.paths, part)).get("fingerprint", "")
+        parts = {f"ingest/{part.stem}": document_part_fingerprint(self.paths, part)
                  for part in document_part_files(self.paths)}
-        settings = {**self.config.model_dump(mode="json"), "include_folders": [str(path) for path in self.include],
-                    "trusted": [str(path) for path in self.trusted], "lm_eval": importlib.metadata.version("lm_eval")}
+        settings = {**self.config.model_dump(mode="json"),  # folders as recorded: a copied run dir is the same run
+                    "include_folders": [_recorded(self.paths, path) for path in self.include],
+                    "trusted": [_recorded(self.paths, path) for path in self.trusted],
+                    "lm_eval": importlib.metadata.version("lm_eval")}
+        parts["dedupe"] = (read_marker(self.paths, "dedupe") or {}).get("fingerprint", "")
         return Inputs(settings=settings, files=files, upstream=parts)
 
     def outputs(self, unit: str | None) -> list[Path]:
