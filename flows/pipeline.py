@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -18,6 +18,7 @@ from core.stage import StageResult
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_is_cached, record_evaluation
 from flows.recipe import ResolvedRun, as_resolved, record_recipe
+from flows.recipe_flow import recipe_flow
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
 from flows.stage_list import PREPARE_STAGES, build_stages
@@ -29,7 +30,7 @@ from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_ch
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
 
-@flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
+@recipe_flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
 def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[str, Any]:
     """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done).
 
@@ -51,6 +52,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
         with stage_processes(workers, preload=INGEST_PRELOAD):
             futures = submit_stages([ingest])
             wait([future for submitted in futures.values() for future in submitted])
+            stage_results(futures)  # a failed part raises here, once every part has finished
         results = stage_results(submit_stages(stages[1:], futures))
     summary = _prepare_summary(paths, results)
     publish_funnel(paths.root, summary, summary["report"])
@@ -65,12 +67,12 @@ def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> 
     indexed = results["shard-index"][0].summary
     return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
             "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
-            "eval_tasks": one("eval-tasks") or {"tasks": {}, "num_items": {}, "include": []},
+            "eval_tasks": one("eval-tasks"),
             "base_model": one("base-model"), "tokenizer": one("tokenizer"), "num_shards": indexed["num_shards"],
             "num_tokens": indexed["num_tokens"], "report": str(paths.root / results["report"][0].summary["index"])}
 
 
-@flow(name="train-model")
+@recipe_flow(name="train-model")
 def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
     """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export), then the full evaluation.
 
@@ -106,7 +108,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     return trained
 
 
-@flow(name="data-to-model")
+@recipe_flow(name="data-to-model")
 def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
                   dask_address: str | None = None) -> dict[str, Any]:
     """The whole path: prepare the data, then train and evaluate; a re-run skips what is done.
@@ -123,7 +125,7 @@ def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
     return {"prepare": prepared, "train": trained}
 
 
-@flow(name="evaluate-model")
+@recipe_flow(name="evaluate-model")
 def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkpoint: str | None = None,
                    task: str | None = None) -> dict[str, Any]:
     """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each result cached.
@@ -253,7 +255,3 @@ def _latest_checkpoint_step(paths: RunPaths) -> int | None:
 
 def _num_indexed_shards(paths: RunPaths) -> int:
     return len(read_shard_index(paths.root)) if paths.shard_index.is_file() else 0
-
-
-def _optional_str(path: Path | None) -> str | None:
-    return None if path is None else str(path)

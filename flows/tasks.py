@@ -1,4 +1,5 @@
-"""Prefect tasks: each wraps one stage call (retries only on I/O-bound work).
+"""The hand-written Prefect tasks left: training, evaluation and the report as those flows call it. The data
+stages run through the one generic task (:mod:`flows.stage_task`); these go the same way as they become stages.
 
 Each takes the run dir as the :class:`core.rundir.RunPaths` the flow resolved once (a frozen dataclass of one
 path: Prefect hashes and Dask pickles it like the string it replaces).

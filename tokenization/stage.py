@@ -62,7 +62,7 @@ class PackStage(Stage):
 
     def label(self, unit: str | None) -> str:
         split, source = _split_source(unit)
-        return f"pack {split}-{source}"
+        return f"pack {split}/{source}"
 
     def inputs(self, unit: str | None) -> Inputs:
         """The tokenizer (by sha256), seq_len and every document part's fingerprint; refuses a mismatched state."""

@@ -89,11 +89,10 @@ class EvalTasksStage(Stage):
         self.data_files: list[str] = []  # found by run(), recorded in the marker
 
     @classmethod
-    def build(cls, run: Any) -> EvalTasksStage | None:
-        """None when the recipe names no task; the folders as the recipe names them, checked now (not later)."""
+    def build(cls, run: Any) -> EvalTasksStage:
+        """The folders as the recipe names them, checked now (not later). A recipe that names no task has the
+        stage too (it checks nothing): decontamination reads its marker for the tasks to check against."""
         config = run.recipe.eval
-        if not config.tasks:
-            return None
         return cls(run.paths, config, include_dirs(run.paths, config, run.base), run.trust.task_folders)
 
     def inputs(self, unit: str | None) -> Inputs:
@@ -123,6 +122,8 @@ class EvalTasksStage(Stage):
 
     def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
         paths, config = self.paths, self.config
+        if not config.tasks:
+            return {"tasks": {}, "num_items": {}, "include": []}
         if NEXT_LINE_TASK in config.tasks:
             write_builtin_task(paths, config)
         from trainer.downstream import checked_tasks, task_texts  # lm-eval imports slowly: only when tasks are named

@@ -17,7 +17,7 @@ from tests.flows.conftest import write_small_recipe
 pytestmark = pytest.mark.slow
 
 TASKS = ("ingest", "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack", "shard-index", "report")
-"""prepare-data's stages; a task run is named after its stage and unit (``dedupe``, ``pack train-stdlib``)."""
+"""prepare-data's stages; a task run is named after its stage and unit (``dedupe``, ``pack train/stdlib``)."""
 EDGES = {("ingest", "dedupe"), ("ingest", "eval-tasks"), ("dedupe", "eval-tasks"),
          ("ingest", "decontaminate"), ("dedupe", "decontaminate"), ("eval-tasks", "decontaminate"),
          ("ingest", "tokenizer"), ("dedupe", "tokenizer"), ("decontaminate", "tokenizer"),
@@ -34,6 +34,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> 
     from prefect.events.worker import EventsWorker
 
     from flows.pipeline import prepare_data
+    from flows.recipe import resolve_run
 
     EventsWorker.drain_all()  # task runs reach the server as events: through a worker started for this server
     runs = {}
@@ -42,7 +43,9 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> 
         recipe = write_small_recipe(root, packages=("json",))
         if broken:
             (root / "corpus" / "json" / "latin1.py").write_bytes(b"# caf\xe9 = 1\n")
-        state = prepare_data(str(recipe), str(root / name), return_state=True)
+        # alpha as a deployment starts it (a path), beta as the commands do (the run they resolved once)
+        state = (prepare_data(str(recipe), str(root / name), return_state=True) if broken
+                 else prepare_data(resolve_run(recipe, root / name), return_state=True))
         runs[name] = {"run_dir": root / name, "summary": state.result(),
                       "flow_run_id": state.state_details.flow_run_id}
     return runs
@@ -73,7 +76,7 @@ def test_every_stage_is_connected_to_the_stage_it_reads_from(prepared: dict[str,
     found = task_runs(run["flow_run_id"], expected)
     parts = [f"ingest part-{number:05d}" for number in range(run["summary"]["parts_ingested"])]
     assert sorted(task_run.name for task_run in found) == sorted([  # the stage's name and unit: no random suffix
-        *parts, "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack train-stdlib", "pack val-stdlib",
+        *parts, "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack train/stdlib", "pack val/stdlib",
         "shard-index", "report"])
     names = {task_run.id: task_of(task_run.name) for task_run in found}
     assert set(names.values()) == set(TASKS)
@@ -83,6 +86,20 @@ def test_every_stage_is_connected_to_the_stage_it_reads_from(prepared: dict[str,
     assert edges == EDGES, f"missing: {sorted(EDGES - edges)}, unexpected: {sorted(edges - EDGES)}"
     unconnected = {names[task_run.id] for task_run in found} - {task for edge in edges for task in edge}
     assert unconnected == set()
+
+
+def test_a_flow_run_shows_the_recipe_readably_not_the_resolved_run(prepared: dict[str, Any]) -> None:
+    from prefect import get_client
+
+    runs = {}
+    with get_client(sync_client=True) as client:
+        for name, run in prepared.items():
+            runs[name] = client.read_flow_run(run["flow_run_id"]).parameters
+    assert runs["alpha"]["recipe"].endswith("recipe.yaml")  # a path stays a path
+    shown = runs["Beta_Run.v2"]["recipe"]
+    assert shown["recipe"] == "slice" and shown["run_dir"] == str(prepared["Beta_Run.v2"]["run_dir"])
+    assert shown["settings"]["tokenizer"] == {"vocab_size": 512}  # what the recipe sets, defaults left out
+    assert len(json.dumps(runs["Beta_Run.v2"])) < 1000
 
 
 def latest_artifact(key: str) -> Any:
