@@ -99,6 +99,7 @@ def write_documents(run_dir: Path, texts: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from core.rundir import RunPaths
     from core.schemas import DOCUMENTS_SCHEMA
 
     docs = run_dir / "docs"
@@ -108,7 +109,10 @@ def write_documents(run_dir: Path, texts: list[str]) -> None:
     for part, start in enumerate(range(0, len(rows), 2000)):
         table = pa.Table.from_pylist(rows[start:start + 2000], schema=DOCUMENTS_SCHEMA)
         pq.write_table(table, docs / f"part-{part:05d}.parquet")
-        (docs / f"part-{part:05d}.json").write_text("{}")
+        marker = RunPaths(run_dir).marker("ingest", f"part-{part:05d}")  # finished, as ingest marks it
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"format": 2, "fingerprint": str(part), "inputs": {}, "summary": {},
+                                      "documents": str(part)}))
 
 
 def _count_ids(encode_batch: Callable, batches: list[list[str]]) -> int:

@@ -15,6 +15,7 @@ from core.layout import CONTAMINATED_FILE as CONTAMINATED_FILE  # re-exported (t
 from core.layout import DUPLICATES_FILE as DUPLICATES_FILE
 from core.layout import PART_FILES
 from core.rundir import RunPaths, path_inside_run
+from core.stage import read_marker
 
 """``rejects/contaminated.parquet``: train documents the decontaminate stage removed (REJECTS_SCHEMA)."""
 
@@ -29,30 +30,38 @@ def doc_id_for(source: str, uri: str) -> int:
 
 
 def document_part_files(paths: RunPaths) -> list[Path]:
-    """Finished document parts in part order (``part-NNNNN.parquet`` whose ingest marker exists).
-
-    The marker is ``stages/ingest/part-NNNNN.json`` (or, in a run dir written before ``stages/`` held every
-    marker, ``docs/part-NNNNN.json``); see :meth:`core.rundir.RunPaths.done_summary`.
-    """
+    """Finished document parts in part order (``part-NNNNN.parquet`` whose ingest marker
+    ``stages/ingest/part-NNNNN.json`` exists)."""
     parts = sorted(paths.docs.glob(PART_FILES))
     finished = []
     for part in parts:
-        marker = paths.finished_marker("ingest", part.stem)
-        if not path_inside_run(paths.root, part) or (marker is not None and not path_inside_run(paths.root, marker)):
+        marker = paths.marker("ingest", part.stem)
+        if not path_inside_run(paths.root, part) or (marker.exists() and not path_inside_run(paths.root, marker)):
             raise RunDirError(f"{part}: resolves (through a symlink) outside the run dir {paths.root}; a run dir "
                               "may only point inside itself: replace the link by the file, or use a fresh run dir.")
-        if marker is not None:
+        if marker.is_file():
             finished.append(part)
     return finished
 
 
 def document_part_marker(paths: RunPaths, part: Path) -> Path:
     """The ingest marker of a finished document part (see :func:`document_part_files`)."""
-    marker = paths.finished_marker("ingest", part.stem)
-    if marker is None:
+    marker = paths.marker("ingest", part.stem)
+    if not marker.is_file():
         raise RunDirError(f"{part}: no ingest marker (stages/ingest/{part.stem}.json); the part is unfinished: "
                           "re-run ingest.")
     return marker
+
+
+def document_part_fingerprint(paths: RunPaths, part: Path) -> str:
+    """The fingerprint of a finished part's kept documents (its ingest marker's ``documents``): what the stages
+    after ingest key on. It stays while a re-decision under new thresholds keeps the same documents."""
+    document_part_marker(paths, part)
+    recorded = read_marker(paths, "ingest", part.stem)
+    if recorded is None or not isinstance(recorded.get("documents"), str):
+        raise RunDirError(f"{paths.marker('ingest', part.stem)}: damaged (no documents fingerprint); delete it to "
+                          "ingest the part again.")
+    return recorded["documents"]
 
 
 def removed_doc_ids(paths: RunPaths) -> pa.Array:

@@ -151,10 +151,6 @@ class RunLayout:
         """``docs/part-NNNNN.parquet``: one ingest part's kept documents."""
         return self.docs / part_file_name(part_id)
 
-    def legacy_ingest_marker(self, unit: str) -> Path:
-        """``docs/<part>.json``: where run dirs of before ``stages/`` marked an ingest part done."""
-        return self.docs / f"{unit}.json"
-
     @property
     def rejects(self) -> Path:
         return self.root / "rejects"
@@ -233,11 +229,6 @@ class RunLayout:
     def special_tokens(self) -> Path:
         """``tokenizer/special_tokens.json``: eos/pad/bos ids of a model's own tokenizer (see tokenization)."""
         return self.tokenizer_dir / "special_tokens.json"
-
-    @property
-    def legacy_tokenizer_meta(self) -> Path:
-        """``tokenizer/meta.json``: where run dirs of before ``stages/`` kept the tokenizer's marker."""
-        return self.tokenizer_dir / "meta.json"
 
     @property
     def base_model(self) -> Path:

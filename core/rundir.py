@@ -35,8 +35,6 @@ CODE_VERSION = "0.1.0"
 """Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
 
 
-MARKER_KEYS = ("fingerprint", "part", "summary", "measured", "decided")
-"""The keys a marker keeps when it is migrated from a run dir written before ``stages/`` held every marker."""
 
 
 @dataclass(frozen=True)
@@ -133,98 +131,43 @@ class RunPaths(RunLayout):
                              "through RunPaths (ask it for the path).")
         return Path(path)
 
-    # ---- skip-if-done: the one completion mechanism of every stage ----------------------------------------
+    # ---- skip-if-done markers: written and read by core.stage.run_stage -------------------------------------
     #
     # A stage (or one unit of it: an ingest part, a pack (split, source)) is done when its marker holds the
-    # fingerprint of its inputs + settings + CODE_VERSION. Markers live only under ``stages/``:
-    # ``stages/<stage>.json`` for a whole-run stage, ``stages/<stage>/<unit>.json`` for a unit. Each holds
-    # ``{"fingerprint", "summary", ...}`` and is written atomically, last, after every output is in place.
-    # Incremental *state* a stage needs (dedupe's seen parts, pack's packed parts) stays with the stage's
-    # outputs; whether the work is done is answered only here.
+    # fingerprint of its inputs (core.stage.Inputs). Markers live only under ``stages/``: ``stages/<stage>.json``
+    # for a whole-run stage, ``stages/<stage>/<unit>.json`` for a unit, written atomically, last, after every
+    # output is in place. Incremental *state* a stage needs (dedupe's seen parts, pack's packed parts) stays
+    # with the stage's outputs. A run dir written before markers recorded their inputs is refused in one line
+    # (core.stage.read_marker), not migrated.
 
     def marker(self, stage: str, unit: str | None = None) -> Path:
         """``stages/<stage>.json``, or ``stages/<stage>/<unit>.json`` for one unit of the stage."""
         return self.stage_marker(stage, unit)
 
     def finished_marker(self, stage: str, unit: str | None = None) -> Path | None:
-        """The marker recording that (stage, unit) finished, with any fingerprint; None when it has not.
-
-        A legacy ingest part marker counts by its presence alone (as it did); the other legacy files also hold
-        stage state, so they count only while they still carry a fingerprint.
-        """
+        """The marker recording that (stage, unit) finished, with any fingerprint; None when it has not."""
         marker = self.marker(stage, unit)
-        if marker.is_file():
-            return marker
-        legacy = self._legacy_marker(stage, unit)
-        if legacy is None or not legacy.is_file():
-            return None
-        return legacy if stage == "ingest" or "fingerprint" in read_json(legacy) else None
+        return marker if marker.is_file() else None
 
     def done_summary(self, stage: str, stage_fingerprint: str, unit: str | None = None) -> dict[str, Any] | None:
-        """The recorded summary when (stage, unit) finished with exactly this fingerprint, else None.
-
-        A matching legacy marker is migrated: copied under ``stages/`` and its fingerprint dropped from the old place.
-        """
+        """The recorded summary when (stage, unit) finished with exactly this fingerprint, else None."""
         marker = self.marker(stage, unit)
         if marker.is_file() and (record := read_json(marker)).get("fingerprint") == stage_fingerprint:
             return record["summary"]
-        legacy = self._legacy_marker(stage, unit)
-        if legacy is None or not legacy.is_file():
-            return None
-        record = read_json(legacy)
-        if record.get("fingerprint") != stage_fingerprint or "summary" not in record:
-            return None
-        self.write_json(marker, {key: record[key] for key in MARKER_KEYS if key in record})
-        self._drop_legacy(legacy, record)
-        return record["summary"]
-
-    def migrate_marker(self, stage: str, unit: str | None = None) -> None:
-        """Move a legacy marker of (stage, unit) under ``stages/`` as it is (a no-op when there is none to move)."""
-        legacy = self._legacy_marker(stage, unit)
-        marker = self.marker(stage, unit)
-        if legacy is None or marker.is_file() or not legacy.is_file():
-            return
-        record = read_json(legacy)
-        if "fingerprint" in record:
-            self.write_json(marker, {key: record[key] for key in MARKER_KEYS if key in record})
-            self._drop_legacy(legacy, record)
+        return None
 
     def mark_done(self, stage: str, stage_fingerprint: str, summary: dict[str, Any], unit: str | None = None,
                   **record: Any) -> None:
         """Record that (stage, unit) finished; call it last, after every output of the stage is in place.
 
-        ``record`` adds fields to the marker (an ingest part's ``part``). A legacy marker of the unit is dropped,
-        so it can never vouch for outputs made with other settings.
+        For the steps not yet a :class:`core.stage.Stage` (training, the evaluation's record); a stage's
+        marker is written by :func:`core.stage.run_stage`. ``record`` adds fields to the marker.
         """
         self.write_json(self.marker(stage, unit), {"fingerprint": stage_fingerprint, "summary": summary, **record})
-        legacy = self._legacy_marker(stage, unit)
-        if legacy is not None and legacy.is_file():
-            self._drop_legacy(legacy, read_json(legacy))
 
     def clear_done(self, stage: str, unit: str | None = None) -> None:
-        """Forget that (stage, unit) finished (before its outputs are rewritten), under ``stages/`` and legacy."""
+        """Forget that (stage, unit) finished (before its outputs are rewritten)."""
         self.marker(stage, unit).unlink(missing_ok=True)
-        legacy = self._legacy_marker(stage, unit)
-        if legacy is not None and legacy.is_file():
-            self._drop_legacy(legacy, read_json(legacy))
-
-    def _legacy_marker(self, stage: str, unit: str | None = None) -> Path | None:
-        """Where tokenmill 0.1.0 run dirs of before ``stages/`` kept this stage's fingerprint (None: nowhere else).
-
-        Read only when the marker under ``stages/`` is missing or does not match, then migrated (see
-        :meth:`done_summary`), so run dirs written by that version keep their finished work.
-        """
-        legacy = {"ingest": self.legacy_ingest_marker(f"{unit}"), "dedupe": self.dedupe_state,
-                  "decontaminate": self.decontaminate_state, "tokenizer": self.legacy_tokenizer_meta}
-        return legacy.get(stage) if (stage != "ingest" or unit is not None) else None
-
-    def _drop_legacy(self, legacy: Path, record: dict[str, Any]) -> None:
-        """Remove a legacy marker; one also holding stage state (dedupe's parts) keeps the state, minus the marker."""
-        state = {key: value for key, value in record.items() if key not in MARKER_KEYS}
-        if state:
-            self.write_json(legacy, state)
-        else:
-            legacy.unlink()
 
 
 def path_inside_run(run_dir: Path, path: Path) -> bool:

@@ -32,11 +32,12 @@ from core.rundir import CODE_VERSION, RunPaths
 MARKER_FORMAT = 2
 """Markers that record their inputs (``inputs``): what :func:`stage_status` compares to name a change."""
 
-Progress = Callable[[int, int | None], None]
-"""``progress(done, total)``: how far a running stage is, in the stage's :attr:`Stage.progress_unit`."""
+Progress = Callable[..., None]
+"""``progress(done, total[, counts])``: how far a running stage is, in the stage's :attr:`Stage.progress_unit`;
+``counts``: running totals of side counts shown with their rates (an ingest part's ``{"records": 1790}``)."""
 
 
-def _no_progress(done: int, total: int | None) -> None:
+def _no_progress(done: int, total: int | None, counts: Mapping[str, int] | None = None) -> None:
     """The progress callback of a stage run outside a flow (a test, the Python API)."""
 
 
@@ -117,6 +118,12 @@ class Stage(ABC):
         """Fields the marker keeps beside the summary (an ingest part's ``part``); none by default."""
         return {}
 
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """Files changed since the marker ``recorded`` that its fingerprint cannot hold: an output edited (a shard
+        whose sha256 is not the recorded one), or an input found only by running (a task's data file, listed in
+        the marker). The unit is redone. Missing outputs are the runner's to see; none by default."""
+        return []
+
 
 @dataclass(frozen=True)
 class StageResult:
@@ -143,7 +150,7 @@ def run_stage(stage: Stage, unit: str | None = None, on_progress: Progress | Non
     stage_fingerprint = inputs.fingerprint()
     recorded = read_marker(stage.paths, stage.name, unit)
     if recorded is not None and recorded.get("fingerprint") == stage_fingerprint \
-            and _missing(stage.outputs(unit)) == []:
+            and _missing(stage.outputs(unit)) == [] and stage.changed_since(unit, recorded) == []:
         return StageResult(stage.name, unit, stage_fingerprint, recorded["summary"], skipped=True)
     stage.paths.marker(stage.name, unit).unlink(missing_ok=True)
     summary = stage.run(unit, on_progress or _no_progress)
@@ -199,11 +206,13 @@ def stage_status(stage: Stage, unit: str | None = None) -> UnitStatus:
     if recorded is None:
         return UnitStatus(stage.name, unit, "to do", ("never finished",), stage_fingerprint)
     missing = _missing(stage.outputs(unit))
+    changed = stage.changed_since(unit, recorded) if not missing else []
     same = recorded.get("fingerprint") == stage_fingerprint
-    if same and not missing:
+    if same and not missing and not changed:
         return UnitStatus(stage.name, unit, "done", (), stage_fingerprint, new_fingerprint=False)
     reasons = changed_inputs(recorded.get("inputs", {}), inputs.digests())
     reasons += [f"output missing: {_shown(stage.paths, path)}" for path in missing]
+    reasons += [f"changed since: {_shown(stage.paths, path)}" for path in changed]
     return UnitStatus(stage.name, unit, "stale", tuple(reasons) or ("inputs changed",), stage_fingerprint,
                       new_fingerprint=not same)
 

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import get_run_logger
+from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
@@ -14,84 +15,68 @@ from core.eval_results import VAL_SPLIT_TASK, failed_results
 from core.layout import RELATIVE
 from core.rundir import RunPaths, file_stats, fingerprint
 from core.shards import read_shard_index, verify_shards
+from core.stage import StageResult
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_is_cached, record_evaluation
-from flows.recipe import ResolvedRun, as_resolved, model_source, record_run, tokenizer_file, write_launch_config
+from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_config
+from flows.recipe_flow import recipe_flow
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
+from flows.stage_list import PREPARE_STAGES, build_stages
 from flows.stage_processes import stage_processes
-from flows.tasks import (
-    base_model_task,
-    decontaminate_task,
-    dedupe_task,
-    downstream_task,
-    eval_checkpoint_task,
-    eval_tasks_task,
-    ingest_part_task,
-    pack_task,
-    plan_ingest_task,
-    report_task,
-    shard_index_task,
-    tokenizer_task,
-    train_task,
-)
-from pipeline.ingest import INGEST_PRELOAD, IngestPart, by_path, parts_to_ingest
-from pipeline.manifest import ManifestFile
+from flows.stage_task import stage_results, submit_stages
+from flows.tasks import downstream_task, eval_checkpoint_task, report_task, train_task
+from pipeline.ingest import INGEST_PRELOAD, IngestStage, parts_to_ingest
 from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
 from trainer.downstream import check_tasks
 from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 
-SPLITS = ("train", "val")
 
-
-@flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
+@recipe_flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
 def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[str, Any]:
     """Corpus files -> documents -> dedupe -> decontaminate -> tokenizer -> Arrow shards + index (skip-if-done).
 
     ``recipe``: a recipe path (a deployment; ``run_dir`` overrides its run dir) or the run its caller resolved.
+    The stages are :data:`flows.stage_list.PREPARE_STAGES`, each unit one task run of the generic stage task.
     """
     run = as_resolved(recipe, run_dir)
-    loaded, base, paths = run.recipe, run.base, run.paths
-    root = paths.root
+    paths = run.paths
     import_plotting_in_background()  # for the report at the end
     with paths.lock():
         record_run(run)
-        manifests = list(run.manifests)  # loaded once by the command: no stage reads a manifest file again
-        parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
+        stages = build_stages(PREPARE_STAGES, run)
+        ingest = stages[0]
+        assert isinstance(ingest, IngestStage)
+        parts = ingest.plan()  # docs/plan.json: the sources' new files planned into new parts
         # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core
         # and at most one per part still to do (a re-run with every part done starts none).
-        workers = min(os.cpu_count() or 1, len(parts_to_ingest([IngestPart.from_dict(part) for part in parts],
-                                                                 loaded.data.val_fraction, paths, by_path(manifests))))
+        workers = min(os.cpu_count() or 1, len(parts_to_ingest(parts, run.recipe.data.val_fraction, paths,
+                                                                ingest.loaded)))
         with stage_processes(workers, preload=INGEST_PRELOAD):
-            ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
-                                               near=unmapped(loaded.dedupe.near),
-                                               manifests=unmapped(by_path(manifests)))
-            ingested = ingest_runs.result()
-        # Stages pass files, not values: wait_for records each dependency as an edge of Prefect's task graph.
-        deduped = dedupe_task(paths, loaded.dedupe, wait_for=ingest_runs or [parts])
-        eval_tasks = eval_tasks_task(paths, loaded.eval, str(base), trusted_folders(run))  # checked now, not later
-        decontaminated = decontaminate_task(paths, loaded.dedupe.decontaminate, str(base), sorted(eval_tasks["tasks"]),
-                                            wait_for=[deduped, eval_tasks])
-        base_model = _optional_str(model_source(loaded, base))
-        model = (base_model_task(paths, loaded.model, base_model, run.trust.model_code) if base_model is not None
-                 else None)
-        tokenizer = tokenizer_task(paths, loaded.tokenizer, _optional_str(tokenizer_file(loaded, base)),
-                                   loaded.model.is_hugging_face, wait_for=[decontaminated, model])
-        splits, sources = _split_source_pairs(manifests)
-        packed = pack_task.map(unmapped(paths), splits, sources, unmapped(loaded.pack), wait_for=[tokenizer])
-        packed.result()
-        shards = shard_index_task(paths, wait_for=packed)
-        report = report_task(paths, wait_for=[shards])
-    summary = {"run_dir": str(root), "parts_ingested": len(ingested), "dedupe": deduped,
-               "decontaminate": decontaminated, "eval_tasks": eval_tasks,
-               "base_model": model, "tokenizer": tokenizer, "num_shards": len(shards),
-               "num_tokens": sum(info.num_tokens for info in shards), "report": report}
-    publish_funnel(root, summary, report)
+            futures = submit_stages([ingest])
+            wait([future for submitted in futures.values() for future in submitted])
+            stage_results(futures)  # a failed part raises here, once every part has finished
+        results = stage_results(submit_stages(stages[1:], futures))
+    summary = _prepare_summary(paths, results)
+    publish_funnel(paths.root, summary, summary["report"])
     return summary
 
 
-@flow(name="train-model")
+def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> dict[str, Any]:
+    """The summary ``tokenmill prepare`` prints (and seals): each stage's own, as the stages returned them."""
+    def one(name: str) -> dict[str, Any] | None:
+        return results[name][0].as_summary() if name in results else None
+
+    indexed = results["shard-index"][0].summary
+    return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
+            "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
+            "eval_tasks": one("eval-tasks"),
+            "base_model": one("base-model"), "tokenizer": one("tokenizer"), "num_shards": indexed["num_shards"],
+            "num_tokens": indexed["num_tokens"], "report": str(paths.root / results["report"][0].summary["index"])}
+
+
+@recipe_flow(name="train-model")
 def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
     """Shards -> ``accelerate launch -m trainer.train`` (checkpoints, eval, export), then the full evaluation.
 
@@ -128,7 +113,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     return trained
 
 
-@flow(name="data-to-model")
+@recipe_flow(name="data-to-model")
 def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
                   dask_address: str | None = None) -> dict[str, Any]:
     """The whole path: prepare the data, then train and evaluate; a re-run skips what is done.
@@ -145,7 +130,7 @@ def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
     return {"prepare": prepared, "train": trained}
 
 
-@flow(name="evaluate-model")
+@recipe_flow(name="evaluate-model")
 def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkpoint: str | None = None,
                    task: str | None = None) -> dict[str, Any]:
     """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each result cached.
@@ -224,12 +209,6 @@ def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
     return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
 
 
-def _split_source_pairs(manifests: list[ManifestFile]) -> tuple[list[str], list[str]]:
-    names = [source.name for item in manifests for source in item.manifest.sources]
-    pairs = [(split, name) for split in SPLITS for name in names]
-    return [split for split, _ in pairs], [name for _, name in pairs]
-
-
 def _report_failed_training(paths: RunPaths, failure: Exception) -> None:
     """Write the report after a failed training run; never raises, so the flow fails with the training error."""
     try:
@@ -282,7 +261,3 @@ def _latest_checkpoint_step(paths: RunPaths) -> int | None:
 
 def _num_indexed_shards(paths: RunPaths) -> int:
     return len(read_shard_index(paths.root)) if paths.shard_index.is_file() else 0
-
-
-def _optional_str(path: Path | None) -> str | None:
-    return None if path is None else str(path)

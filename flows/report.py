@@ -18,6 +18,7 @@ from typing import Any
 from core.eval_results import failed_results
 from core.layout import CHECKPOINT_FOLDERS, CHECKPOINT_MANIFEST, checkpoint_step
 from core.rundir import RunPaths, file_stats, fingerprint
+from core.stage import Inputs, Progress, Stage, run_stage, stage_status
 from flows.report_headline import collect_headline, headline_html, headline_markdown
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
 from flows.report_visibility import uninformative_plots
@@ -70,57 +71,77 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
 
 
 def write_report(paths: RunPaths) -> Path:
-    """Render every plot and write ``report/index.html``; returns its path.
+    """Render every plot and write ``report/index.html`` (:class:`ReportStage`); returns its path.
 
-    Skipped when no file it reads changed since it was last written (``stages/report.json`` records
-    :func:`report_inputs_fingerprint`): rendering takes ~2 s, and each command of a run that changed
-    nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
+    Skipped when no file it reads changed since it was last written (``stages/report.json``): rendering takes
+    ~2 s, and each command of a run that changed nothing (a re-run, ``tokenmill report`` twice) asked for it up
+    to three times.
     """
-    index = paths.report_page
-    if not sample_is_current(paths):  # a new export: sample it once (imports torch), the report reads the file
-        write_sample_generation(paths)
-    inputs = report_inputs_fingerprint(paths)
-    if report_is_current(paths, inputs):
-        return index
-    data = collect_report_data(paths.root)
-    hidden = uninformative_plots(data)
-    images = {name: render_png(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS
-              if name not in hidden}
-    for name in PLOTS:
-        if name in images:
-            paths.write_bytes(paths.report_plot(name), images[name])
-        else:  # a plot drawn by an earlier report: it would contradict this one
-            paths.report_plot(name).unlink(missing_ok=True)
-    paths.write_text(paths.report_markdown, _markdown(paths.root, data, hidden))
-    paths.write_text(index, _html(paths.root, data, images, hidden))
-    paths.mark_done(REPORT_STAGE, inputs, {"index": index.relative_to(paths.root).as_posix()})
-    return index
+    run_stage(ReportStage(paths))
+    return paths.report_page
 
 
 REPORT_STAGE = "report"
 
 
-def report_is_current(paths: RunPaths, inputs: str | None = None) -> bool:
-    """Whether ``report/index.html`` exists, no file it reads changed since it was written, and the export (if
-    any) has its sample generation.
+class ReportStage(Stage):
+    """The run dir -> ``report/`` (plots, ``report.md``, ``index.html``): the last stage of every command."""
 
-    ``inputs``: :func:`report_inputs_fingerprint`, when the caller has it already.
-    """
-    inputs = inputs if inputs is not None else report_inputs_fingerprint(paths)
-    return (paths.report_page.is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
-            and sample_is_current(paths))
+    name = REPORT_STAGE
+    reads = ("ingest", "dedupe", "decontaminate", "eval-tasks", "base-model", "tokenizer", "pack", "shard-index",
+             "train", "evaluate")
+
+    def inputs(self, unit: str | None) -> Inputs:
+        """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, one digest per
+        top-level entry (``docs``, ``shards``, ``stages``, …: a stale report names what changed).
+
+        That is every file but ``report/``, the lock, the report's own marker, the commands' seals (written after
+        the report), ``metrics/stage_times.jsonl`` (it grows with every stage call, skipped ones included, so
+        counting it would re-render the report on every re-run; a stage call that did work also changed the
+        files it wrote) and the sample generation (the report's own, see :meth:`changed_since`). 7 ms on the
+        quick start's run.
+        """
+        paths = self.paths
+        skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE), paths.stage_times,
+                             paths.seals, paths.sample_generation})
+        entries = sorted(paths.root.iterdir()) if paths.root.is_dir() else []
+        stats = {entry.name: file_stats(paths.root, entry, skipped) for entry in entries if entry not in skipped}
+        return Inputs(files={name: fingerprint(found) for name, found in stats.items() if found})  # stages/: its own
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.report_page]
+
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """The sample generation, when the export is newer than it (a new export is sampled once)."""
+        return [] if sample_is_current(self.paths) else [self.paths.sample_generation]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        paths, index = self.paths, self.paths.report_page
+        if not sample_is_current(paths):  # a new export: sample it once (imports torch), the report reads the file
+            write_sample_generation(paths)
+        data = collect_report_data(paths.root)
+        hidden = uninformative_plots(data)
+        images = {name: render_png(PLOT_FUNCTIONS[name], data, FIGSIZE.get(name, (7, 3.6))) for name in PLOTS
+                  if name not in hidden}
+        for name in PLOTS:
+            if name in images:
+                paths.write_bytes(paths.report_plot(name), images[name])
+            else:  # a plot drawn by an earlier report: it would contradict this one
+                (paths.report_plot(name)).unlink(missing_ok=True)
+        paths.write_text(paths.report_markdown, _markdown(paths.root, data, hidden))
+        paths.write_text(index, _html(paths.root, data, images, hidden))
+        return {"index": index.relative_to(paths.root).as_posix()}
+
+
+def report_is_current(paths: RunPaths) -> bool:
+    """Whether ``report/index.html`` exists, no file it reads changed since it was written, and the export (if
+    any) has its sample generation."""
+    return stage_status(ReportStage(paths)).state == "done"
 
 
 def report_inputs_fingerprint(paths: RunPaths) -> str:
-    """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, and the code's version.
-
-    That is every file but ``report/``, the lock, the report's own marker, the commands' seals (written after
-    the report) and ``metrics/stage_times.jsonl``: that log grows with every stage call, skipped ones included,
-    so counting it would re-render the report on every re-run; a stage call that did work also changed the
-    files it wrote. 7 ms on the quick start's run.
-    """
-    skipped = frozenset({paths.report, paths.lock_file, paths.marker(REPORT_STAGE), paths.stage_times, paths.seals})
-    return fingerprint(REPORT_STAGE, file_stats(paths.root, paths.root, skipped))
+    """The fingerprint :class:`ReportStage` records for the run dir as it is now."""
+    return ReportStage(paths).inputs(None).fingerprint()
 
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefect import task
@@ -34,8 +34,13 @@ def stage_task(stage: Stage, unit: str | None = None) -> StageResult:
     """:func:`core.stage.run_stage` with a bar, one log line, and the span in ``metrics/stage_times.jsonl``."""
     started, started_unix_s = time.perf_counter(), time.time()
     with stage_meter(stage.label(unit), stage.progress_unit) as meter:
-        def on_progress(done: int, total: int | None) -> None:
+        counted: dict[str, int] = {}
+
+        def on_progress(done: int, total: int | None, counts: Mapping[str, int] | None = None) -> None:
             meter.update(completed=done, total=total)
+            if counts:  # running totals: the bar shows the new ones' rates
+                meter.advance(0, **{name: value - counted.get(name, 0) for name, value in counts.items()})
+                counted.update(counts)
 
         if stage.in_worker_process:
             result = run_stage_call(run_stage, stage, unit, on_progress=on_progress)
@@ -59,10 +64,22 @@ def run_stages(stages: Sequence[Stage]) -> dict[str, list[StageResult]]:
 
     The first failed unit raises (its stage's other units finish first; later stages never start).
     """
-    futures: dict[str, list[PrefectFuture]] = {}
+    return stage_results(submit_stages(stages))
+
+
+def submit_stages(stages: Sequence[Stage], submitted: Mapping[str, list[PrefectFuture]] | None = None,
+                  ) -> dict[str, list[PrefectFuture]]:
+    """Submit the stages in list order, each unit waiting for every unit of the stages it reads, among these and
+    those ``submitted`` before (a flow that runs its first stages in a block of their own: ingest's processes)."""
+    futures = dict(submitted or {})
     for stage in stages:
         upstream = [future for name in stage.reads for future in futures.get(name, [])]
         futures[stage.name] = submit_stage(stage, upstream)
+    return futures
+
+
+def stage_results(futures: Mapping[str, list[PrefectFuture]]) -> dict[str, list[StageResult]]:
+    """Each stage's units' results, in submit order; the first failed unit raises."""
     return {name: [future.result() for future in submitted] for name, submitted in futures.items()}
 
 

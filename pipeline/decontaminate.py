@@ -30,8 +30,10 @@ import pyarrow.parquet as pq
 from core.atomic import read_json
 from core.documents import doc_id_for
 from core.errors import ConfigError
+from core.layout import DUPLICATES_FILE, part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import REJECTS_SCHEMA
+from core.stage import Inputs, Progress, Stage, read_marker, run_stage
 from pipeline import minhash
 from pipeline.config import DecontaminateConfig
 from pipeline.dedupe import DocsPart, finished_parts
@@ -87,31 +89,81 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     check against the val split and eval files), ``eval_tasks`` the documents the always-on check against the
     evaluation tasks removed (``contaminated_by_reference``: ``val`` / ``eval`` / ``eval_task`` /
     ``earlier_train``; ``contaminated_by_task``: ``{task: documents}``). A repeat
-    call with nothing new returns the recorded summary. Raises ConfigError when an eval file does not exist,
-    SourceReadError when it cannot be read.
+    call with nothing new returns the recorded summary (:class:`DecontaminateStage`). Raises ConfigError when an
+    eval file does not exist, SourceReadError when it cannot be read.
     """
+    return run_stage(DecontaminateStage(paths, config, base_dir, eval_tasks)).as_summary()
+
+
+DISABLED_SUMMARY = {"enabled": False, "eval_tasks": 0, "num_train_checked": 0, "num_contaminated": 0,
+                    "num_reference_ngrams": 0, "num_boilerplate_ngrams": 0, "contaminated_by_reference": {},
+                    "contaminated_by_task": {}}
+"""What a stage with nothing to check against (off, and no evaluation task) returns."""
+
+
+class DecontaminateStage(Stage):
+    """Kept train documents -> ``rejects/contaminated.parquet``. ``dedupe/decontaminate.json`` is its state (the
+    parts checked with these settings: their decisions stand on a refresh)."""
+
+    name = "decontaminate"
+    reads = ("ingest", "dedupe", "eval-tasks")
+
+    def __init__(self, paths: RunPaths, config: DecontaminateConfig, base_dir: Path | None = None,
+                 eval_tasks: dict[str, Path] | None = None) -> None:
+        """``eval_tasks`` None: the tasks the eval-tasks stage checked (its marker), as the flow runs it."""
+        super().__init__(paths)
+        self.config, self.base_dir, self.given_tasks = config, base_dir, eval_tasks
+
+    @classmethod
+    def build(cls, run: Any) -> DecontaminateStage:
+        return cls(run.paths, run.recipe.dedupe.decontaminate, run.base)
+
+    def tasks(self) -> dict[str, Path]:
+        if self.given_tasks is not None:
+            return dict(sorted(self.given_tasks.items()))
+        recorded = read_marker(self.paths, "eval-tasks")
+        names = recorded["summary"].get("tasks", {}) if recorded is not None else {}
+        return {name: self.paths.eval_text(name) for name in sorted(names)}
+
+    def checked(self) -> DecontaminateConfig | None:
+        """The settings the check runs with (only the evaluation tasks when off), or None: nothing to check."""
+        if not self.config.enabled:
+            return self.config.model_copy(update={"against_val": False, "eval_files": []}) if self.tasks() else None
+        return self.config
+
+    def inputs(self, unit: str | None) -> Inputs:
+        config, tasks = self.checked(), self.tasks()
+        if config is None:
+            return Inputs(settings={"enabled": False})
+        files = {f"eval_file:{path}": _file_digest(path) for path in _eval_paths(config, self.base_dir)}
+        files.update({f"eval_task:{name}": _file_digest(path) for name, path in tasks.items()})
+        upstream = {f"ingest/{part_unit(part.part_id)}": part.fingerprint for part in finished_parts(self.paths)}
+        upstream["dedupe"] = (read_marker(self.paths, "dedupe") or {}).get("fingerprint", "")
+        files[DUPLICATES_FILE] = _file_digest(self.paths.duplicates)  # what is read, by content
+        return Inputs(settings={**config.model_dump(exclude={"enabled"}), "enabled": self.config.enabled},
+                      files={name: str(digest) for name, digest in files.items()}, upstream=upstream)
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [] if self.checked() is None else [self.paths.contaminated]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        config = self.checked()
+        if config is None:
+            (self.paths.contaminated).unlink(missing_ok=True)
+            return dict(DISABLED_SUMMARY)
+        summary = _decontaminate(self.paths, config, _eval_paths(config, self.base_dir), self.tasks())
+        return as_recipe_says(summary, self.config.enabled)
+
+
+def _decontaminate(paths: RunPaths, config: DecontaminateConfig, eval_files: list[Path],
+                   tasks: dict[str, Path]) -> dict[str, Any]:
+    """The check itself; the parts checked with these settings before keep their decisions (stage state)."""
     output = paths.contaminated
-    tasks = dict(sorted((eval_tasks or {}).items()))
-    if not config.enabled and not tasks:
-        output.unlink(missing_ok=True)
-        paths.clear_done("decontaminate")
-        return {"enabled": False, "eval_tasks": 0, "num_train_checked": 0, "num_contaminated": 0,
-                "num_reference_ngrams": 0, "num_boilerplate_ngrams": 0, "contaminated_by_reference": {},
-                "contaminated_by_task": {}}
-    enabled = config.enabled  # the summary says what the recipe says; the tasks are checked either way
-    if not config.enabled:  # only the evaluation tasks are checked
-        config = config.model_copy(update={"against_val": False, "eval_files": []})
-    eval_files = _eval_paths(config, base_dir)
     parts = finished_parts(paths)
     settings = fingerprint("decontaminate", config.model_dump(exclude={"enabled"}),
                            [(path.name, _file_digest(path)) for path in eval_files],
                            [(name, _file_digest(path)) for name, path in tasks.items()])
-    run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
-                                  _file_digest(paths.duplicates))
-    done = paths.done_summary("decontaminate", run_fingerprint)
-    if done is not None and output.is_file():
-        return {**as_recipe_says(done, enabled), "skipped": True}
-    state_path = paths.decontaminate_state  # settings fingerprint and parts checked (done: stages/decontaminate.json)
+    state_path = paths.decontaminate_state
     state = read_json(state_path) if state_path.is_file() else {}
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
     locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
@@ -130,9 +182,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     summary = _write_rejects(paths, output, rows, matches.num_checked, len(reference.hashes), num_boilerplate)
     paths.write_json(state_path, {"settings": settings,
                                   "parts": {str(part.part_id): part.fingerprint for part in parts}})
-    summary = as_recipe_says(summary, enabled)
-    paths.mark_done("decontaminate", run_fingerprint, summary)
-    return {**summary, "skipped": False}
+    return summary
 
 
 def as_recipe_says(summary: dict[str, Any], enabled: bool) -> dict[str, Any]:

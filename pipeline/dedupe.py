@@ -15,6 +15,7 @@ group at a time, and candidates' signatures read from the row groups that hold t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import read_json
-from core.documents import document_part_files, document_part_marker
+from core.documents import document_part_files, document_part_fingerprint
 from core.layout import CLUSTERS_FILE as CLUSTERS_FILE  # re-exported (tests)
-from core.rundir import RunPaths, fingerprint
+from core.layout import part_unit
+from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
+from core.stage import Inputs, Progress, Stage, run_stage
 from pipeline import minhash
 from pipeline.config import DedupeConfig
 from pipeline.near_dedupe import BANDS_DIR, MINHASH_DIR, DocsPart, NearIndex, PairScorer
@@ -67,37 +70,63 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
 
     Returns ``{"num_documents_in", "num_exact_duplicates", "num_near_duplicates", "num_kept"}``. Outputs
     are deterministic (same parts and settings -> same bytes); a repeat call with nothing new returns
-    the summary recorded in ``stages/dedupe.json`` without work. ``dedupe/state.json`` keeps the parts seen
-    (stage state: their documents stay locked).
+    the summary recorded in ``stages/dedupe.json`` without work (:class:`DedupeStage` through
+    :func:`core.stage.run_stage`).
     """
-    parts = finished_parts(paths)
-    stage_fingerprint = dedupe_fingerprint(parts, config)
-    done = paths.done_summary("dedupe", stage_fingerprint)
-    if done is not None and paths.duplicates.is_file():
-        return done
-    state_path = paths.dedupe_state
-    state = read_json(state_path) if state_path.is_file() else {"parts": {}}
-    catalog, part_ids = load_catalog(parts)
-    locked = locked_documents(catalog, part_ids, parts, state, paths)
-    decisions = decide(catalog, part_ids, locked, parts, paths, config)
-    summary = write_outputs(catalog, decisions, paths)
-    paths.write_json(state_path, {"parts": {str(part.part_id): part.fingerprint for part in parts}})
-    paths.mark_done("dedupe", stage_fingerprint, summary)
-    return summary
+    return run_stage(DedupeStage(paths, config)).summary
+
+
+class DedupeStage(Stage):
+    """``docs/`` -> ``dedupe/duplicates.parquet``. ``dedupe/state.json`` keeps the parts seen (stage state:
+    their documents stay locked, so a refresh never removes a document whose tokens may be in shards)."""
+
+    name = "dedupe"
+    reads = ("ingest",)
+    progress_unit = None
+
+    def __init__(self, paths: RunPaths, config: DedupeConfig) -> None:
+        super().__init__(paths)
+        self.config = config
+
+    @classmethod
+    def build(cls, run: Any) -> DedupeStage:
+        return cls(run.paths, run.recipe.dedupe)
+
+    def inputs(self, unit: str | None) -> Inputs:
+        return dedupe_inputs(finished_parts(self.paths), self.config)
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.duplicates]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        parts = finished_parts(self.paths)
+        state_path = self.paths.dedupe_state
+        state = read_json(state_path) if state_path.is_file() else {"parts": {}}
+        catalog, part_ids = load_catalog(parts)
+        locked = locked_documents(catalog, part_ids, parts, state, self.paths)
+        decisions = decide(catalog, part_ids, locked, parts, self.paths, self.config)
+        summary = write_outputs(catalog, decisions, self.paths)
+        self.paths.write_json(state_path, {"parts": {str(part.part_id): part.fingerprint for part in parts}})
+        return summary
+
+
+def dedupe_inputs(parts: list[DocsPart], config: DedupeConfig) -> Inputs:
+    """The dedupe stage's inputs: its settings (not decontaminate's), its rules, the MinHash implementation and
+    words (a run deduped on other words is deduped again), and the fingerprint of every finished part."""
+    return Inputs(settings=config.model_dump(exclude={"decontaminate"}),  # a later stage's settings; not dedupe's
+                  upstream={f"ingest/{part_unit(part.part_id)}": part.fingerprint for part in parts},
+                  version=f"{VERSION}/{minhash.IMPLEMENTATION}/{minhash.WORDS_VERSION}")
 
 
 def dedupe_fingerprint(parts: list[DocsPart], config: DedupeConfig) -> str:
-    """The dedupe stage's one fingerprint: its rules, its settings (not decontaminate's), the MinHash implementation
-    and words (a run deduped on other words is deduped again), the parts' fingerprints."""
-    settings = config.model_dump(exclude={"decontaminate"})  # a later stage's settings; not dedupe's
-    return fingerprint("dedupe", VERSION, settings, minhash.IMPLEMENTATION, minhash.WORDS_VERSION,
-                       [(part.part_id, part.fingerprint) for part in parts])
+    """The dedupe stage's one fingerprint (:func:`dedupe_inputs`)."""
+    return dedupe_inputs(parts, config).fingerprint()
 
 
 def finished_parts(paths: RunPaths) -> list[DocsPart]:
-    """Finished docs parts in part order, with their marker fingerprints."""
+    """Finished docs parts in part order, with the fingerprints of their kept documents."""
     return [
-        DocsPart(int(path.stem.split("-")[1]), path, read_json(document_part_marker(paths, path))["fingerprint"])
+        DocsPart(int(path.stem.split("-")[1]), path, document_part_fingerprint(paths, path))
         for path in document_part_files(paths)
     ]
 

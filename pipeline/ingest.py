@@ -24,6 +24,7 @@ from core.errors import ManifestError
 from core.layout import part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from core.stage import Inputs, Progress, Stage, read_marker, run_stage, stage_status
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import Attributes, measure_text, redact_pii
 from pipeline.globs import glob_reaches, glob_regex
@@ -96,12 +97,11 @@ def part_marker(paths: RunPaths, part_id: int) -> Path:
 
 
 def part_finished(paths: RunPaths, part_id: int) -> bool:
-    """Whether the part's documents and marker exist (``stages/ingest/``, or ``docs/`` in an older run dir).
+    """Whether the part's documents and marker (``stages/ingest/``) exist.
 
     The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
     """
-    documents = paths.document_part(part_id)
-    return documents.is_file() and paths.finished_marker("ingest", part_unit(part_id)) is not None
+    return paths.document_part(part_id).is_file() and part_marker(paths, part_id).is_file()
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -298,25 +298,29 @@ def plan_ingest(manifests: list[Path] | list[ManifestFile], paths: RunPaths, par
     manifests define the same source name. ``manifests``: as loaded by the caller, or their paths.
     """
     loaded = as_manifest_files(manifests)
-    sources = collect_sources(loaded)
+    parts = planned_parts(loaded, paths, part_size_bytes)
+    decisions = {str(item.path): fingerprint("ingest_decision", decision_settings(item.manifest.filters))
+                 for item in loaded}
+    return [part for part in parts if not part_finished(paths, part.part_id)
+            or _decided_otherwise(paths, part.part_id, decisions[part.manifest_path])]
+
+
+def planned_parts(manifests: list[Path] | list[ManifestFile], paths: RunPaths, part_size_bytes: int,
+                  write: bool = True) -> list[IngestPart]:
+    """Every part of the plan whose source the recipe has, in plan order, new files planned into new parts;
+    ``write``: persist the plan (``docs/plan.json``), else only say what it would be (``tokenmill status``)."""
+    sources = collect_sources(manifests)
     plan_path = paths.ingest_plan
     plan = read_json(plan_path) if plan_path.is_file() else {"version": PLAN_VERSION, "parts": [], "files": {}}
     before = repr(plan)
     for name, (manifest_path, source) in sorted(sources.items()):
         _plan_source(plan, name, list_source_files(source, manifest_path, paths.root), part_size_bytes, paths)
-    if repr(plan) != before:
+    if write and repr(plan) != before:
         paths.write_json(plan_path, plan)
-    for part in plan["parts"]:  # a run dir of before stages/ held every marker: move its part markers there
-        paths.migrate_marker("ingest", part_unit(part["part_id"]))
-    decisions = {item.path: fingerprint("ingest_decision", decision_settings(item.manifest.filters))
-                 for item in loaded}
     return [
         IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
                    sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
-        for part in plan["parts"]
-        if part["source"] in sources and (not part_finished(paths, part["part_id"])
-                                          or _decided_otherwise(paths, part["part_id"],
-                                                                decisions[sources[part["source"]][0]]))
+        for part in plan["parts"] if part["source"] in sources
     ]
 
 
@@ -385,7 +389,8 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
 
     Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
     "redactions_by_kind", "num_bytes"}`` (redactions are counted in every record that reached the filters);
-    a part already done with the same settings returns its recorded summary at once.
+    a part already done with the same settings returns its recorded summary at once
+    (:class:`IngestStage`, ``skipped``).
     ``on_progress(num_records, num_bytes)`` is told what was read since its last call (a file's bytes count
     once the file is read), so a caller can show rates; the totals add up to the summary's.
     Raises SourceReadError for an unreadable file of an ``on_error: fail`` source.
@@ -400,24 +405,119 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     is opened. ``manifest``: the part's manifest as the caller loaded it (a flow's resolved run); read from
     ``part.manifest_path`` when None.
     """
-    manifest_path = Path(part.manifest_path)
-    manifest, source = _part_source(part, manifest_path, manifest)
-    measured, decided = _part_fingerprints(part, manifest, source, val_fraction)
-    done = _finished_summary(part, (measured, decided), paths)
-    if done is not None:
-        return {**done, "skipped": True}
-    record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
-    if _redecidable(part, measured, paths):
-        return redecide_part(part.part_id, manifest.filters, val_fraction, paths, (measured, decided), near, record)
-    part_fingerprint = fingerprint(measured, decided)
-    root = source_root(source, manifest_path)
-    with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
-        summary = _write_part(part, source, manifest.filters, root, val_fraction, paths, on_progress or _ignore,
-                              signatures)
-        signatures.write()
-    paths.mark_done("ingest", part_fingerprint, summary, part_unit(part.part_id), part=record, measured=measured,
-                    decided=decided)
-    return summary
+    stage = IngestStage(paths, [part], val_fraction, near,
+                        None if manifest is None else {part.manifest_path: manifest})
+    progress = None if on_progress is None else _per_call(on_progress)
+    return run_stage(stage, part_unit(part.part_id), on_progress=progress).as_summary()
+
+
+def _per_call(on_progress: Callable[[int, int], None]) -> Progress:
+    """The runner's running totals as ``on_progress(num_records, num_bytes)`` read since the last call."""
+    told = {"records": 0, "bytes": 0}
+
+    def progress(done: int, total: int | None, counts: dict[str, int] | None = None) -> None:
+        records = (counts or {}).get("records", told["records"])
+        on_progress(records - told["records"], done - told["bytes"])
+        told.update(records=records, bytes=done)
+
+    return progress
+
+
+class IngestStage(Stage):
+    """Source files -> one part's documents, rejects and attributes; one unit per planned part (``part-NNNNN``).
+
+    Its marker records, beside the summary, the part (files), the ``measured`` and ``decided`` fingerprints and
+    ``documents``: the fingerprint of the part's kept documents, which the later stages key on. A part re-decided
+    under new thresholds keeps ``documents`` while its kept documents stay the same, so they stay skipped.
+    """
+
+    name = "ingest"
+    progress_unit = "bytes"
+    in_worker_process = True
+    retries = 2
+
+    def __init__(self, paths: RunPaths, parts: list[IngestPart], val_fraction: float,
+                 near: NearDedupeConfig | None = None, manifests: dict[str, CorpusManifest] | None = None) -> None:
+        """``manifests``: ``{manifest path: manifest}`` as the command loaded them (:func:`by_path`); a part's
+        manifest not in it is read from its path."""
+        super().__init__(paths)
+        self.parts = {part_unit(part.part_id): part for part in parts}
+        self.val_fraction, self.near = val_fraction, near
+        self.loaded = dict(manifests or {})
+        self.manifests: list[ManifestFile] = []
+        self.part_size_bytes = 0
+        self._recorded: dict[str | None, dict[str, Any] | None] = {}
+        self._extras: dict[str | None, dict[str, Any]] = {}
+
+    @classmethod
+    def build(cls, run: Any) -> IngestStage:
+        """The recipe's sources; the parts are planned by :meth:`plan` (the flow, first) or on asking :meth:`units`."""
+        manifests = list(run.manifests)  # loaded once by the command: no stage reads a manifest file again
+        stage = cls(run.paths, [], run.recipe.data.val_fraction, run.recipe.dedupe.near, by_path(manifests))
+        stage.manifests, stage.part_size_bytes = manifests, run.recipe.data.part_size_bytes
+        return stage
+
+    def plan(self, write: bool = True) -> list[IngestPart]:
+        """Plan the sources' new files into new parts (``docs/plan.json``; ``write=False``: only say what the plan
+        would be, for ``tokenmill status``); every part of the plan, largest first."""
+        parts = largest_first(planned_parts(self.manifests, self.paths, self.part_size_bytes, write=write),
+                              self.loaded)
+        self.parts = {part_unit(part.part_id): part for part in parts}
+        return parts
+
+    def units(self) -> list[str]:
+        if not self.parts and self.manifests:
+            self.plan(write=False)
+        return list(self.parts)
+
+    def label(self, unit: str | None) -> str:
+        return f"ingest {unit}"
+
+    def inputs(self, unit: str | None) -> Inputs:
+        part = self.parts[str(unit)]
+        manifest, source = _part_source(part, Path(part.manifest_path), _loaded(part, self.loaded))
+        # what run() re-decides from, as it is before the runner removes the marker
+        self._recorded[unit] = read_marker(self.paths, self.name, unit)
+        return Inputs(settings={"files": list(part.files), **_part_settings(manifest, source, self.val_fraction)},
+                      version=str(ATTRIBUTES_VERSION))
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.document_part(self.parts[str(unit)].part_id)]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        part = self.parts[str(unit)]
+        manifest_path = Path(part.manifest_path)
+        manifest, source = _part_source(part, manifest_path, _loaded(part, self.loaded))
+        measured, decided = _part_fingerprints(part, manifest, source, self.val_fraction)
+        record = {"part_id": part.part_id, "source": part.source, "files": list(part.files)}
+        recorded = self._recorded.get(unit)
+        if recorded is not None and _redecidable(part, measured, recorded, self.paths):
+            summary, documents = redecide_part(part.part_id, manifest.filters, self.val_fraction, self.paths,
+                                               (measured, decided), self.near, recorded)
+        else:
+            documents = fingerprint(measured, decided)
+            with SignatureCollector(self.paths, part.part_id, documents, self.near) as signatures:
+                summary = _write_part(part, source, manifest.filters, source_root(source, manifest_path),
+                                      self.val_fraction, self.paths, _bytes_read(on_progress, part.num_bytes),
+                                      signatures)
+                signatures.write()
+        self._extras[unit] = {"part": record, "measured": measured, "decided": decided, "documents": documents}
+        return summary
+
+    def marker_extras(self, unit: str | None, summary: dict[str, Any]) -> dict[str, Any]:
+        return self._extras.pop(unit)
+
+
+def _bytes_read(on_progress: Progress, total: int) -> Callable[[int, int], None]:
+    """``on_progress(num_records, num_bytes)`` per file as the runner's ``(bytes so far, total, {"records"})``."""
+    done = {"records": 0, "bytes": 0}
+
+    def progress(num_records: int, num_bytes: int) -> None:
+        done["records"] += num_records
+        done["bytes"] += num_bytes
+        on_progress(done["bytes"], total or None, {"records": done["records"]})
+
+    return progress
 
 
 def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPaths,
@@ -427,12 +527,16 @@ def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPath
     Lets a caller size its worker pool by the work left: a re-run that finds every part done starts none.
     ``manifests``: as in :func:`largest_first`.
     """
-    pending = []
-    for part in parts:
-        manifest, source = _part_source(part, Path(part.manifest_path), _loaded(part, manifests))
-        if _finished_summary(part, _part_fingerprints(part, manifest, source, val_fraction), paths) is None:
-            pending.append(part)
-    return pending
+    stage = IngestStage(paths, parts, val_fraction, manifests=manifests)
+    return [part for part in parts if stage_status(stage, part_unit(part.part_id)).state != "done"]
+
+
+def _part_settings(manifest: CorpusManifest, source: SourceConfig, val_fraction: float) -> dict[str, Any]:
+    """What a part's outputs depend on besides its files: how its source is read, what is measured, the
+    thresholds its verdicts are decided with (:mod:`pipeline.thresholds`), the val split."""
+    return {"source": source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"}),
+            "measurement": measurement_settings(manifest.filters),
+            "thresholds": decision_settings(manifest.filters), "val_fraction": val_fraction}
 
 
 def _part_fingerprints(part: IngestPart, manifest: CorpusManifest, source: SourceConfig,
@@ -449,30 +553,11 @@ ATTRIBUTES_VERSION = 1
 """In the measurement fingerprint: a part ingested before attributes were stored is ingested again (once)."""
 
 
-def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: RunPaths) -> dict[str, Any] | None:
-    """The part's recorded summary when it is done with these files, measurements and thresholds, else None.
-
-    A part re-decided keeps its marker's fingerprint while its kept documents stay the same (later stages key on
-    it), so the marker's ``measured`` and ``decided`` are compared as well."""
-    if not paths.document_part(part.part_id).is_file():
-        return None
-    done = paths.done_summary("ingest", fingerprint(*fingerprints), part_unit(part.part_id))
-    if done is not None:
-        return done
-    marker = paths.marker("ingest", part_unit(part.part_id))
-    if not marker.is_file():
-        return None
-    recorded = read_json(marker)
-    if (recorded.get("measured"), recorded.get("decided")) == fingerprints:
-        return recorded.get("summary")
-    return None
-
-
-def _redecidable(part: IngestPart, measured: str, paths: RunPaths) -> bool:
-    """Whether the part was measured with these settings and its attributes are there: only thresholds changed."""
-    marker = paths.marker("ingest", part_unit(part.part_id))
+def _redecidable(part: IngestPart, measured: str, recorded: dict[str, Any], paths: RunPaths) -> bool:
+    """Whether the part was measured with these settings (its ``recorded`` marker says) and its attributes are
+    there: only thresholds changed."""
     files = (paths.document_part(part.part_id), paths.rejects_part(part.part_id), paths.attributes_part(part.part_id))
-    return marker.is_file() and read_json(marker).get("measured") == measured and all(f.is_file() for f in files)
+    return recorded.get("measured") == measured and all(file.is_file() for file in files)
 
 
 def by_path(manifests: list[ManifestFile]) -> dict[str, CorpusManifest]:

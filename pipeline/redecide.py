@@ -5,7 +5,7 @@ Only the thresholds changed (:mod:`pipeline.thresholds`), so each stored value i
 measure. A document rejected at ingest was measured only up to the row that rejected it: when new thresholds let it
 past that row, it is measured again from its stored text (:func:`pipeline.filters.measure_text`). The part's
 documents (and MinHash signatures) are rewritten only when its kept documents changed; otherwise its marker keeps its
-fingerprint, which the dedupe stage and the stages after it key on, so they stay skipped.
+documents' fingerprint, which the dedupe stage and the stages after it key on, so they stay skipped.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import read_json
-from core.layout import part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
@@ -39,13 +37,12 @@ FILTER_REASONS = frozenset(row.reason for row in QUALITY_FILTERS)
 
 def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, paths: RunPaths,
                   fingerprints: tuple[str, str], near: NearDedupeConfig | None,
-                  record: dict[str, Any]) -> dict[str, Any]:
+                  marker: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """Rewrite the part's rejects and attributes (and its documents when the kept set changed) under ``filters``;
-    returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed)."""
-    unit = part_unit(part_id)
+    returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed), and
+    the fingerprint of its kept documents (the one its ``marker`` recorded while they stay the same)."""
     docs_path, rejects_path = paths.document_part(part_id), paths.rejects_part(part_id)
     attributes_path = paths.attributes_part(part_id)
-    marker = read_json(paths.marker("ingest", unit))
     docs = {row["uri"]: row for row in pq.read_table(docs_path).to_pylist()}
     rejects = pq.read_table(rejects_path, schema=REJECTS_SCHEMA).to_pylist()
     filtered = {row["uri"]: row for row in rejects if row["reason"] in FILTER_REASONS}
@@ -59,10 +56,9 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
         attribute_rows.append(attribute_row(row, values))
         num_changed += was_kept == ("reason" in row)
     kept_changed = {row["uri"] for row in kept_rows} != docs.keys()
-    paths.clear_done("ingest", unit)  # killed from here on, the part is ingested afresh
     _write_rows(rejects_path, REJECTS_SCHEMA, broken + rejected_rows, paths)
     _write_rows(attributes_path, ATTRIBUTES_SCHEMA, attribute_rows, paths)
-    part_fingerprint = marker["fingerprint"]
+    part_fingerprint = marker["documents"]
     if kept_changed:
         part_fingerprint = fingerprint(*fingerprints)
         with SignatureCollector(paths, part_id, part_fingerprint, near) as signatures:
@@ -71,9 +67,7 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
     reasons = Counter(row["reason"] for row in broken + rejected_rows)
     summary = {**marker["summary"], "num_documents": len(kept_rows), "num_rejects": sum(reasons.values()),
                "rejects_by_reason": dict(sorted(reasons.items())), "redecided": True, "num_changed": num_changed}
-    paths.mark_done("ingest", part_fingerprint, summary, unit, part=record, measured=fingerprints[0],
-                    decided=fingerprints[1])
-    return summary
+    return summary, part_fingerprint
 
 
 def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: dict[str, Any] | None,

@@ -95,8 +95,7 @@ def _finished_parts(keys: list[str], present: set[str]) -> list[str]:
     parts = []
     for rel in keys:
         match = DOCS_PART_KEY.fullmatch(rel)
-        if match and (run_key(RELATIVE.stage_marker("ingest", match.group(1))) in present
-                      or run_key(RELATIVE.legacy_ingest_marker(match.group(1))) in present):
+        if match and run_key(RELATIVE.stage_marker("ingest", match.group(1))) in present:
             parts.append(rel)
     return parts
 

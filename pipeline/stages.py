@@ -1,20 +1,19 @@
-"""The dedupe stage as the flow runs it: the skip-if-done result of :func:`pipeline.dedupe.dedupe_documents`."""
+"""The dedupe stage as the flow's summary shows it: :class:`pipeline.dedupe.DedupeStage` through the runner."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from core.rundir import RunPaths
+from core.stage import run_stage
 from pipeline.config import DedupeConfig
-from pipeline.dedupe import dedupe_documents, dedupe_fingerprint, finished_parts
+from pipeline.dedupe import DedupeStage
 
 
 def dedupe_stage(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
     """Run exact + near dedupe unless it already ran over exactly these parts with these settings.
 
-    One fingerprint decides (:func:`pipeline.dedupe.dedupe_fingerprint`, recorded in ``stages/dedupe.json``);
+    One fingerprint decides (:func:`pipeline.dedupe.dedupe_inputs`, recorded in ``stages/dedupe.json``);
     the summary says whether the work was ``skipped``.
     """
-    done = paths.done_summary("dedupe", dedupe_fingerprint(finished_parts(paths), config))
-    skipped = done is not None and paths.duplicates.is_file()
-    return {**dedupe_documents(paths, config), "skipped": skipped}
+    return run_stage(DedupeStage(paths, config)).as_summary()

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.rundir import RunPaths
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
 from core.shards import ShardRows, write_shard, write_shard_index
 
@@ -92,6 +93,15 @@ def copy_stdlib_slice(target: Path, packages: tuple[str, ...] = ("json", "email"
     return target
 
 
+def finish_docs_part(run_dir: Path, part_id: int) -> None:
+    """Mark ``docs/part-NNNNN.parquet`` finished: its ingest marker, as the ingest stage writes it (format 2, with
+    the fingerprint of its kept documents, here made up: what the stages after ingest key on)."""
+    marker = RunPaths(run_dir).marker("ingest", f"part-{part_id:05d}")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"format": 2, "fingerprint": f"{part_id}", "inputs": {}, "summary": {},
+                                  "documents": f"documents of part {part_id}"}))
+
+
 def build_query_run(run: Path) -> Path:
     """A hand-built run dir with one row or more in every view but eval_metrics (hermetic query tests)."""
     (run / "docs").mkdir(parents=True)
@@ -100,7 +110,7 @@ def build_query_run(run: Path) -> Path:
                      "num_chars": [3, 3, 5], "content_hash": ["h1", "h1", "h3"], "split": ["train"] * 3},
                     schema=DOCUMENTS_SCHEMA)
     pq.write_table(docs, run / "docs/part-00000.parquet")
-    (run / "docs/part-00000.json").write_text("{}")
+    finish_docs_part(run, 0)
     (run / "rejects").mkdir()
     pq.write_table(pa.table({"source": ["b"], "source_id": [None], "uri": ["h.jsonl:2"], "reason": ["invalid_json"],
                              "detail": ["Expecting value"], "raw": [b"{oops"], "text": [None]},

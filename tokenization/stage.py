@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json, sha256_file
-from core.documents import document_part_files, document_part_marker, iter_documents
+from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.layout import PACK_STATE_FILE as STATE_FILE
 from core.layout import PACK_STATE_FILES, SHARD_FILES, pack_unit, shard_part_number
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths
 from core.shard_check import shard_intact
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
+from core.stage import Inputs, Progress, Stage, run_stage
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
 from tokenization.pack import Packer
@@ -33,34 +34,96 @@ STATE_VERSION = 1
 """Bumped when state.json changes incompatibly; a state of another version is refused."""
 
 
-def packed_shards(paths: RunPaths, split: str, source: str, config: PackConfig) -> list[ShardInfo] | None:
-    """The pair's shards when every document part is packed with this tokenizer and seq_len already, else None.
+class PackStage(Stage):
+    """Kept documents -> ``shards/split=<split>/source=<source>/``, one unit per (split, source) pair.
 
-    What :func:`pack_split_source` returns without packing, asked beforehand (a flow says "skipped").
+    ``state.json`` beside the shards is its state (the parts packed, and by which call); a marker never vouches
+    for a shard changed or deleted since (:meth:`changed_since`): the call that wrote it packs it again.
     """
-    _, state, _, stage_fingerprint = _pack_inputs(paths, split, source, config)
-    if not _is_packed(paths, split, source, state, stage_fingerprint):
-        return None
-    return [ShardInfo(**info) for info in state["shards"]]
+
+    name = "pack"
+    reads = ("ingest", "dedupe", "decontaminate", "tokenizer")
+    progress_unit = "tokens"
+    retries = 2
+
+    def __init__(self, paths: RunPaths, config: PackConfig, sources: list[str]) -> None:
+        super().__init__(paths)
+        self.config, self.sources = config, list(sources)
+
+    @classmethod
+    def build(cls, run: Any) -> PackStage:
+        sources = [source.name for item in run.manifests for source in item.manifest.sources]
+        return cls(run.paths, run.recipe.pack, sources)
+
+    def units(self) -> list[str]:
+        return [pack_unit(split, source) for split in SPLITS for source in self.sources]
+
+    def label(self, unit: str | None) -> str:
+        split, source = _split_source(unit)
+        return f"pack {split}/{source}"
+
+    def inputs(self, unit: str | None) -> Inputs:
+        """The tokenizer (by sha256), seq_len and every document part's fingerprint; refuses a mismatched state."""
+        split, source = _split_source(unit)
+        tokenizer_sha256, _, parts = _pack_inputs(self.paths, split, source, self.config)
+        return Inputs(settings={"seq_len": self.config.seq_len}, files={"tokenizer.json": tokenizer_sha256},
+                      upstream={f"ingest/{Path(name).stem}": value
+                                for name, value in part_fingerprints(self.paths, parts).items()},
+                      version=str(STATE_VERSION))
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.pack_state(*_split_source(unit))]
+
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """Shards missing or changed since they were recorded (or a state that is not the marker's)."""
+        state = read_json(self.paths.pack_state(*_split_source(unit)))
+        if recorded["summary"] != shards_summary(state):
+            return [self.paths.pack_state(*_split_source(unit))]
+        damaged = sorted(_damaged_shards(self.paths, state))
+        return [self.paths.root / state["shards"][number]["path"] for number in damaged]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        num_tokens = 0
+
+        def advance(tokens: int) -> None:
+            nonlocal num_tokens
+            num_tokens += tokens
+            on_progress(num_tokens, None)
+
+        split, source = _split_source(unit)
+        return shards_summary(_pack(self.paths, split, source, self.config, advance))
+
+
+SPLITS = ("train", "val")
+
+
+def _split_source(unit: str | None) -> tuple[str, str]:
+    """``(split, source)`` of a unit ``split=<split>/source=<source>``."""
+    split, source = str(unit).split("/", 1)
+    return split.removeprefix("split="), source.removeprefix("source=")
+
+
+def shards_summary(state: dict[str, Any]) -> dict[str, Any]:
+    """What the flow prints for a pair (and its marker records): its shards, rows and tokens."""
+    shards = state["shards"]
+    return {"num_shards": len(shards), "num_rows": sum(info["num_rows"] for info in shards),
+            "num_tokens": sum(info["num_tokens"] for info in shards)}
 
 
 def _pack_inputs(paths: RunPaths, split: str, source: str,
-                 config: PackConfig) -> tuple[str, dict[str, Any], list[Path], str]:
-    """(tokenizer sha256, the pair's state, the document parts, the stage fingerprint); checks the tokenizer."""
+                 config: PackConfig) -> tuple[str, dict[str, Any], list[Path]]:
+    """(tokenizer sha256, the pair's state, the document parts); checks the tokenizer and the state."""
     if not paths.tokenizer.is_file():
         raise ConfigError(f"{paths.tokenizer}: no tokenizer; run the tokenizer stage before packing.")
     tokenizer_sha256 = sha256_file(paths.tokenizer)
     state = _load_state(shard_folder(paths, split, source), tokenizer_sha256, config.seq_len)
-    parts = document_part_files(paths)
-    stage_fingerprint = fingerprint("pack", STATE_VERSION, tokenizer_sha256, config.seq_len,
-                                    sorted(part_fingerprints(paths, parts).items()))
-    return tokenizer_sha256, state, parts, stage_fingerprint
+    return tokenizer_sha256, state, document_part_files(paths)
 
 
 def part_fingerprints(paths: RunPaths, parts: list[Path]) -> dict[str, str]:
-    """``{part file name: its ingest marker's fingerprint}``: a part re-decided with other kept documents (new
+    """``{part file name: its kept documents' fingerprint}``: a part re-decided with other kept documents (new
     thresholds, :mod:`pipeline.redecide`) gets a new one."""
-    return {part.name: read_json(document_part_marker(paths, part)).get("fingerprint", "") for part in parts}
+    return {part.name: document_part_fingerprint(paths, part) for part in parts}
 
 
 def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints: dict[str, str]) -> dict[str, Any]:
@@ -73,14 +136,6 @@ def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints
         return state
     _remove_unrecorded_shards(folder, 0)
     return {**state, **_empty_progress()}
-
-
-def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], stage_fingerprint: str) -> bool:
-    """The marker matches, and so does its summary, and every recorded shard is intact: a marker never vouches
-    for shards deleted or changed since (to re-pack)."""
-    return (paths.pack_state(split, source).is_file()
-            and paths.done_summary("pack", stage_fingerprint, pack_unit(split, source)) == _pack_summary(state)
-            and not _damaged_shards(paths, state))
 
 
 def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
@@ -137,18 +192,38 @@ def _empty_progress() -> dict[str, Any]:
 
 def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConfig,
                       on_progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
-    """Encode and pack the not-yet-packed documents of (split, source); return every shard of the pair.
+    """Encode and pack the not-yet-packed documents of (split, source) (:class:`PackStage`); return every shard
+    of the pair.
 
     Shards hold ``config.rows_per_shard`` rows (the last one of a call fewer, its last row padded).
     Same input -> byte-identical shards. ``on_progress(num_tokens)`` hears of each encoded batch (BOS/EOS
     included: the calls add up to the new shards' ``num_tokens``). Raises ConfigError when the tokenizer
     is missing and StageMismatchError when earlier shards of the pair used another tokenizer or seq_len.
     """
+    stage = PackStage(paths, config, [source])
+    run_stage(stage, pack_unit(split, source),
+              on_progress=None if on_progress is None else _per_batch(on_progress))
+    state = read_json(paths.pack_state(split, source))
+    return [ShardInfo(**info) for info in state["shards"]]
+
+
+def _per_batch(on_progress: Callable[[int], None]) -> Progress:
+    """``on_progress(num_tokens)`` per batch, from the runner's running total."""
+    told = 0
+
+    def progress(done: int, total: int | None) -> None:
+        nonlocal told
+        on_progress(done - told)
+        told = done
+
+    return progress
+
+
+def _pack(paths: RunPaths, split: str, source: str, config: PackConfig,
+          on_progress: Callable[[int], None] | None) -> dict[str, Any]:
+    """The pair's new parts packed (its damaged shards rebuilt first); returns its state, written."""
     folder = shard_folder(paths, split, source)
-    tokenizer_sha256, state, parts, stage_fingerprint = _pack_inputs(paths, split, source, config)
-    unit = pack_unit(split, source)
-    if _is_packed(paths, split, source, state, stage_fingerprint):
-        return [ShardInfo(**info) for info in state["shards"]]
+    tokenizer_sha256, state, parts = _pack_inputs(paths, split, source, config)
     fingerprints = part_fingerprints(paths, parts)
     state = _repacked_if_parts_changed(folder, state, fingerprints)
     state = _rebuilt_if_damaged(paths, split, source, config, tokenizer_sha256, state, parts)
@@ -157,8 +232,7 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     if not new_parts:  # damaged shards rebuilt, or packed by a version that kept no marker under stages/
         state["packed_fingerprints"] = fingerprints
         paths.write_json(folder / STATE_FILE, state)
-        paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)
-        return infos
+        return state
     paths.remove_stale_temps(folder)
     _remove_unrecorded_shards(folder, state["next_part"])
     writer = _ShardWriter(paths, split, source, tokenizer_sha256, state["next_part"])
@@ -175,13 +249,9 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
         shards=[dataclasses.asdict(info) for info in infos], packed_fingerprints=fingerprints,
     )
     paths.write_json(folder / STATE_FILE, state)  # the shards above are now committed
-    paths.mark_done("pack", stage_fingerprint, _pack_summary(state), unit)  # last
-    return infos
+    return state
 
 
-def _pack_summary(state: dict[str, Any]) -> dict[str, Any]:
-    return {"num_documents": state["num_documents"], "num_shards": len(state["shards"]),
-            "num_packed_parts": len(state["packed_parts"])}
 
 
 def write_index(paths: RunPaths) -> list[ShardInfo]:

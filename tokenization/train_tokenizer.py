@@ -20,7 +20,8 @@ from core.atomic import read_json, sha256_file
 from core.documents import iter_documents
 from core.errors import ConfigError
 from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths
+from core.stage import Inputs, Progress, Stage, read_marker, run_stage
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
 from tokenization.special_tokens import (
@@ -82,27 +83,63 @@ def prepare_tokenizer(paths: RunPaths, config: TokenizerConfig | None, given_pat
     to train on. When it trains, ``on_progress(num_bytes_fed, num_bytes_total)`` follows the trainer through
     the sample.
     """
-    given = Path(given_path) if given_path is not None else None
-    if given is not None and not given.is_file():
-        raise ConfigError(f"{given}: tokenizer.path does not exist; fix the path in the recipe.")
-    from_model = config is None and given is None
-    settings = _settings(config, given, model_folder if from_model else None)
-    stage_fingerprint = fingerprint("tokenizer", settings)
-    done = _recorded_summary(paths, stage_fingerprint, needs_special_tokens=from_model)
-    if done is not None:
-        summary = {**done, "skipped": True}
-    elif from_model:
-        assert model_folder is not None  # checked by _settings
-        summary = _copy_model_tokenizer(paths, Path(model_folder))
-    else:
-        paths.special_tokens.unlink(missing_ok=True)  # the named tokens of this tokenizer are the special ids
-        summary = _copy_given(paths, given) if given is not None else _train_from_documents(paths, config, on_progress)
-    if model_folder is not None:
-        _check_fits_model(summary["vocab_size"], Path(model_folder))
-    if done is None:
-        paths.mark_done("tokenizer", stage_fingerprint, summary)
-        summary = {**summary, "skipped": False}
-    return summary
+    stage = TokenizerStage(paths, config, Path(given_path) if given_path is not None else None, model_folder)
+    return run_stage(stage, on_progress=on_progress).as_summary()
+
+
+class TokenizerStage(Stage):
+    """Documents (train split), a given file or the model folder -> ``tokenizer/tokenizer.json``."""
+
+    name = "tokenizer"
+    reads = ("ingest", "dedupe", "decontaminate", "base-model")
+    progress_unit = "bytes"
+
+    def __init__(self, paths: RunPaths, config: TokenizerConfig | None, given: Path | None,
+                 model_folder: Path | None = None) -> None:
+        super().__init__(paths)
+        self.config, self.given, self.model_folder = config, given, model_folder
+
+    @classmethod
+    def build(cls, run: Any) -> TokenizerStage:
+        config, given = run.recipe.tokenizer, None
+        if config is not None and config.path is not None:
+            given = (run.base / config.path).resolve()
+        return cls(run.paths, config, given, run.paths.base_model if run.recipe.model.is_hugging_face else None)
+
+    @property
+    def from_model(self) -> bool:
+        return self.config is None and self.given is None
+
+    def inputs(self, unit: str | None) -> Inputs:
+        """The settings only: the documents are deliberately not an input (see :func:`prepare_tokenizer`)."""
+        if self.given is not None and not self.given.is_file():
+            raise ConfigError(f"{self.given}: tokenizer.path does not exist; fix the path in the recipe.")
+        settings = _settings(self.config, self.given, self.model_folder if self.from_model else None)
+        recorded = read_marker(self.paths, self.name)
+        if self.model_folder is not None and recorded is not None:  # a skipped stage still refuses a model too small
+            _check_fits_model(recorded["summary"]["vocab_size"], Path(self.model_folder))
+        return Inputs(settings=settings)
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.tokenizer, *([self.paths.special_tokens] if self.from_model else [])]
+
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """The tokenizer, when its bytes are not the ones recorded (edited or replaced since)."""
+        intact = recorded["summary"].get("tokenizer_sha256") == sha256_file(self.paths.tokenizer)
+        return [] if intact else [self.paths.tokenizer]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        paths = self.paths
+        if self.from_model:
+            assert self.model_folder is not None  # checked by _settings
+            summary = _copy_model_tokenizer(paths, Path(self.model_folder))
+        else:
+            paths.special_tokens.unlink(missing_ok=True)  # the named tokens of this tokenizer are the special ids
+            summary = (_copy_given(paths, self.given) if self.given is not None
+                       else _train_from_documents(paths, self.config, on_progress))
+        if self.model_folder is not None:
+            _check_fits_model(summary["vocab_size"], Path(self.model_folder))
+        return summary
 
 
 def check_tokenizer_fits(tokenizer_vocab_size: int, embedding_rows: int, where: str) -> None:
@@ -137,16 +174,6 @@ def _training_settings(config: TokenizerConfig) -> dict[str, Any]:
         raise ConfigError("tokenizer: set tokenizer.vocab_size (train) or tokenizer.path (load) in the recipe.")
     return {"vocab_size": config.vocab_size, "sample_bytes": config.sample_bytes,
             "min_frequency": config.min_frequency}
-
-
-def _recorded_summary(paths: RunPaths, stage_fingerprint: str, needs_special_tokens: bool) -> dict[str, Any] | None:
-    """The recorded summary when the tokenizer on disk was made with this fingerprint and is intact."""
-    if not paths.tokenizer.is_file() or (needs_special_tokens and not paths.special_tokens.is_file()):
-        return None
-    summary = paths.done_summary("tokenizer", stage_fingerprint)
-    if summary is None or summary.get("tokenizer_sha256") != sha256_file(paths.tokenizer):
-        return None
-    return summary
 
 
 def _copy_given(paths: RunPaths, given_path: Path) -> dict[str, Any]:

@@ -19,18 +19,12 @@ from typing import Any
 from core.atomic import TEMP_PREFIX, replace_folder, sha256_file
 from core.errors import ConfigError
 from core.layout import TOKENIZER_FILE
-from core.rundir import RunPaths, fingerprint
+from core.rundir import RunPaths
+from core.stage import Inputs, Progress, Stage, run_stage
 from trainer.config import ModelConfig
-from trainer.hf_model import (
-    CONFIG_NAME,
-    WEIGHTS_INDEX_NAME,
-    config_file,
-    load_causal_lm_config,
-    read_weights,
-    weight_files,
-)
+from trainer.hf_files import CONFIG_NAME, WEIGHTS_INDEX_NAME, config_file, weight_files
 
-STAGE = "base_model"
+STAGE = "base-model"
 COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 """Files of a model folder brought along when present (the tokenizer stage may use the model's tokenizer)."""
 
@@ -38,25 +32,54 @@ COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.j
 def import_base_model(paths: RunPaths, source: Path, model: ModelConfig) -> dict[str, Any]:
     """Check ``source`` (``model.hf_config`` / ``model.from_pretrained``, resolved) and link it into base_model/.
 
-    Returns ``{"model_type", "files", "weights"}``. Raises ConfigError naming the file or key when the folder
-    cannot be trained (see :mod:`trainer.hf_model`).
+    Returns ``{"model_type", "files", "weights"}`` and ``skipped``. Raises ConfigError naming the file or key when
+    the folder cannot be trained (see :mod:`trainer.hf_model`).
     """
-    source = Path(source)
-    config = load_causal_lm_config(source, model.trust_remote_code)
-    files = source_files(source, model)
-    stage_fingerprint = fingerprint(STAGE, model.model_dump(mode="json"), _file_stats(files))
-    done = paths.done_summary(STAGE, stage_fingerprint)
-    if done is not None and paths.base_model.is_dir() and not (model.trust_remote_code and
-                                                                code_differences(source, paths.base_model)):
-        return {**done, "skipped": True}
-    if model.from_pretrained is not None:
-        # Every shard opens and names its tensors (headers only: a large model is not read into memory twice).
-        read_weights([path for path in files.values() if path.suffix == ".safetensors"], headers_only=True)
-    _link_folder(files, paths.base_model)
-    summary = {"model_type": config.model_type, "files": sorted(files),
-               "weights": model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
-    paths.mark_done(STAGE, stage_fingerprint, summary)
-    return {**summary, "skipped": False}
+    return run_stage(BaseModelStage(paths, Path(source), model)).as_summary()
+
+
+class BaseModelStage(Stage):
+    """The recipe's model folder (or config.json) -> ``base_model/``; left out for the built-in model."""
+
+    name = STAGE
+
+    def __init__(self, paths: RunPaths, source: Path, model: ModelConfig) -> None:
+        super().__init__(paths)
+        self.source, self.model = source, model
+
+    @classmethod
+    def build(cls, run: Any) -> BaseModelStage | None:
+        written = run.recipe.model.hugging_face_path
+        if written is None:
+            return None
+        model = run.recipe.model.model_copy(update={"trust_remote_code": run.trust.model_code})
+        return cls(run.paths, (run.base / written).resolve(), model)
+
+    def inputs(self, unit: str | None) -> Inputs:
+        """The model settings and each file's name, size and mtime (gigabytes of weights are not read)."""
+        return Inputs(settings=self.model.model_dump(mode="json"),
+                      files={name: f"{size}:{mtime_ns}" for name, size, mtime_ns in
+                             _file_stats(source_files(self.source, self.model))})
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.base_model]
+
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """With ``trust_remote_code``, base_model/'s code must be the named folder's (a marker can be forged)."""
+        differ = self.model.trust_remote_code and code_differences(self.source, self.paths.base_model)
+        return [self.paths.base_model] if differ else []
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        from trainer.hf_model import load_causal_lm_config, read_weights  # torch: `tokenmill status` imports stages
+
+        config = load_causal_lm_config(self.source, self.model.trust_remote_code)
+        files = source_files(self.source, self.model)
+        if self.model.from_pretrained is not None:
+            # Every shard opens and names its tensors (headers only: a large model is not read into memory twice).
+            read_weights([path for path in files.values() if path.suffix == ".safetensors"], headers_only=True)
+        _link_folder(files, self.paths.base_model)
+        return {"model_type": config.model_type, "files": sorted(files),
+                "weights": self.model.from_pretrained is not None, "config_sha256": sha256_file(files[CONFIG_NAME])}
 
 
 def code_differences(source: Path, base_model: Path) -> list[str]:

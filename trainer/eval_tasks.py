@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json
-from core.documents import document_part_files, document_part_marker, iter_documents
+from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError
 from core.rundir import RunPaths, file_stats, fingerprint
+from core.stage import Inputs, Progress, Stage, read_marker, run_stage
 from trainer import downstream  # its functions called through the module: tests spy on them there
 from trainer.config import EvalConfig
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
@@ -56,7 +57,7 @@ def include_dirs(paths: RunPaths, config: EvalConfig, base_dir: Path) -> list[Pa
 def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, include: list[Path] | None = None,
                        trusted: Collection[Path] = ()) -> dict[str, Any]:
     """Write the built-in task, check every task, write each task's texts; ``{"tasks": {name: fingerprint},
-    "num_items": {name: count}, "include": [folders]}``.
+    "num_items": {name: count}, "include": [folders]}`` and ``skipped`` (:class:`EvalTasksStage`).
 
     ``include``: the task folders (default :func:`include_dirs`); they are recorded, so ``tokenmill eval RUN_DIR``
     finds them without the recipe's folder. ``trusted``: the folders whose Python and templates may run (those the
@@ -68,31 +69,78 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
     if not config.tasks:
         return {"tasks": {}, "num_items": {}, "include": []}
     folders = include_dirs(paths, config, base_dir) if include is None else include
-    parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
-             for part in document_part_files(paths)]
-    settings = fingerprint(STAGE, config.model_dump(), parts, [_recorded(paths, folder) for folder in folders])
-    if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
-        return {**unchanged, "skipped": True}  # the built-in task's files too are as the last check left them
-    if NEXT_LINE_TASK in config.tasks:
-        write_builtin_task(paths, config)
+    return run_stage(EvalTasksStage(paths, config, folders, trusted)).as_summary()
 
-    task_fps, data_files = downstream.checked_tasks(list(config.tasks), folders, trusted, data_root=paths.root)
-    record = {"data_files": [_recorded(paths, paths.root / path) for path in data_files]}
-    record["inputs"] = _inputs_fingerprint(paths, settings, folders, record["data_files"])
-    run_fp = fingerprint(settings, sorted(task_fps.items()))
-    done = paths.done_summary(STAGE, run_fp)
-    if done is not None and all(paths.eval_text(name).is_file() for name in task_fps):
-        paths.mark_done(STAGE, run_fp, done, **record)  # the same summary, now with the inputs' stats
-        return {**done, "skipped": True}
-    num_items = {}
-    for name in sorted(task_fps):
-        texts = downstream.task_texts(name, folders, trusted, data_root=paths.root)
-        num_items[name] = len(texts)
-        paths.write_text(paths.eval_text(name),
-                         "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
-    summary = {"tasks": task_fps, "num_items": num_items, "include": [_recorded(paths, folder) for folder in folders]}
-    paths.mark_done(STAGE, run_fp, summary, **record)
-    return {**summary, "skipped": False}
+
+class EvalTasksStage(Stage):
+    """The recipe's ``eval.tasks`` -> ``eval/tasks/`` (the built-in task) and ``eval/texts/<task>.jsonl``.
+
+    Its inputs are cheap (no lm-eval import, ~2 s): the settings, the val documents' parts, the task folders'
+    files and lm-eval's version. The data files the tasks named are found only by checking them with lm-eval:
+    the marker lists them, and one changed since is redone (:meth:`changed_since`).
+    """
+
+    name = STAGE
+    reads = ("ingest", "dedupe")  # the kept validation documents: the built-in task's items
+
+    def __init__(self, paths: RunPaths, config: EvalConfig, include: list[Path],
+                 trusted: Collection[Path] = ()) -> None:
+        super().__init__(paths)
+        self.config, self.include, self.trusted = config, list(include), sorted(Path(path) for path in trusted)
+        self.data_files: list[str] = []  # found by run(), recorded in the marker
+
+    @classmethod
+    def build(cls, run: Any) -> EvalTasksStage:
+        """The folders as the recipe names them, checked now (not later). A recipe that names no task has the
+        stage too (it checks nothing): decontamination reads its marker for the tasks to check against."""
+        config = run.recipe.eval
+        return cls(run.paths, config, include_dirs(run.paths, config, run.base), run.trust.task_folders)
+
+    def inputs(self, unit: str | None) -> Inputs:
+        folders = [folder for folder in self.include if folder != self.paths.eval_tasks]  # eval/tasks/: an output
+        files = {f"{_recorded(self.paths, folder)}/{name}": identity for folder in folders
+                 for name, _, identity in file_stats(folder, folder)}
+        parts = {f"ingest/{part.stem}": document_part_fingerprint(self.paths, part)
+                 for part in document_part_files(self.paths)}
+        settings = {**self.config.model_dump(mode="json"),  # folders as recorded: a copied run dir is the same run
+                    "include_folders": [_recorded(self.paths, path) for path in self.include],
+                    "trusted": [_recorded(self.paths, path) for path in self.trusted],
+                    "lm_eval": importlib.metadata.version("lm_eval")}
+        parts["dedupe"] = (read_marker(self.paths, "dedupe") or {}).get("fingerprint", "")
+        return Inputs(settings=settings, files=files, upstream=parts)
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        recorded = read_marker(self.paths, self.name)
+        names = recorded["summary"].get("tasks", {}) if recorded is not None else {}
+        return [self.paths.eval_text(name) for name in names]
+
+    def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
+        """The task data files the last check read, when one changed since (a task's own data are its inputs)."""
+        data_files = [str(name) for name in recorded.get("data_files", [])]
+        if recorded.get("data_files_stats") == _data_files_stats(self.paths, data_files):
+            return []
+        return [self.paths.root / name for name in data_files]  # an absolute name stays itself
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        paths, config = self.paths, self.config
+        if not config.tasks:
+            return {"tasks": {}, "num_items": {}, "include": []}
+        if NEXT_LINE_TASK in config.tasks:
+            write_builtin_task(paths, config)
+        task_fps, data_files = downstream.checked_tasks(list(config.tasks), self.include, self.trusted,
+                                                        data_root=paths.root)
+        self.data_files = [_recorded(paths, paths.root / path) for path in data_files]
+        num_items = {}
+        for name in sorted(task_fps):
+            texts = downstream.task_texts(name, self.include, self.trusted, data_root=paths.root)
+            num_items[name] = len(texts)
+            paths.write_text(paths.eval_text(name),
+                             "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
+        return {"tasks": task_fps, "num_items": num_items,
+                "include": [_recorded(paths, folder) for folder in self.include]}
+
+    def marker_extras(self, unit: str | None, summary: dict[str, Any]) -> dict[str, Any]:
+        return {"data_files": self.data_files, "data_files_stats": _data_files_stats(self.paths, self.data_files)}
 
 
 def _recorded(paths: RunPaths, path: Path) -> str:
@@ -102,35 +150,17 @@ def _recorded(paths: RunPaths, path: Path) -> str:
     return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else str(resolved)
 
 
-def _inputs_fingerprint(paths: RunPaths, settings: str, folders: list[Path], data_files: list[str]) -> str:
-    """The stage's settings and the stats of every file it read (task folders, data files, as recorded) and
-    lm-eval's version; files by content and place in the run, so a copied run dir has the same one."""
+def _data_files_stats(paths: RunPaths, data_files: list[str]) -> str:
+    """The stats of the task data files (as recorded: relative to the run dir, or absolute), by content."""
     located = [paths.root / name for name in data_files]  # an absolute name stays itself
-    stats = [file_stats(folder, folder) for folder in folders] + [file_stats(path.parent, path) for path in located]
-    return fingerprint(settings, stats, data_files, importlib.metadata.version("lm_eval"))
-
-
-def _unchanged_summary(paths: RunPaths, settings: str, folders: list[Path]) -> dict[str, Any] | None:
-    """The recorded summary when no file the last check read changed (no lm-eval import, ~2 s), else None.
-
-    Checking the tasks again builds each with lm-eval; when the settings, the task folders, the data files
-    they named and lm-eval's version are as recorded, it would find the same fingerprints.
-    """
-    marker = paths.finished_marker(STAGE)
-    record = read_json(marker) if marker is not None else {}
-    if "inputs" not in record or "summary" not in record:
-        return None
-    summary = record["summary"]
-    if record["inputs"] != _inputs_fingerprint(paths, settings, folders, list(record.get("data_files", []))):
-        return None
-    return summary if all(paths.eval_text(name).is_file() for name in summary.get("tasks", {})) else None
+    return fingerprint(data_files, [file_stats(path.parent, path) for path in located])
 
 
 def recorded_include(paths: RunPaths) -> list[Path] | None:
     """The task folders the eval-tasks stage last used (a folder inside the run dir recorded relative to it),
-    or None before it ran."""
-    marker = paths.finished_marker(STAGE)
-    summary = read_json(marker).get("summary") if marker is not None else None
+    or None before it ran. Read as the data it is (the folders' code runs only if the user's recipe names them)."""
+    marker = paths.marker(STAGE)
+    summary = read_json(marker).get("summary") if marker.is_file() else None
     return [paths.root / folder for folder in summary["include"]] if summary and "include" in summary else None
 
 

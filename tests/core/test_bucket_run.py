@@ -47,7 +47,7 @@ def test_publish_puts_markers_last_and_a_fresh_pull_equals_the_run(tmp_path: Pat
     run.publish()
     keys = [key for _, key in sent]
     markers = ["shards/index.parquet", "checkpoints/step-0000001/manifest.json", "checkpoints/latest",
-               "stages/dedupe.json", "stages/sealed/prepare.json"]
+               "stages/dedupe.json", "stages/ingest/part-00000.json", "stages/sealed/prepare.json"]
     assert keys[-len(markers):] == markers  # in this order, after every output
     assert set(keys[:-len(markers)]) >= {"docs/part-00000.parquet", "shards/split=train/source=a/part-00000.arrow",
                                          "checkpoints/step-0000001/model.safetensors"}

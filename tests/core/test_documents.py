@@ -12,6 +12,7 @@ import pytest
 from core.documents import DUPLICATES_FILE, iter_documents, wanted_row_groups
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
+from tests.conftest import finish_docs_part
 
 
 def document_rows(num_rows: int, part: int) -> list[dict]:
@@ -27,7 +28,7 @@ def write_part(paths: RunPaths, part: int, groups: list[list[dict]]) -> None:
     with pq.ParquetWriter(path, DOCUMENTS_SCHEMA) as writer:
         for rows in groups:
             writer.write_table(pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA))
-    (paths.docs / f"part-{part:05d}.json").write_text("{}")
+    finish_docs_part(paths.root, part)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from core.atomic import read_json, write_json_atomic
-from core.errors import RunLockedError
+from core.errors import RunDirError, RunLockedError
 from core.rundir import RunPaths, fingerprint
 
 HOLD_LOCK = "import sys, time; from core.rundir import RunPaths; RunPaths(sys.argv[1]).lock().acquire(); " \
@@ -99,29 +99,26 @@ def test_unit_markers_live_under_stages_and_are_written_whole(tmp_path: Path) ->
     assert paths.finished_marker("ingest", "part-00003") is None
 
 
-def test_a_legacy_marker_is_honoured_once_then_moved_under_stages(tmp_path: Path) -> None:
-    """Run dirs of before ``stages/`` held every marker: their fingerprints still count, and move to stages/."""
+def test_a_run_dir_of_before_stage_markers_is_refused_in_one_line_not_migrated(tmp_path: Path) -> None:
+    """A marker without inputs (written before the stage type) is refused in one line saying how to re-run; the
+    markers of before ``stages/`` (``docs/part-NNNNN.json``, ``dedupe/state.json``) are no longer read or moved."""
+    from core.documents import document_part_files
+    from core.stage import run_stage
+    from pipeline.config import DedupeConfig
+    from pipeline.dedupe import DedupeStage
+
     paths = RunPaths(tmp_path)
-    done = fingerprint("dedupe", {"threshold": 0.8})
-    legacy_state = {"fingerprint": done, "summary": {"num_kept": 5}, "parts": {"0": "abc"}}
+    write_json_atomic(paths.docs / "part-00000.json", {"fingerprint": "f" * 64, "part": {"part_id": 0}, "summary": {}})
+    (paths.docs / "part-00000.parquet").write_bytes(b"")
+    assert document_part_files(paths) == [] and not paths.marker("ingest", "part-00000").exists()
+    legacy_state = {"fingerprint": "f" * 64, "summary": {"num_kept": 5}, "parts": {"0": "abc"}}
     write_json_atomic(paths.dedupe / "state.json", legacy_state)
-    write_json_atomic(paths.stages / "dedupe.json", {"fingerprint": "an older, wider fingerprint", "summary": {}})
-    assert paths.done_summary("dedupe", fingerprint("dedupe", {"threshold": 0.7})) is None
-    assert read_json(paths.dedupe / "state.json") == legacy_state  # a mismatch moves nothing
-    assert paths.done_summary("dedupe", done) == {"num_kept": 5}
-    assert read_json(paths.marker("dedupe")) == {"fingerprint": done, "summary": {"num_kept": 5}}
-    assert read_json(paths.dedupe / "state.json") == {"parts": {"0": "abc"}}  # the state stays, the marker went
-
-    write_json_atomic(paths.docs / "part-00000.json", {"fingerprint": done, "part": {"part_id": 0}, "summary": {}})
-    assert paths.finished_marker("ingest", "part-00000") == paths.docs / "part-00000.json"
-    paths.migrate_marker("ingest", "part-00000")
-    assert not (paths.docs / "part-00000.json").exists()
-    assert read_json(paths.marker("ingest", "part-00000"))["part"] == {"part_id": 0}
-
-    write_json_atomic(paths.tokenizer.parent / "meta.json", {"fingerprint": done, "summary": {"vocab_size": 9}})
-    paths.mark_done("tokenizer", fingerprint("new settings"), {"vocab_size": 10})
-    assert not (paths.tokenizer.parent / "meta.json").exists()  # never again vouches for outputs it did not see
-    assert paths.done_summary("tokenizer", done) is None
+    write_json_atomic(paths.marker("dedupe"), {"fingerprint": "f" * 64, "summary": {"num_kept": 5}})
+    with pytest.raises(RunDirError, match=r"stages/dedupe\.json: written by an older tokenmill .*--run-dir NEW") \
+            as refused:
+        run_stage(DedupeStage(paths, DedupeConfig()))
+    assert "\n" not in str(refused.value)
+    assert read_json(paths.dedupe / "state.json") == legacy_state  # nothing moved
 
 
 def test_writes_go_only_inside_the_run_dir_and_are_atomic(tmp_path: Path) -> None:

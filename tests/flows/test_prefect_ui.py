@@ -16,13 +16,16 @@ from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow
 
-TASKS = ("plan-ingest", "ingest-part", "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack", "shard-index",
-         "report")
-"""prepare-data's tasks; a task run is named after its task (``dedupe-1a2``, ``pack-train-stdlib``)."""
-EDGES = {("plan-ingest", "ingest-part"), ("ingest-part", "dedupe"), ("dedupe", "decontaminate"),
-         ("eval-tasks", "decontaminate"), ("decontaminate", "tokenizer"), ("tokenizer", "pack"),
-         ("pack", "shard-index"), ("shard-index", "report")}
-"""The data path as Prefect must draw it: each stage waits for the one whose files it reads."""
+TASKS = ("ingest", "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack", "shard-index", "report")
+"""prepare-data's stages; a task run is named after its stage and unit (``dedupe``, ``pack train/stdlib``)."""
+EDGES = {("ingest", "dedupe"), ("ingest", "eval-tasks"), ("dedupe", "eval-tasks"),
+         ("ingest", "decontaminate"), ("dedupe", "decontaminate"), ("eval-tasks", "decontaminate"),
+         ("ingest", "tokenizer"), ("dedupe", "tokenizer"), ("decontaminate", "tokenizer"),
+         ("ingest", "pack"), ("dedupe", "pack"), ("decontaminate", "pack"), ("tokenizer", "pack"),
+         ("pack", "shard-index"),
+         *(("ingest", "report"), ("dedupe", "report"), ("eval-tasks", "report"), ("decontaminate", "report"),
+           ("tokenizer", "report"), ("pack", "report"), ("shard-index", "report"))}
+"""The data path as Prefect must draw it: an edge from each stage whose files a stage reads (its ``reads``)."""
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> 
     from prefect.events.worker import EventsWorker
 
     from flows.pipeline import prepare_data
+    from flows.recipe import resolve_run
 
     EventsWorker.drain_all()  # task runs reach the server as events: through a worker started for this server
     runs = {}
@@ -39,7 +43,9 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, prefect_server: None) -> 
         recipe = write_small_recipe(root, packages=("json",))
         if broken:
             (root / "corpus" / "json" / "latin1.py").write_bytes(b"# caf\xe9 = 1\n")
-        state = prepare_data(str(recipe), str(root / name), return_state=True)
+        # alpha as a deployment starts it (a path), beta as the commands do (the run they resolved once)
+        state = (prepare_data(str(recipe), str(root / name), return_state=True) if broken
+                 else prepare_data(resolve_run(recipe, root / name), return_state=True))
         runs[name] = {"run_dir": root / name, "summary": state.result(),
                       "flow_run_id": state.state_details.flow_run_id}
     return runs
@@ -60,21 +66,40 @@ def task_runs(flow_run_id: Any, expected: int) -> list[Any]:
 
 
 def task_of(task_run_name: str) -> str:
-    return max((task for task in TASKS if task_run_name.startswith(f"{task}-")), key=len)
+    return task_run_name.split(" ")[0]
 
 
 def test_every_stage_is_connected_to_the_stage_it_reads_from(prepared: dict[str, Any]) -> None:
     run = prepared["alpha"]
-    # plan-ingest, the parts, dedupe, eval-tasks, decontaminate, tokenizer, pack (train, val), shard-index, report
-    expected = 1 + run["summary"]["parts_ingested"] + 4 + 2 + 2
+    # the parts, dedupe, eval-tasks, decontaminate, tokenizer, pack (train, val), shard-index, report
+    expected = run["summary"]["parts_ingested"] + 4 + 2 + 2
     found = task_runs(run["flow_run_id"], expected)
+    parts = [f"ingest part-{number:05d}" for number in range(run["summary"]["parts_ingested"])]
+    assert sorted(task_run.name for task_run in found) == sorted([  # the stage's name and unit: no random suffix
+        *parts, "dedupe", "eval-tasks", "decontaminate", "tokenizer", "pack train/stdlib", "pack val/stdlib",
+        "shard-index", "report"])
     names = {task_run.id: task_of(task_run.name) for task_run in found}
+    assert set(names.values()) == set(TASKS)
     edges = {(names[upstream.id], names[task_run.id]) for task_run in found
              for inputs in task_run.task_inputs.values() for upstream in inputs
              if getattr(upstream, "input_type", None) == "task_run" and upstream.id in names}
-    assert edges >= EDGES, f"missing: {sorted(EDGES - edges)}"
+    assert edges == EDGES, f"missing: {sorted(EDGES - edges)}, unexpected: {sorted(edges - EDGES)}"
     unconnected = {names[task_run.id] for task_run in found} - {task for edge in edges for task in edge}
     assert unconnected == set()
+
+
+def test_a_flow_run_shows_the_recipe_readably_not_the_resolved_run(prepared: dict[str, Any]) -> None:
+    from prefect import get_client
+
+    runs = {}
+    with get_client(sync_client=True) as client:
+        for name, run in prepared.items():
+            runs[name] = client.read_flow_run(run["flow_run_id"]).parameters
+    assert runs["alpha"]["recipe"].endswith("recipe.yaml")  # a path stays a path
+    shown = runs["Beta_Run.v2"]["recipe"]
+    assert shown["recipe"] == "slice" and shown["run_dir"] == str(prepared["Beta_Run.v2"]["run_dir"])
+    assert shown["settings"]["tokenizer"] == {"vocab_size": 512}  # what the recipe sets, defaults left out
+    assert len(json.dumps(runs["Beta_Run.v2"])) < 1000
 
 
 def latest_artifact(key: str) -> Any:

@@ -400,8 +400,8 @@ def test_prepare_without_a_terminal_logs_one_line_per_stage(tmp_path: Path, cli_
     summary = json.loads(result.stdout)
     assert BAR not in result.stderr and "\x1b[" not in result.stderr
     lines = result.stderr.splitlines()
-    ingest = [line for line in lines if " - ingest-part: " in line]
-    pack = [line for line in lines if " - pack: " in line]
+    ingest = [line for line in lines if " - ingest part-" in line]  # a line per part, named by its unit
+    pack = [line for line in lines if " - pack " in line]
     assert len(ingest) == summary["parts_ingested"] and all(" MB/s)" in line for line in ingest)
     assert len(pack) == 2 and all(" tokens/s" in line for line in pack)  # train and val of the one source
     assert sum(" - tokenizer: " in line for line in lines) == 1

@@ -1,5 +1,5 @@
 """The one skip-if-done mechanism: every data stage's marker lives under ``stages/``, and a run dir written
-before that (markers in ``docs/``, ``dedupe/``, ``tokenizer/``; none for pack) keeps its finished work."""
+before that (markers in ``docs/``, ``dedupe/``, ``tokenizer/``; none for pack) is refused in one line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import RunDirError
 from core.rundir import RunPaths
 from pipeline.config import DecontaminateConfig
 from pipeline.decontaminate import decontaminate_documents
@@ -58,22 +59,19 @@ def to_legacy_layout(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_markers_live_under_stages_and_an_older_run_dir_keeps_its_finished_work(tmp_path: Path) -> None:
+def test_markers_live_under_stages_and_an_older_run_dir_is_refused_in_one_line(tmp_path: Path) -> None:
     build_chaos_corpus(tmp_path)
     run_dir = tmp_path / "run"
-    summary = run_all(tmp_path, run_dir)
+    run_all(tmp_path, run_dir)
     markers = sorted(path.relative_to(run_dir).as_posix() for path in run_dir.glob("stages/**/*.json"))
     assert {"stages/dedupe.json", "stages/decontaminate.json", "stages/tokenizer.json",
             "stages/ingest/part-00000.json", "stages/pack/split=train/source=code.json"} <= set(markers)
     assert [path.name for path in run_dir.glob("docs/*.json")] == ["plan.json"]  # the plan: state, not a marker
-    before = stamps(run_dir)
-    assert len(before) > 20
+    assert len(stamps(run_dir)) > 20
 
-    to_legacy_layout(run_dir)
-    assert run_all(tmp_path, run_dir) == {**summary, "skipped": True}  # decontaminate: its legacy marker honoured
-    assert stamps(run_dir) == before, "an older run dir's finished work was redone"
-    assert sorted(path.relative_to(run_dir).as_posix() for path in run_dir.glob("stages/**/*.json")) == markers
-    assert [path.name for path in run_dir.glob("docs/*.json")] == ["plan.json"]
-    assert not (run_dir / "tokenizer/meta.json").exists()
-    assert set(read(run_dir / "dedupe/state.json")) == {"parts"}
-    assert set(read(run_dir / "dedupe/decontaminate.json")) == {"parts", "settings"}
+    to_legacy_layout(run_dir)  # not migrated: refused, saying how to re-run
+    with pytest.raises(RunDirError, match=r"stages/dedupe\.json: written by an older tokenmill .*--run-dir NEW") \
+            as refused:
+        run_all(tmp_path, run_dir)
+    assert "\n" not in str(refused.value)
+    assert (run_dir / "tokenizer/meta.json").is_file() and (run_dir / "docs/part-00000.json").is_file()

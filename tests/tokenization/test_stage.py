@@ -19,6 +19,7 @@ from core.errors import StageMismatchError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
 from core.shards import ShardTokens, read_shard_index, shard_metadata, verify_shards
+from tests.conftest import finish_docs_part
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import load_tokenizer, prepare_tokenizer
@@ -53,7 +54,7 @@ def write_docs_part(run_dir: Path, part: int, texts: list[str]) -> dict[int, str
     docs = run_dir / "docs"
     docs.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA), docs / f"part-{part:05d}.parquet")
-    (docs / f"part-{part:05d}.json").write_text("{}")
+    finish_docs_part(run_dir, part)
     return {row["doc_id"]: row["text"] for row in rows}
 
 
@@ -226,7 +227,7 @@ def test_a_long_document_packs_like_its_short_pieces(tmp_path: Path, texts: list
     row = {"doc_id": 7, "source": "lib", "source_id": None, "uri": "long.py", "text": long_text,
            "num_chars": len(long_text), "content_hash": "x", "split": "train"}
     pq.write_table(pa.Table.from_pylist([row], schema=DOCUMENTS_SCHEMA), docs / "part-00000.parquet")
-    (docs / "part-00000.json").write_text("{}")
+    finish_docs_part(tmp_path, 0)
     infos = pack_split_source(paths, "train", "lib", PackConfig(seq_len=256, rows_per_shard=512))
     assert len(infos) > 1
     found = documents_from_shards(tmp_path, infos, eos_id=0)
@@ -247,7 +248,7 @@ def test_shards_do_not_depend_on_how_a_part_groups_its_rows(tmp_path: Path, text
             rows = table.filter(pa.compute.equal(table.column("split"), split))
             for start in range(0, rows.num_rows, 7):
                 writer.write_table(rows.slice(start, 7))
-    (apart.docs / "part-00000.json").write_text("{}")
+    finish_docs_part(apart.root, 0)
     assert pq.ParquetFile(apart.docs / "part-00000.parquet").num_row_groups > 2
     digests = [{info.path: info.sha256 for info in pack_all(paths)} for paths in (mixed, apart)]
     assert digests[0] == digests[1] and len(digests[0]) > 4

@@ -17,6 +17,7 @@ from core.atomic import sha256_file
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
+from tests.conftest import finish_docs_part
 from tokenization.config import TokenizerConfig
 from tokenization.encode import encode_texts, split_text
 from tokenization.train_tokenizer import (
@@ -52,7 +53,7 @@ def write_docs_part(run_dir: Path, part: int, texts: list[str], split: str = "tr
     docs = run_dir / "docs"
     docs.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENTS_SCHEMA), docs / f"part-{part:05d}.parquet")
-    (docs / f"part-{part:05d}.json").write_text("{}")
+    finish_docs_part(run_dir, part)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,39 @@
+"""The stage lists: which stages each flow runs, in run order (Prefect-free: ``tokenmill status`` reads them too).
+
+A flow builds each with ``cls.build(run)`` (None: the recipe leaves it out) and hands them to
+:func:`flows.stage_task.run_stages`, which orders them by what each :attr:`~core.stage.Stage.reads`. Adding a
+stage is one module (a :class:`core.stage.Stage` in the package that owns its work) and one line here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.stage import Stage
+from flows.report import ReportStage
+from pipeline.decontaminate import DecontaminateStage
+from pipeline.dedupe import DedupeStage
+from pipeline.ingest import IngestStage
+from tokenization.shard_index import ShardIndexStage
+from tokenization.stage import PackStage
+from tokenization.train_tokenizer import TokenizerStage
+from trainer.base_model import BaseModelStage
+from trainer.eval_tasks import EvalTasksStage
+
+PREPARE_STAGES: tuple[type[Stage], ...] = (
+    IngestStage,  # source files -> docs/, rejects/, attributes/ (one unit per planned part)
+    DedupeStage,  # docs/ -> dedupe/duplicates.parquet
+    EvalTasksStage,  # eval.tasks -> eval/tasks/, eval/texts/ (checked before anything is trained)
+    DecontaminateStage,  # kept train documents vs val / eval files / eval tasks -> rejects/contaminated.parquet
+    BaseModelStage,  # model.hf_config / model.from_pretrained -> base_model/
+    TokenizerStage,  # train documents, a given file or the model's -> tokenizer/tokenizer.json
+    PackStage,  # kept documents -> shards/split=*/source=*/ (one unit per (split, source))
+    ShardIndexStage,  # the pack states -> shards/index.parquet
+    ReportStage,  # the run dir -> report/
+)
+"""``tokenmill prepare``'s stages, in run order."""
+
+
+def build_stages(stage_classes: tuple[type[Stage], ...], run: Any) -> list[Stage]:
+    """Each stage built from the resolved run, less those the recipe leaves out."""
+    return [stage for cls in stage_classes if (stage := cls.build(run)) is not None]

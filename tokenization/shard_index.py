@@ -1,0 +1,30 @@
+"""Shard-index stage: every (split, source) ``state.json`` -> ``shards/index.parquet`` (what training reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.rundir import file_stats
+from core.stage import Inputs, Progress, Stage
+from tokenization.stage import STATE_FILE, write_index
+
+
+class ShardIndexStage(Stage):
+    """The pack states -> the shard index; its inputs are the states themselves (by content)."""
+
+    name = "shard-index"
+    reads = ("pack",)
+
+    def inputs(self, unit: str | None) -> Inputs:
+        states = sorted(self.paths.shards.glob(f"split=*/source=*/{STATE_FILE}"))
+        return Inputs(files={name: identity for state in states
+                             for name, _, identity in file_stats(self.paths.root, state)})
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.shard_index]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        shards = write_index(self.paths)
+        return {"num_shards": len(shards), "num_rows": sum(info.num_rows for info in shards),
+                "num_tokens": sum(info.num_tokens for info in shards)}
