@@ -11,14 +11,16 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
 from core.eval_results import VAL_SPLIT_TASK, failed_results
-from core.rundir import RunPaths, file_stats, fingerprint
+from core.rundir import RunPaths
 from core.shards import read_shard_index, verify_shards
+from core.stage import stage_status
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_is_cached, record_evaluation
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
 from flows.stage_processes import stage_processes
+from flows.stage_task import run_stages
 from flows.tasks import (
     base_model_task,
     decontaminate_task,
@@ -32,12 +34,13 @@ from flows.tasks import (
     report_task,
     shard_index_task,
     tokenizer_task,
-    train_task,
 )
+from flows.training_progress import launch_training
 from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
-from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
+from trainer.checkpoint_layout import chosen_checkpoints
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
+from trainer.train_stage import TrainStage
 
 SPLITS = ("train", "val")
 
@@ -101,18 +104,18 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     with paths.lock():
         _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
         record_recipe(loaded, run.base, paths.root)
-        until_step = _until_step(paths, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
-        deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
-        if paths.done_summary(TRAIN_STAGE, training_fingerprint(paths, until_step)) is not None:
-            get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)", until_step)
+        train = TrainStage.build(run, refresh=refresh)
+        if stage_status(train).state == "done":
+            get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)",
+                                  train.until_step)
         else:
             refuse_untrusted_model_code(run)
-            try:
-                train_task(paths, loaded.train.num_processes, until_step, deadline_s, run.trust.model_code)
-            except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
-                _report_failed_training(paths, failure)
-                raise
-            paths.mark_done(TRAIN_STAGE, training_fingerprint(paths, until_step), {"step": until_step})
+        train.launcher = launch_training
+        try:
+            run_stages([train])
+        except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
+            _report_failed_training(paths, failure)
+            raise
         if not loaded.eval.enabled:
             report = report_task(paths)
     # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
@@ -246,32 +249,6 @@ def _refuse_corrupt_shards(paths: RunPaths) -> None:
         raise ShardFormatError(f"{paths.shards}: {faults[0]}{more}; training refuses corrupt shards: see "
                                f"`tokenmill shards verify {paths.root}`, then re-run `tokenmill prepare` in a fresh "
                                "run dir.")
-
-
-TRAIN_STAGE = "train"
-TRAINING_FILES = ("run.yaml", "shards/index.parquet", "tokenizer", "base_model", "checkpoints", "model")
-"""What a launched trainer reads and writes, relative to the run dir (the shards are named by the index)."""
-
-
-def training_fingerprint(paths: RunPaths, until_step: int) -> str:
-    """The target step and the stats of every file in TRAINING_FILES: when it equals the one recorded after
-    the last training, a launch would only restore the checkpoint to say "nothing to train" (~5 s), so the
-    flow skips it. Any change (a new checkpoint or shard, a deleted export, an edited recipe) launches."""
-    return fingerprint(TRAIN_STAGE, until_step, [file_stats(paths.root, paths.root / name) for name in TRAINING_FILES])
-
-
-def _until_step(paths: RunPaths, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
-    current = _latest_checkpoint_step(paths)
-    if refresh and steps_per_refresh is not None and current is not None:
-        return current + steps_per_refresh
-    return max_steps
-
-
-def _latest_checkpoint_step(paths: RunPaths) -> int | None:
-    """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
-    steps = [step for step, folder in list_checkpoints(paths.checkpoints)
-             if (folder / MANIFEST_NAME).is_file()]
-    return max(steps, default=None)
 
 
 def _num_indexed_shards(paths: RunPaths) -> int:

@@ -20,7 +20,6 @@ from flows.settings import retry_unless_user_error
 from flows.stage_processes import run_stage_call
 from flows.stage_times import times_stage
 from flows.subprocess_log import run_streaming
-from flows.training_progress import training_progress
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
@@ -30,7 +29,7 @@ from tokenization.stage import pack_split_source, packed_shards, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 from trainer.config import EvalConfig, ModelConfig
 from trainer.eval_tasks import prepare_eval_tasks
-from trainer.launch import eval_launch_command, launch_command, launched_env, launched_fds
+from trainer.launch import eval_launch_command, launched_env, launched_fds
 
 
 @task(name="plan-ingest")
@@ -123,21 +122,6 @@ def shards_summary(shards: list[ShardInfo]) -> dict[str, Any]:
 @reports_progress("shard-index", rates=False)
 def shard_index_task(paths: RunPaths) -> list[ShardInfo]:
     return write_index(paths)
-
-
-@task(name="train", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error)
-@times_stage("train")
-def train_task(paths: RunPaths, num_processes: int, until_step: int, deadline_s: float | None,
-               trust_remote_code: bool = False) -> None:
-    """Run ``accelerate launch … -m trainer.train``; a retry resumes from the newest checkpoint.
-
-    The bar and the ``training-progress`` artifact follow the metrics files; the child's lines go to the log.
-    ``trust_remote_code``: the command's decision (:mod:`core.code_trust`), handed to the trainer as a flag.
-    """
-    argv = launch_command(paths.root, num_processes, until_step, trust_remote_code=trust_remote_code)
-    with stage_meter("train", "steps") as meter, training_progress(paths.metrics, meter, until_step):
-        run_streaming(argv, get_run_logger(), deadline_s=deadline_s, env=launched_env(),
-                      pass_fds=launched_fds(paths))
 
 
 @task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")

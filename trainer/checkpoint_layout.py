@@ -10,6 +10,8 @@ from core.rundir import RunPaths
 
 MANIFEST_NAME = "manifest.json"
 """Written last into a checkpoint folder: a folder without it is incomplete."""
+EXPORT_STATE_NAME = "training_state.json"
+"""Written last into a Hugging Face export (``model/``): its step and tokens seen (:mod:`trainer.export`)."""
 STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 
 

@@ -22,11 +22,9 @@ from core.atomic import TEMP_PREFIX, out_of_space, read_json
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
+from trainer.checkpoint_layout import EXPORT_STATE_NAME
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
-
-EXPORT_STATE_NAME = "training_state.json"
-"""Which step the export holds (tokenmill's own file; Hugging Face ignores it)."""
 
 
 def hf_llama_config(shape: ModelShape, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> dict[str, Any]:

@@ -14,11 +14,13 @@ import pytest
 from core.numbers import rounded_floats
 from core.rundir import RunPaths
 from core.shards import verify_shards
+from core.stage import read_marker, stage_status
 from flows.artifact_keys import artifact_key
-from flows.pipeline import training_fingerprint
+from flows.recipe import resolve_recorded_run
 from flows.report import report_inputs_fingerprint
 from pipeline.query import run_query
 from tests.flows.conftest import write_small_recipe
+from trainer.train_stage import TrainStage
 
 pytestmark = pytest.mark.slow
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
@@ -133,7 +135,8 @@ def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict])
     eval_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
     assert len(eval_steps) == len(set(eval_steps)), "a finished training run must not train again"
     paths = RunPaths(run_dir)  # and the next run does not even launch the trainer, nor re-render the report
-    assert paths.done_summary("train", training_fingerprint(paths, 30)) == {"step": 30}
+    assert read_marker(paths, "train")["summary"] == {"step": 30}
+    assert stage_status(TrainStage.build(resolve_recorded_run(run_dir))).state == "done"
     assert paths.done_summary("report", report_inputs_fingerprint(paths)) is not None
 
 
