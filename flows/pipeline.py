@@ -7,26 +7,26 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.eval_results import VAL_SPLIT_TASK, failed_results
+from core.eval_results import VAL_SPLIT_TASK
 from core.rundir import RunPaths
 from core.shards import read_shard_index, verify_shards
 from core.stage import stage_status
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
-from flows.evaluation_state import evaluation_is_cached, record_evaluation
+from flows.evaluation_state import evaluation_stages
 from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
+from flows.stage_launch import in_flow
 from flows.stage_processes import stage_processes
-from flows.stage_task import run_stages
+from flows.stage_task import run_stages, stage_task
 from flows.tasks import (
     base_model_task,
     decontaminate_task,
     dedupe_task,
-    downstream_task,
-    eval_checkpoint_task,
     eval_tasks_task,
     ingest_part_task,
     pack_task,
@@ -35,10 +35,9 @@ from flows.tasks import (
     shard_index_task,
     tokenizer_task,
 )
-from flows.training_progress import launch_training
 from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
 from pipeline.manifest import load_manifest
-from trainer.checkpoint_layout import chosen_checkpoints
+from trainer.eval_stages import EvalStage
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.train_stage import TrainStage
 
@@ -110,9 +109,8 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
                                   train.until_step)
         else:
             refuse_untrusted_model_code(run)
-        train.launcher = launch_training
         try:
-            run_stages([train])
+            run_stages(in_flow([train]))
         except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
             _report_failed_training(paths, failure)
             raise
@@ -154,42 +152,28 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
     """
     run = as_resolved(recipe, run_dir)
     paths = run.paths
-    logger = get_run_logger()
     with paths.lock():
-        if evaluation_is_cached(run, checkpoint, task):
-            logger.info("evaluate: every result is current and nothing changed since: skipped (up to date)")
-            return publish_evaluation(paths.root, report_task(paths))
-        _evaluate(run, checkpoint, task)
-        if not failed_results(paths):  # a failed result is retried by the next run
-            record_evaluation(run, checkpoint, task)
-        report = report_task(paths)  # after the marker: the report reads stages/, and would be stale at once
+        refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
+        _evaluate(evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task)))
+        report = report_task(paths)
     return publish_evaluation(paths.root, report)
 
 
-def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
-    """Plan the missing or stale (checkpoint, task) results and compute them; a failure is recorded and logged."""
-    from trainer.eval_checkpoint import val_split_task_fingerprint
-    from trainer.eval_plan import has_export, plan_evaluation  # imports torch
-
-    config, paths = run.recipe.eval, run.paths
+def _evaluate(stages: list[EvalStage]) -> None:
+    """Run every unit, one at a time (each launch may take every device), each skipped when done; a failed one
+    is recorded in its result and logged, the others go on (a downstream task waits only for the exports)."""
     logger = get_run_logger()
-    refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
-    task_fps, include = evaluation_tasks(run, task)
-    val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision)
-    plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
-                            task_fps, val_split=task in (None, VAL_SPLIT_TASK))
-    for plan in plans:
-        export = plan.needs_export and not has_export(paths, plan.step)
-        if plan.score_val_split or export:
-            try:
-                eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
-                                     export, run.trust.model_code)
-            except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
-                logger.error("evaluating step %s failed: %s", plan.step, err)
-                continue
-        for name in plan.tasks:  # each task run logs its own result
-            downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
-                            [str(folder) for folder in include], config, trusted_folders(run))
+    futures: dict[str, list[PrefectFuture]] = {}
+    for stage in in_flow(stages):
+        upstream = [future for name in stage.reads for future in futures.get(name, [])]
+        named = stage_task.with_options(name=stage.name)
+        futures[stage.name] = []
+        for unit in stage.units():
+            future = named.submit(stage, unit, wait_for=upstream)
+            future.wait()
+            futures[stage.name].append(future)
+            if not future.state.is_completed():
+                logger.error("%s failed: %s", stage.label(unit), future.state.message)
 
 
 def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:

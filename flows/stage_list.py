@@ -7,6 +7,8 @@ A flow builds each with ``cls.build(run)`` (None: the recipe leaves it out) and 
 from __future__ import annotations
 
 from core.stage import Stage
+from trainer.eval_stages import DownstreamStage, ExportStage, ValSplitStage
 from trainer.train_stage import TrainStage
 
 TRAIN_STAGES: tuple[type[Stage], ...] = (TrainStage,)
+EVAL_STAGES: tuple[type[Stage], ...] = (ValSplitStage, ExportStage, DownstreamStage)

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import task
 
-from core.eval_results import describe
 from core.rundir import RunPaths
 from core.shards import ShardInfo
 from flows.progress import open_shared_bar, reports_progress, shows_bar, stage_meter
@@ -19,7 +18,6 @@ from flows.report import write_report
 from flows.settings import retry_unless_user_error
 from flows.stage_processes import run_stage_call
 from flows.stage_times import times_stage
-from flows.subprocess_log import run_streaming
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
 from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
@@ -29,7 +27,6 @@ from tokenization.stage import pack_split_source, packed_shards, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 from trainer.config import EvalConfig, ModelConfig
 from trainer.eval_tasks import prepare_eval_tasks
-from trainer.launch import eval_launch_command, launched_env, launched_fds
 
 
 @task(name="plan-ingest")
@@ -122,37 +119,6 @@ def shards_summary(shards: list[ShardInfo]) -> dict[str, Any]:
 @reports_progress("shard-index", rates=False)
 def shard_index_task(paths: RunPaths) -> list[ShardInfo]:
     return write_index(paths)
-
-
-@task(name="eval-checkpoint", task_run_name="eval-checkpoint-{step}")
-@times_stage("evaluate")
-def eval_checkpoint_task(paths: RunPaths, num_processes: int, step: int, score: bool, export: bool,
-                         trust_remote_code: bool = False) -> None:
-    """``accelerate launch … -m trainer.eval_checkpoint``: the whole val split of one checkpoint, and its export.
-
-    On a terminal its bar counts the rows scored (the evaluator's progress lines); a log gets its result line.
-    """
-    argv = eval_launch_command(paths.root, num_processes, step, score=score, export=export,
-                               trust_remote_code=trust_remote_code)
-    bar = (f"evaluate step {step}", "rows") if score else (f"export step {step}", None)  # export only: a spinner
-    with stage_meter(*bar) as meter:
-        run_streaming(argv, get_run_logger(), deadline_s=None, env=launched_env(), pass_fds=launched_fds(paths),
-                      on_progress=lambda line: meter.update(completed=line.done, total=line.total))
-
-
-@task(name="downstream", task_run_name="downstream-{task_name}-step-{step}")
-@times_stage("evaluate")
-def downstream_task(paths: RunPaths, step: int, task_name: str, checkpoint_fp: str, task_fp: str,
-                    include: list[str], config: EvalConfig, trusted: list[str] = ()) -> dict[str, Any]:
-    """One lm-eval task on one checkpoint's export; its result is logged here, on this task run's page."""
-    from trainer.eval_plan import run_downstream_task  # imports torch: only when evaluating
-
-    with stage_meter(f"{task_name} step {step}", "requests") as meter:
-        result = run_downstream_task(paths, step, task_name, checkpoint_fp, task_fp, [Path(p) for p in include],
-                                     config, [Path(p) for p in trusted],
-                                     on_progress=lambda done, total: meter.update(completed=done, total=total))
-    get_run_logger().info("%s", describe(result))
-    return result
 
 
 @task(name="report")

@@ -18,13 +18,9 @@ from typing import Any, BinaryIO
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from core.stage import Progress
 from flows.artifact_keys import artifact_key
-from flows.progress import Meter, stage_logger, stage_meter
-from flows.subprocess_log import run_streaming
-from trainer.launch import launched_env, launched_fds
+from flows.progress import Meter, stage_logger
 from trainer.metrics import EVAL_FILE, TRAIN_FILE
-from trainer.train_stage import TrainStage
 
 POLL_S = 0.5
 """How often the files are read while the trainer runs; they are read once more when it exits."""
@@ -258,12 +254,3 @@ def training_progress(metrics_dir: Path, meter: Meter, target_step: int) -> cont
     key = artifact_key(metrics_dir.parent, "training-progress")
     return follow_training(metrics_dir, [TrainingBar(meter, target_step), TrainingArtifact(target_step, key)])
 
-
-def launch_training(argv: Sequence[str], stage: TrainStage, on_progress: Progress) -> None:
-    """The training stage's launcher in a flow (:attr:`trainer.train_stage.TrainStage.launcher`): the child's
-    lines go to the task run's log, the bar (the stage's own row) and the ``training-progress`` artifact follow
-    the metrics files. ``on_progress`` is unused: the bar needs the notes and resumes the metrics tell."""
-    with stage_meter(stage.name, stage.progress_unit) as meter, \
-            training_progress(stage.paths.metrics, meter, stage.until_step):
-        run_streaming(argv, stage_logger(), deadline_s=stage.deadline_s, env=launched_env(),
-                      pass_fds=launched_fds(stage.paths))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from core.atomic import read_json
 from core.errors import ConfigError
 from core.rundir import RunPaths
 
@@ -46,3 +47,11 @@ def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Pat
         raise ConfigError(f"--checkpoint {which}: no such checkpoint in {paths.checkpoints} (kept: "
                           f"{', '.join(str(step) for step, _ in found)}); name one of those, `last` or `all`.")
     return chosen
+
+
+def exported_step(model_dir: Path) -> int | None:
+    """The training step of an existing export, or None when there is no complete export."""
+    marker = Path(model_dir) / EXPORT_STATE_NAME
+    if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
+        return None
+    return read_json(marker).get("step")

@@ -18,8 +18,9 @@ from core.errors import TokenmillError
 from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, is_current, read_result, write_result
 from core.rundir import RunPaths
 from trainer.checkpoint import verify_checkpoint
+from trainer.checkpoint_layout import exported_step
 from trainer.config import EvalConfig
-from trainer.export import exported_step
+from trainer.eval_stages import model_folder
 
 
 @dataclass
@@ -59,11 +60,6 @@ def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_sp
         if score or missing:
             plans.append(CheckpointPlan(step, checkpoint_fp, score, missing))
     return plans
-
-
-def model_folder(paths: RunPaths, step: int) -> Path:
-    """The Hugging Face export of ``step``: ``model/`` when it holds that step, else ``eval/models/step-N/``."""
-    return paths.model if exported_step(paths.model) == step else paths.eval_model(step)
 
 
 def has_export(paths: RunPaths, step: int) -> bool:

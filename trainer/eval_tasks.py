@@ -67,9 +67,7 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
     if not config.tasks:
         return {"tasks": {}, "num_items": {}, "include": []}
     folders = include_dirs(paths, config, base_dir) if include is None else include
-    parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
-             for part in document_part_files(paths)]
-    settings = fingerprint(STAGE, config.model_dump(), parts, [_recorded(paths, folder) for folder in folders])
+    settings = _settings(paths, config, folders)
     if (unchanged := _unchanged_summary(paths, settings, folders)) is not None:
         return {**unchanged, "skipped": True}  # the built-in task's files too are as the last check left them
     if NEXT_LINE_TASK in config.tasks:
@@ -93,6 +91,19 @@ def prepare_eval_tasks(paths: RunPaths, config: EvalConfig, base_dir: Path, incl
     summary = {"tasks": task_fps, "num_items": num_items, "include": [_recorded(paths, folder) for folder in folders]}
     paths.mark_done(STAGE, run_fp, summary, **record)
     return {**summary, "skipped": False}
+
+
+def unchanged_tasks(paths: RunPaths, config: EvalConfig, folders: list[Path]) -> dict[str, str] | None:
+    """``{task: fingerprint}`` as the last check recorded them when nothing it read changed since, else None
+    (no lm-eval import: ``tokenmill eval``'s cached check)."""
+    unchanged = _unchanged_summary(paths, _settings(paths, config, folders), folders)
+    return None if unchanged is None else dict(unchanged.get("tasks", {}))
+
+
+def _settings(paths: RunPaths, config: EvalConfig, folders: list[Path]) -> str:
+    parts = [(part.name, read_json(document_part_marker(paths, part)).get("fingerprint"))
+             for part in document_part_files(paths)]
+    return fingerprint(STAGE, config.model_dump(), parts, [_recorded(paths, folder) for folder in folders])
 
 
 def _recorded(paths: RunPaths, path: Path) -> str:

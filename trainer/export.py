@@ -22,7 +22,7 @@ from core.atomic import TEMP_PREFIX, out_of_space, read_json
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
-from trainer.checkpoint_layout import EXPORT_STATE_NAME
+from trainer.checkpoint_layout import EXPORT_STATE_NAME, exported_step  # noqa: F401 (its old home)
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
 
@@ -112,11 +112,3 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
             raise no_space from err
         raise
     return model_dir
-
-
-def exported_step(model_dir: Path) -> int | None:
-    """The training step of an existing export, or None when there is no complete export."""
-    marker = Path(model_dir) / EXPORT_STATE_NAME
-    if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
-        return None
-    return read_json(marker).get("step")
