@@ -22,7 +22,7 @@ from flows.report_plots import import_in_background as import_plotting_in_backgr
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
 from flows.stage_launch import in_flow
 from flows.stage_processes import stage_processes
-from flows.stage_task import run_stages, stage_task
+from flows.stage_task import stage_task, submit_stage
 from flows.tasks import (
     base_model_task,
     decontaminate_task,
@@ -109,15 +109,18 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
                                   train.until_step)
         else:
             refuse_untrusted_model_code(run)
+        trained = submit_stage(*in_flow([train]))
         try:
-            run_stages(in_flow([train]))
+            for future in trained:
+                future.result()
         except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
             _report_failed_training(paths, failure)
             raise
         if not loaded.eval.enabled:
             report = report_task(paths)
     # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
-    evaluation = evaluate_model(run) if loaded.eval.enabled else None
+    # Its units run in this flow run, after the train task run (Prefect's graph draws the edge).
+    evaluation = _evaluation(run, None, None, {train.name: trained}) if loaded.eval.enabled else None
     trained = publish_training(paths.root, evaluation["report"] if evaluation is not None else report)
     if evaluation is not None:
         trained["eval"] = evaluation
@@ -144,26 +147,32 @@ def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
 @flow(name="evaluate-model")
 def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkpoint: str | None = None,
                    task: str | None = None) -> dict[str, Any]:
-    """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each result cached.
+    """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each unit cached.
 
     ``checkpoint``: ``last``, ``all`` or a step (default the recipe's ``eval.checkpoints``); ``task``: only this
     task (``val_split`` or a downstream task name; default the whole split and every ``eval.tasks``). Every
-    (checkpoint, task) result is keyed by both fingerprints: a re-run evaluates only what is missing.
+    (checkpoint, task) and export is a unit of a stage (:mod:`trainer.eval_stages`): a re-run evaluates only the
+    units whose inputs changed or whose result is missing or failed.
     """
-    run = as_resolved(recipe, run_dir)
+    return _evaluation(as_resolved(recipe, run_dir), checkpoint, task)
+
+
+def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
+                upstream: dict[str, list[PrefectFuture]] | None = None) -> dict[str, Any]:
+    """The evaluation's units in the running flow (after ``upstream``: ``{stage: its task runs}``), the report."""
     paths = run.paths
     with paths.lock():
         refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
-        _evaluate(evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task)))
+        _evaluate(evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task)), upstream or {})
         report = report_task(paths)
     return publish_evaluation(paths.root, report)
 
 
-def _evaluate(stages: list[EvalStage]) -> None:
+def _evaluate(stages: list[EvalStage], upstream: dict[str, list[PrefectFuture]]) -> None:
     """Run every unit, one at a time (each launch may take every device), each skipped when done; a failed one
     is recorded in its result and logged, the others go on (a downstream task waits only for the exports)."""
     logger = get_run_logger()
-    futures: dict[str, list[PrefectFuture]] = {}
+    futures: dict[str, list[PrefectFuture]] = dict(upstream)
     for stage in in_flow(stages):
         upstream = [future for name in stage.reads for future in futures.get(name, [])]
         named = stage_task.with_options(name=stage.name)

@@ -241,6 +241,29 @@ def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
         "the copy's cached results were computed again"
 
 
+def test_the_evaluation_units_wait_for_training_in_the_graph(finished_run: tuple[Path, dict, dict]) -> None:
+    """train-model draws its edges: each evaluation unit's task run records the train task run it waited for."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()  # task runs reach the server as events
+    with get_client(sync_client=True) as client:
+        def named(*names: str) -> list:
+            return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=list(names))))
+
+        trains = {run.id for run in named("train")}
+        units = named("evaluate step 30", "downstream-tokenmill_next_line-step-30")
+        downstream = [run for run in units if run.name.startswith("downstream-")]
+        exports = {run.id for run in named("export step 30")}
+    assert trains and len(units) >= 2 and downstream
+    for run in units:
+        waited = {upstream.id for inputs in run.task_inputs.values() for upstream in inputs}
+        assert waited & (trains | exports), f"{run.name} has no edge from train or export: {run.task_inputs}"
+    for run in downstream:
+        assert {upstream.id for inputs in run.task_inputs.values() for upstream in inputs} & exports, run.name
+
+
 def test_the_downstream_result_is_logged_on_its_task_run_in_four_significant_digits(
         finished_run: tuple[Path, dict, dict]) -> None:
     from prefect import get_client
