@@ -109,9 +109,9 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
                                   train.until_step)
         else:
             refuse_untrusted_model_code(run)
-        trained = submit_stage(*in_flow([train]))
+        train_runs = submit_stage(*in_flow([train]))
         try:
-            for future in trained:
+            for future in train_runs:
                 future.result()
         except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
             _report_failed_training(paths, failure)
@@ -120,7 +120,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
             report = report_task(paths)
     # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
     # Its units run in this flow run, after the train task run (Prefect's graph draws the edge).
-    evaluation = _evaluation(run, None, None, {train.name: trained}) if loaded.eval.enabled else None
+    evaluation = _evaluation(run, None, None, {train.name: train_runs}) if loaded.eval.enabled else None
     trained = publish_training(paths.root, evaluation["report"] if evaluation is not None else report)
     if evaluation is not None:
         trained["eval"] = evaluation
