@@ -25,11 +25,10 @@ def prepare(recipe: str, run_dir: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
-    from flows.recipe import manifest_paths, record_recipe, resolve_run
+    from flows.recipe import record_run, resolve_run
     from flows.report import write_report
     from pipeline.decontaminate import decontaminate_documents
-    from pipeline.ingest import ingest_part, largest_first, parts_to_ingest, plan_ingest
-    from pipeline.manifest import load_manifest
+    from pipeline.ingest import by_path, ingest_part, largest_first, parts_to_ingest, plan_ingest
     from pipeline.stages import dedupe_stage
     from tokenization.stage import pack_split_source, write_index
     from tokenization.train_tokenizer import prepare_tokenizer
@@ -38,20 +37,21 @@ def prepare(recipe: str, run_dir: str) -> None:
     run = resolve_run(recipe, run_dir)
     loaded, base, paths = run.recipe, run.base, run.paths
     with paths.lock():
-        record_recipe(loaded, base, paths.root)
-        manifests = manifest_paths(loaded, base)
-        parts = largest_first(plan_ingest(manifests, paths, loaded.data.part_size_bytes))
-        pool_size = min(workers, len(parts_to_ingest(parts, loaded.data.val_fraction, paths)))
+        record_run(run)
+        manifests = list(run.manifests)  # as the flow: loaded once by resolve_run, never read again
+        parts = largest_first(plan_ingest(manifests, paths, loaded.data.part_size_bytes), by_path(manifests))
+        pool_size = min(workers, len(parts_to_ingest(parts, loaded.data.val_fraction, paths, by_path(manifests))))
         with stage_processes(pool_size, preload=INGEST_PRELOAD), ThreadPoolExecutor(workers) as threads:
             list(threads.map(lambda part: run_stage_call(ingest_part, part, loaded.data.val_fraction, paths,
-                                                         near=loaded.dedupe.near), parts))
+                                                         near=loaded.dedupe.near,
+                                                         manifest=by_path(manifests)[part.manifest_path]), parts))
         dedupe_stage(paths, loaded.dedupe)
         tasks = prepare_eval_tasks(paths, loaded.eval, base)
         decontaminate_documents(paths, loaded.dedupe.decontaminate, base_dir=base,
                                 eval_tasks={name: paths.eval_text(name) for name in tasks["tasks"]})
         prepare_tokenizer(paths, loaded.tokenizer, None)
-        pairs = [(split, source.name) for split in ("train", "val") for manifest in manifests
-                 for source in load_manifest(manifest).sources]
+        pairs = [(split, source.name) for split in ("train", "val") for item in manifests
+                 for source in item.manifest.sources]
         with ThreadPoolExecutor(workers) as threads:
             list(threads.map(lambda pair: pack_split_source(paths, *pair, loaded.pack), pairs))
         write_index(paths)

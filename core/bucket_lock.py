@@ -31,9 +31,10 @@ from typing import Any
 
 from core.bucket_url import check_bucket_url
 from core.errors import ConfigError, ObjectStoreError, RunLockedError
+from core.layout import RELATIVE, run_key
 from core.object_errors import object_errors
 
-LOCK_KEY = ".lock"
+LOCK_KEY = run_key(RELATIVE.lock_file)
 """The lock's key under the run dir's prefix (never pulled into a working copy nor published)."""
 LEASE_ENV = "TOKENMILL_BUCKET_LOCK_LEASE_S"
 DEFAULT_LEASE_S = 60.0

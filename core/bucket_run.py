@@ -33,16 +33,16 @@ from core.atomic import TEMP_PREFIX
 from core.bucket_lock import LOCK_KEY, BucketLock, s3_client, split_url
 from core.bucket_url import object_and_folder
 from core.errors import ObjectStoreError, RunDirError
+from core.layout import CHECKPOINT_MANIFEST, PUBLISH_TIERS, SYNC_STATE_SUFFIX
 from core.object_errors import object_errors
 from core.rundir import RunPaths
 
 BUCKET_RUN_ENV = "TOKENMILL_BUCKET_RUN"
 """Set by the command for the trainer it launches: ``<url> <working copy>``, so rank 0 publishes checkpoints."""
-STATE_SUFFIX = ".sync.json"
+STATE_SUFFIX = SYNC_STATE_SUFFIX
 """``<copy>.sync.json`` beside the working copy: ``{key: [size, mtime_ns, etag]}`` of each file known to equal
 its key in the bucket (what pull fetched and publish uploaded)."""
-MARKER_TIERS = (("shards/index.parquet",), ("checkpoints/step-", "/manifest.json"), ("checkpoints/latest",),
-                ("stages/",), ("stages/sealed/",))
+MARKER_TIERS = PUBLISH_TIERS
 """Keys uploaded after every other output, in this order (a checkpoint manifest: prefix and suffix)."""
 
 
@@ -169,7 +169,7 @@ class BucketRun:
         changed = sorted((rel for rel in local if not self._matches(rel, state.get(rel), remote.get(rel, ("", ""))[1])),
                          key=lambda rel: (_tier(rel), rel))
         gone = sorted((rel for rel in remote if rel not in local),
-                      key=lambda rel: (not rel.endswith("/manifest.json"), rel))
+                      key=lambda rel: (not rel.endswith(f"/{CHECKPOINT_MANIFEST}"), rel))
         stale_markers = [rel for rel in [*changed, *gone] if rel in remote and _tier(rel) >= 4]
         for rel in stale_markers:  # a marker never vouches for outputs being replaced under it
             self._delete(rel, state)

@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import xxhash
 
 from core.errors import RunDirError
+from core.layout import CONTAMINATED_FILE as CONTAMINATED_FILE  # re-exported (tests)
+from core.layout import DUPLICATES_FILE as DUPLICATES_FILE
+from core.layout import PART_FILES
 from core.rundir import RunPaths, path_inside_run
 
-DUPLICATES_FILE = "duplicates.parquet"
-CONTAMINATED_FILE = "contaminated.parquet"
 """``rejects/contaminated.parquet``: train documents the decontaminate stage removed (REJECTS_SCHEMA)."""
 
 DOC_ID_MASK = 0x7FFF_FFFF_FFFF_FFFF
@@ -34,7 +35,7 @@ def document_part_files(paths: RunPaths) -> list[Path]:
     The marker is ``stages/ingest/part-NNNNN.json`` (or, in a run dir written before ``stages/`` held every
     marker, ``docs/part-NNNNN.json``); see :meth:`core.rundir.RunPaths.done_summary`.
     """
-    parts = sorted(paths.docs.glob("part-*.parquet"))
+    parts = sorted(paths.docs.glob(PART_FILES))
     finished = []
     for part in parts:
         marker = paths.finished_marker("ingest", part.stem)
@@ -58,10 +59,10 @@ def document_part_marker(paths: RunPaths, part: Path) -> Path:
 def removed_doc_ids(paths: RunPaths) -> pa.Array:
     """doc_ids the dedupe stage removed, then those the decontaminate stage removed (empty before either ran)."""
     removed = []
-    path = paths.dedupe / DUPLICATES_FILE
+    path = paths.duplicates
     if path.is_file():
         removed.append(pq.read_table(path, columns=["doc_id"]).column("doc_id").combine_chunks())
-    contaminated = paths.rejects / CONTAMINATED_FILE
+    contaminated = paths.contaminated
     if contaminated.is_file():
         rows = pq.read_table(contaminated, columns=["source", "uri"]).to_pylist()  # doc_id = hash(source, uri)
         removed.append(pa.array([doc_id_for(row["source"], row["uri"]) for row in rows], pa.int64()))

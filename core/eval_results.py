@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json, sha256_file
+from core.layout import CHECKPOINT_MANIFEST, EVAL_RESULT_FILES, RELATIVE, run_key
 from core.numbers import rounded
 from core.rundir import RunPaths, fingerprint
 
@@ -26,7 +27,7 @@ RESULT_COLUMNS = ("step", "checkpoint", "task", "metric", "value", "stderr", "nu
 
 def checkpoint_fingerprint(folder: Path) -> str:
     """The sha256 of the checkpoint's manifest (which holds the sha256 of every other file): its identity."""
-    return sha256_file(folder / "manifest.json")
+    return sha256_file(folder / CHECKPOINT_MANIFEST)
 
 
 def val_split_fingerprint(shard_digests: dict[str, str], tokenizer_sha256: str, precision: str) -> str:
@@ -52,7 +53,7 @@ def is_current(result: dict[str, Any] | None, checkpoint_fp: str, task_fp: str) 
 def write_result(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,
                  rows: list[dict[str, Any]] | None = None, error: str | None = None) -> dict[str, Any]:
     """Record a finished task (``rows``) or a failed one (``error``, one line saying what to fix); returns it."""
-    result = {"version": RESULT_VERSION, "step": step, "task": task, "checkpoint": f"checkpoints/step-{step:07d}",
+    result = {"version": RESULT_VERSION, "step": step, "task": task, "checkpoint": run_key(RELATIVE.checkpoint(step)),
               "checkpoint_fingerprint": checkpoint_fp, "task_fingerprint": task_fp,
               "status": "failed" if error is not None else "ok", "error": error, "rows": rows or []}
     paths.write_json(paths.eval_result(step, task), result)
@@ -79,7 +80,7 @@ def _row(metric: str, value: float, num_samples: int | None, source: str | None)
 
 def result_files(paths: RunPaths) -> list[Path]:
     """Every stored result file, in (step, task) order."""
-    return sorted(paths.eval_results.glob("step-*/*.json"))
+    return sorted(paths.eval_results.glob(EVAL_RESULT_FILES))
 
 
 def all_rows(paths: RunPaths, files: list[Path] | None = None) -> list[dict[str, Any]]:

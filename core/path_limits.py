@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core.layout import MIRROR_STATE_SUFFIX
+
 NAME_MAX_BYTES = 255
 """Bytes in one path component on Linux's and macOS's file systems (NAME_MAX), when the file system cannot say."""
 PATH_MAX_BYTES = 4096
@@ -22,7 +24,7 @@ LONGEST_NAME_WRAPPING = ".tmp-source=.json.XXXXXXXX"
 it is written (``.tmp-`` + name + ``.`` + mkstemp's 8 random characters)."""
 MAX_NAME_BYTES = NAME_MAX_BYTES - len(LONGEST_NAME_WRAPPING)
 """The longest recipe, corpus or source name: 229 bytes (names are ASCII: the name patterns allow no other)."""
-LONGEST_RUN_DIR_SUFFIX = ".mirror.json"
+LONGEST_RUN_DIR_SUFFIX = MIRROR_STATE_SUFFIX
 """What is kept beside a run dir's local copy of a bucket (``<copy>.mirror.json``, :mod:`pipeline.run_mirror`)."""
 LAYOUT_DEPTH_BYTES = 1024
 """Room kept below the run dir for its deepest path: a shard's temporary name under

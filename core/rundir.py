@@ -1,11 +1,10 @@
-"""The run directory: the one object that names a run's files and writes them (atomically, markers, lock)."""
+"""The run directory's writes: atomically, the lock and the stage markers (its paths: core.layout)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ from core.atomic import (
 )
 from core.errors import ConfigError, RunDirError
 from core.fence import check_fence
+from core.layout import PART_FILES, RunLayout
+from core.layout import TASK_FILE_NAME as TASK_FILE_NAME  # re-exported: trainer.config, flows.cli
 from core.path_limits import run_dir_problem
 from core.runlock import RunLock
 
@@ -34,198 +35,27 @@ CODE_VERSION = "0.1.0"
 """Part of every stage fingerprint: bump it when a stage's output for the same input changes."""
 
 
-RUN_DIR_SIGNS = ("run.yaml", "stages", "shards/index.parquet", "model/config.json", "checkpoints/latest",
-                 "metrics/train.jsonl")
-"""What only a run dir holds (with ``docs/part-*.parquet``): a folder with none of them is no run."""
-
-
 MARKER_KEYS = ("fingerprint", "part", "summary", "measured", "decided")
 """The keys a marker keeps when it is migrated from a run dir written before ``stages/`` held every marker."""
 
 
 @dataclass(frozen=True)
-class RunPaths:
-    """The run dir ``runs/<name>/``: its documented layout (ARCHITECTURE.md, "The run directory") and its writes.
+class RunPaths(RunLayout):
+    """The run dir ``runs/<name>/``: its layout (:class:`core.layout.RunLayout`, every path) and its writes.
 
-    The only place that names a run's files, and the only writer into a run: every other module asks it for
-    a path and writes through it (atomically, the stage markers, the lock); tests hold both rules with ``ast``.
-    Resolved once where a flow or command starts, then passed down. Frozen and made of one path, so a Prefect
-    task can take it as a parameter (hashed) and Dask can pickle it. The seam for a run dir on object storage.
+    The only writer into a run: every other module asks it for a path and writes through it (atomically, the
+    stage markers, the lock); tests hold both rules with ``ast``. Resolved once where a flow or command starts,
+    then passed down. Frozen and made of one path, so a Prefect task can take it as a parameter (hashed) and Dask
+    can pickle it. The seam for a run dir on object storage.
     """
 
-    root: Path
-
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))  # a str from the CLI or a flow parameter
+        super().__post_init__()
         if (problem := run_dir_problem(self.root)) is not None:  # before any work: not `File name too long` later
             raise ConfigError(f"{self.root}: cannot be a run dir: {problem}.")
 
-    @property
-    def recipe(self) -> Path:
-        return self.root / "run.yaml"
-
-    @property
-    def lock_file(self) -> Path:
-        """``.lock``: see :meth:`lock`."""
-        return self.root / ".lock"
-
-    @property
-    def docs(self) -> Path:
-        return self.root / "docs"
-
-    @property
-    def ingest_plan(self) -> Path:
-        """``docs/plan.json``: which source files go in which ingest part (ingest's stage state)."""
-        return self.docs / "plan.json"
-
-    @property
-    def rejects(self) -> Path:
-        return self.root / "rejects"
-
-    @property
-    def attributes(self) -> Path:
-        """``attributes/part-NNNNN.parquet``: what the quality filters measured for every parsed document."""
-        return self.root / "attributes"
-
-    @property
-    def dedupe(self) -> Path:
-        return self.root / "dedupe"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.root / "tokenizer" / "tokenizer.json"
-
-    @property
-    def special_tokens(self) -> Path:
-        """``tokenizer/special_tokens.json``: eos/pad/bos ids of a model's own tokenizer (see tokenization)."""
-        return self.root / "tokenizer" / "special_tokens.json"
-
-    @property
-    def base_model(self) -> Path:
-        """``base_model/``: the Hugging Face config (and weights, for continued pretraining) the run starts from,
-        hard-linked or copied in by the model stage, so the run dir needs nothing outside itself."""
-        return self.root / "base_model"
-
-    @property
-    def shards(self) -> Path:
-        return self.root / "shards"
-
-    @property
-    def shard_index(self) -> Path:
-        return self.root / "shards" / "index.parquet"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.metrics / "tensorboard"
-
-    @property
-    def wandb(self) -> Path:
-        """``metrics/wandb/``: W&B's ``dir`` (offline runs in ``wandb/offline-run-*``) unless WANDB_DIR is set."""
-        return self.metrics / "wandb"
-
-    @property
-    def mlflow(self) -> Path:
-        """``metrics/mlflow/``: MLflow's SQLite ``mlflow.db`` and ``artifacts/`` (unless MLFLOW_TRACKING_URI is set)."""
-        return self.metrics / "mlflow"
-
-    @property
-    def trackio(self) -> Path:
-        """``metrics/trackio/``: trackio's local store (``<project>.db``) unless TRACKIO_DIR is set."""
-        return self.metrics / "trackio"
-
-    @property
-    def tracker_ids(self) -> Path:
-        """``metrics/trackers.json``: the W&B and MLflow run ids a resumed launch continues."""
-        return self.metrics / "trackers.json"
-
-    @property
-    def profile(self) -> Path:
-        """``metrics/profile/``: the torch profiler's traces (``train.profile_steps``)."""
-        return self.metrics / "profile"
-
-    @property
-    def device_peak(self) -> Path:
-        """``metrics/device_peak.json``: the cached matmul probe, so every resume of a run divides MFU by one peak."""
-        return self.metrics / "device_peak.json"
-
-    @property
-    def stage_times(self) -> Path:
-        """``metrics/stage_times.jsonl``: one row per finished stage call (its wall-clock span), for the report."""
-        return self.metrics / "stage_times.jsonl"
-
-    @property
-    def versions(self) -> Path:
-        """``metrics/versions.json``: tokenmill's, Python's and the key packages' versions the last stage ran with."""
-        return self.metrics / "versions.json"
-
-    @property
-    def sample_generation(self) -> Path:
-        """``metrics/sample_generation.json``: a sample from the exported model, made once per export (the report's)."""
-        return self.metrics / "sample_generation.json"
-
-    @property
-    def model(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def report(self) -> Path:
-        return self.root / "report"
-
-    @property
-    def eval(self) -> Path:
-        """``eval/``: the full evaluation's task files, results and per-checkpoint exports (trainer.eval_*)."""
-        return self.root / "eval"
-
-    @property
-    def eval_tasks(self) -> Path:
-        """``eval/tasks/``: the built-in task as plain lm-eval YAML + JSONL (``lm_eval --include_path`` runs it)."""
-        return self.eval / "tasks"
-
-    @property
-    def eval_texts(self) -> Path:
-        """``eval/texts/``: every configured task's documents, one JSON text per line (decontamination reads them)."""
-        return self.eval / "texts"
-
-    def eval_text(self, task: str) -> Path:
-        """``eval/texts/<task>.jsonl``: see :attr:`eval_texts`."""
-        return self.eval_texts / f"{_task_file_name(task)}.jsonl"
-
-    @property
-    def eval_results(self) -> Path:
-        """``eval/results/``: see :meth:`eval_result`."""
-        return self.eval / "results"
-
-    def eval_result(self, step: int, task: str) -> Path:
-        """``eval/results/step-NNNNNNN/<task>.json``: one (checkpoint, task) result, keyed by both fingerprints."""
-        return self.eval_results / f"step-{step:07d}" / f"{_task_file_name(task)}.json"
-
-    def eval_model(self, step: int) -> Path:
-        """``eval/models/step-NNNNNNN/``: a checkpoint exported as a Hugging Face folder for downstream tasks."""
-        return self.eval / "models" / f"step-{step:07d}"
-
-    @property
-    def stages(self) -> Path:
-        """Stage completion markers (``<stage>.json``, ``<stage>/<unit>.json``): see :meth:`done_summary`."""
-        return self.root / "stages"
-
-    @property
-    def seals(self) -> Path:
-        """``stages/sealed/``: what a finished command recorded to skip its flow next time (flows.up_to_date)."""
-        return self.stages / "sealed"
-
-    def command_seal(self, command: str) -> Path:
-        return self.seals / f"{command}.json"
-
     def check_is_run(self) -> RunPaths:
-        """Itself when the folder holds a run's files (:data:`RUN_DIR_SIGNS`); RunDirError, one line, otherwise.
+        """Itself when the folder holds a run's files (:attr:`run_dir_signs`); RunDirError, one line, otherwise.
 
         The reading commands (query, report, shards, eval, generate) call it first: over a folder that holds no
         run, every view would be empty and a query would answer 0 rows as if that were the run's answer.
@@ -233,8 +63,7 @@ class RunPaths:
         if not self.root.is_dir():
             problem = "is a file, not a folder" if self.root.exists() else "does not exist"
             raise RunDirError(f"{self.root}: {problem}; give the run dir a tokenmill run wrote (runs/<name>).")
-        if not any((self.root / sign).exists() for sign in RUN_DIR_SIGNS) \
-                and next(self.docs.glob("part-*.parquet"), None) is None:
+        if not any(sign.exists() for sign in self.run_dir_signs) and next(self.docs.glob(PART_FILES), None) is None:
             raise RunDirError(f"{self.root}: not a tokenmill run dir (no run.yaml, stages/, shards/index.parquet, "
                               "docs/part-*.parquet or model/); give the run dir a tokenmill run wrote (runs/<name>), "
                               "or make one: tokenmill prepare RECIPE --run-dir DIR.")
@@ -315,7 +144,7 @@ class RunPaths:
 
     def marker(self, stage: str, unit: str | None = None) -> Path:
         """``stages/<stage>.json``, or ``stages/<stage>/<unit>.json`` for one unit of the stage."""
-        return self.stages / f"{stage}.json" if unit is None else self.stages / stage / f"{unit}.json"
+        return self.stage_marker(stage, unit)
 
     def finished_marker(self, stage: str, unit: str | None = None) -> Path | None:
         """The marker recording that (stage, unit) finished, with any fingerprint; None when it has not.
@@ -385,8 +214,8 @@ class RunPaths:
         Read only when the marker under ``stages/`` is missing or does not match, then migrated (see
         :meth:`done_summary`), so run dirs written by that version keep their finished work.
         """
-        legacy = {"ingest": self.docs / f"{unit}.json", "dedupe": self.dedupe / "state.json",
-                  "decontaminate": self.dedupe / "decontaminate.json", "tokenizer": self.tokenizer.parent / "meta.json"}
+        legacy = {"ingest": self.legacy_ingest_marker(f"{unit}"), "dedupe": self.dedupe_state,
+                  "decontaminate": self.decontaminate_state, "tokenizer": self.legacy_tokenizer_meta}
         return legacy.get(stage) if (stage != "ingest" or unit is not None) else None
 
     def _drop_legacy(self, legacy: Path, record: dict[str, Any]) -> None:
@@ -404,17 +233,6 @@ def path_inside_run(run_dir: Path, path: Path) -> bool:
         return path.resolve().is_relative_to(Path(run_dir).resolve())
     except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return False
-
-
-TASK_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-"""An evaluation task's name as a file name: letters, digits, ``_``, ``.``, ``-`` (no ``/``, no leading dot)."""
-
-
-def _task_file_name(task: str) -> str:
-    """``task`` itself; ValueError when it could leave its folder (``../x``, ``a/b``) or is no plain name."""
-    if not TASK_FILE_NAME.match(task):
-        raise ValueError(f"evaluation task name {task!r}: use letters, digits, '_', '.' and '-' only")
-    return task
 
 
 def fingerprint(*parts: Any) -> str:

@@ -20,14 +20,15 @@ import pyarrow.parquet as pq
 
 from core.atomic import TEMP_PREFIX
 from core.errors import ShardFormatError
+from core.layout import RELATIVE, SHARD_FILE_NAME, run_key
+from core.layout import SHARD_LAYOUT as SHARD_LAYOUT  # re-exported: pipeline.query, pipeline.remote_run
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
 
 REQUIRED_METADATA = ("format_version", "tokenizer_sha256", "seq_len", "vocab_size", "dtype", "split", "source")
 SHARD_SPLITS = ("train", "val")
 """The splits tokenmill writes shards for (``pipeline.filters.assign_split``); a folder of another split is not its."""
-SHARD_LAYOUT = "shards/split=<train|val>/source=<source name>/part-NNNNN.arrow"
-_SHARD_FILE_NAME = re.compile(r"part-[0-9]{5,}\.arrow")  # shard_relpath's {part:05d}: six digits past 99999
+_SHARD_FILE_NAME = SHARD_FILE_NAME
 _SOURCE_NAME = re.compile(NAME_PATTERN)
 _FOLDER_LEVELS = ("split", "source")
 
@@ -39,7 +40,7 @@ def token_dtype_for_vocab(vocab_size: int) -> np.dtype:
 
 def shard_relpath(split: str, source: str, part: int) -> str:
     """Path of shard number ``part`` relative to the run dir (hive-style folders)."""
-    return f"shards/split={split}/source={source}/part-{part:05d}.arrow"
+    return run_key(RELATIVE.shard(split, source, part))
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def shard_layout_fault(relpath: str) -> str | None:
         return "is an absolute path"
     if ".." in parts:
         return "contains '..'"
-    if len(parts) != 4 or parts[0] != "shards":
+    if len(parts) != 4 or parts[0] != RELATIVE.shards.name:
         return f"is not at {SHARD_LAYOUT}"
     for name, key in zip(parts[1:3], _FOLDER_LEVELS, strict=True):
         expected = _expected_folder(name, key)

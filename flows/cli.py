@@ -26,7 +26,7 @@ from flows.server import guard_temporary_server, start_temporary_server
 from flows.settings import QUIET_ENV, configure_environment, show_library_progress
 
 if TYPE_CHECKING:
-    from flows.recipe import ResolvedRun
+    from flows.recipe import ResolvedRun, RunRecipe
 
 T = TypeVar("T")
 
@@ -101,8 +101,8 @@ def run(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: DaskO
 
     Example: tokenmill run configs/tiny.yaml --run-dir runs/tiny
     """
-    with bucket_run_dir(recipe, run_dir, "run"):
-        _run_flow("run", "data_to_model", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    with bucket_run_dir(recipe, run_dir, "run") as loaded:
+        _run_flow("run", "data_to_model", _checked_recipe(loaded, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -111,8 +111,8 @@ def prepare(recipe: RecipeArg = None, run_dir: RunDirOpt = None, dask_address: D
 
     Example: tokenmill prepare configs/tiny.yaml
     """
-    with bucket_run_dir(recipe, run_dir, "prepare"):
-        _run_flow("prepare", "prepare_on", _checked_recipe(recipe, run_dir), dask_address=dask_address)
+    with bucket_run_dir(recipe, run_dir, "prepare") as loaded:
+        _run_flow("prepare", "prepare_on", _checked_recipe(loaded, run_dir), dask_address=dask_address)
 
 
 @app.command()
@@ -123,8 +123,8 @@ def train(recipe: RecipeArg = None, run_dir: RunDirOpt = None) -> None:
     """
     from core.shards import read_shard_index
 
-    with bucket_run_dir(recipe, run_dir, "train"):
-        run = _checked_recipe(recipe, run_dir)
+    with bucket_run_dir(recipe, run_dir, "train") as loaded:
+        run = _checked_recipe(loaded, run_dir)
         read_shard_index(run.paths.root)  # no shards yet: one line now, not after a server start; no run dir left
         _run_flow("train", "train_model", run)
 
@@ -409,18 +409,20 @@ def local_run_dir(run_dir: str) -> Path:
 
 
 @contextlib.contextmanager
-def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> Iterator[None]:
-    """For a run dir in a bucket (``--run-dir s3://…`` or the recipe's ``run_dir``): hold its lock across machines,
-    pull it into its working copy, run the command there, then publish what changed, markers last (also when the
-    command failed or was interrupted: what finished is kept). Nothing for a local run dir.
+def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> Iterator[tuple[RunRecipe, Path]]:
+    """Load the recipe (once: the block gets it, with its folder, to resolve); for a run dir in a bucket
+    (``--run-dir s3://…`` or the recipe's ``run_dir``): hold its lock across machines, pull it into its working
+    copy, run the command there, then publish what changed, markers last (also when the command failed or was
+    interrupted: what finished is kept). Nothing more for a local run dir.
 
     See :mod:`core.bucket_run` and :mod:`core.bucket_lock`.
     """
     from flows.recipe import DEFAULT_RECIPE, load_recipe, run_dir_url
 
-    url = run_dir_url(load_recipe(recipe or DEFAULT_RECIPE)[0], run_dir)
+    loaded = load_recipe(recipe or DEFAULT_RECIPE)
+    url = run_dir_url(loaded[0], run_dir)
     if url is None:
-        yield
+        yield loaded
         return
     from core.bucket_lock import BucketLock
     from core.bucket_run import BUCKET_RUN_ENV, BucketRun
@@ -432,7 +434,7 @@ def bucket_run_dir(recipe: Path | None, run_dir: str | None, command: str) -> It
             sys.stderr.write(f"{command}: working on {url} through its local copy {local}\n")
         os.environ[BUCKET_RUN_ENV] = f"{url} {local}"  # the launched trainer publishes each checkpoint
         try:
-            yield
+            yield loaded
         except BaseException:
             try:
                 bucket_run.publish()  # what finished before the error is kept, as in a local run dir
@@ -521,33 +523,33 @@ def _start_ingest_workers() -> None:
         start_fork_server(INGEST_PRELOAD)
 
 
-def _checked_recipe(recipe: Path | None, run_dir: str | None) -> ResolvedRun:
-    """Validate the recipe and its manifests, and refuse a changed recipe, before Prefect starts: one clean line.
+def _checked_recipe(loaded: tuple[RunRecipe, Path], run_dir: str | None) -> ResolvedRun:
+    """Load the manifests and the run dir's run.yaml, check the sources' paths and refuse a changed recipe, before
+    Prefect starts: one clean line.
 
-    Returns the run: the recipe and the run dir it resolves to (``--run-dir``, else the recipe's, else
-    ``runs/<name>``).
+    Returns the run: the recipe (as :func:`bucket_run_dir` loaded it), its manifests, and the run dir it resolves
+    to (``--run-dir``, else the recipe's, else ``runs/<name>``); each read once, for the whole command.
     """
-    from flows.recipe import DEFAULT_RECIPE, manifest_paths, refuse_changed_recipe, resolve_run
-    from pipeline.manifest import load_manifest, resolve_source_path
+    from flows.recipe import refuse_changed_run, resolve_loaded
+    from pipeline.manifest import resolve_source_path
 
-    run = resolve_run(recipe or DEFAULT_RECIPE, run_dir)
-    for manifest_path in manifest_paths(run.recipe, run.base):
-        for source in load_manifest(manifest_path).sources:
-            resolve_source_path(source, manifest_path)
-    refuse_changed_recipe(run.recipe, run.base, run.paths.root)
+    run = resolve_loaded(*loaded, run_dir)
+    for item in run.manifests:
+        for source in item.manifest.sources:
+            resolve_source_path(source, item.path)
+    refuse_changed_run(run)
     return run
 
 
 def _refuse_unmatched_sources(run: ResolvedRun) -> None:
     """A source that matches no file (a glob typo) is one line naming it, before Prefect starts (ManifestError from
     :func:`pipeline.ingest.list_source_files`). Sources the run's plan lists already are not walked again."""
-    from flows.recipe import manifest_paths
     from pipeline.ingest import collect_sources, list_source_files
     from pipeline.unmatched_source import matched_before
 
     with warnings.catch_warnings():  # the flow's planning says them, once
         warnings.simplefilter("ignore")
-        for manifest_path, source in collect_sources(manifest_paths(run.recipe, run.base)).values():
+        for manifest_path, source in collect_sources(list(run.manifests)).values():
             if not matched_before(run.paths.root, source.name):
                 list_source_files(source, manifest_path, run.paths.root)
 
@@ -669,7 +671,7 @@ def kept_in_run_dir(run_dir: Path) -> str:
     paths = RunPaths(run_dir)
     complete = [step for step, folder in list_checkpoints(paths.checkpoints) if (folder / MANIFEST_NAME).is_file()]
     markers = paths.stages.iterdir() if paths.stages.is_dir() else []
-    stages = {entry.stem for entry in markers if entry != paths.seals}
+    stages = {entry.stem for entry in markers if entry not in (paths.seals, paths.launch_config)}
     kept = [f"checkpoint step {complete[-1]}"] if complete else []
     kept.append(f"{len(stages)} finished stage(s)" if stages else "no finished stage")
     return " and ".join(kept)

@@ -17,7 +17,7 @@ from core.shards import read_shard_index, verify_shards
 from core.stage import stage_status
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_stages
-from flows.recipe import ResolvedRun, as_resolved, manifest_paths, model_source, record_recipe, tokenizer_file
+from flows.recipe import ResolvedRun, as_resolved, model_source, record_run, tokenizer_file, write_launch_config
 from flows.report_plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
 from flows.stage_launch import in_flow
@@ -35,8 +35,8 @@ from flows.tasks import (
     shard_index_task,
     tokenizer_task,
 )
-from pipeline.ingest import INGEST_PRELOAD, IngestPart, parts_to_ingest
-from pipeline.manifest import load_manifest
+from pipeline.ingest import INGEST_PRELOAD, IngestPart, by_path, parts_to_ingest
+from pipeline.manifest import ManifestFile
 from trainer.eval_stages import EvalStage
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.train_stage import TrainStage
@@ -55,16 +55,17 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
     root = paths.root
     import_plotting_in_background()  # for the report at the end
     with paths.lock():
-        record_recipe(loaded, base, root)
-        manifests = [str(path) for path in manifest_paths(loaded, base)]
+        record_run(run)
+        manifests = list(run.manifests)  # loaded once by the command: no stage reads a manifest file again
         parts = plan_ingest_task(manifests, paths, loaded.data.part_size_bytes)
         # Ingest is mostly pure Python (it holds the GIL): its parts run in worker processes, one per core
         # and at most one per part still to do (a re-run with every part done starts none).
         workers = min(os.cpu_count() or 1, len(parts_to_ingest([IngestPart.from_dict(part) for part in parts],
-                                                                 loaded.data.val_fraction, paths)))
+                                                                 loaded.data.val_fraction, paths, by_path(manifests))))
         with stage_processes(workers, preload=INGEST_PRELOAD):
             ingest_runs = ingest_part_task.map(parts, val_fraction=loaded.data.val_fraction, paths=unmapped(paths),
-                                               near=unmapped(loaded.dedupe.near))
+                                               near=unmapped(loaded.dedupe.near),
+                                               manifests=unmapped(by_path(manifests)))
             ingested = ingest_runs.result()
         # Stages pass files, not values: wait_for records each dependency as an edge of Prefect's task graph.
         deduped = dedupe_task(paths, loaded.dedupe, wait_for=ingest_runs or [parts])
@@ -102,13 +103,14 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     import_plotting_in_background()  # for the report at the end
     with paths.lock():
         _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
-        record_recipe(loaded, run.base, paths.root)
+        record_run(run)
         train = TrainStage.build(run, refresh=refresh)
         if stage_status(train).state == "done":
             get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)",
                                   train.until_step)
         else:
             refuse_untrusted_model_code(run)
+            write_launch_config(run)  # what the launched trainer reads, in place of run.yaml
         train_runs = submit_stage(*in_flow([train]))
         try:
             for future in train_runs:
@@ -163,7 +165,11 @@ def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
     paths = run.paths
     with paths.lock():
         refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
-        _evaluate(evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task)), upstream or {})
+        stages = evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task))
+        if any(stage.launches and stage_status(stage, unit).state != "done" for stage in stages
+               for unit in stage.units()):
+            write_launch_config(run)  # what each launched evaluator reads, in place of run.yaml
+        _evaluate(stages, upstream or {})
         report = report_task(paths)
     return publish_evaluation(paths.root, report)
 
@@ -215,8 +221,8 @@ def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
     return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
 
 
-def _split_source_pairs(manifests: list[str]) -> tuple[list[str], list[str]]:
-    names = [source.name for manifest in manifests for source in load_manifest(manifest).sources]
+def _split_source_pairs(manifests: list[ManifestFile]) -> tuple[list[str], list[str]]:
+    names = [source.name for item in manifests for source in item.manifest.sources]
     pairs = [(split, name) for split in SPLITS for name in names]
     return [split for split, _ in pairs], [name for _, name in pairs]
 

@@ -19,14 +19,16 @@ from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import (
     CorpusManifest,
+    ManifestFile,
     changed_manifest_keys,
     changed_threshold_keys,
-    load_manifest,
+    load_manifest_file,
     portable_manifest,
 )
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
 from trainer.mixture_config import MixtureScheduleConfig
+from trainer.run_config import TrainerSections
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 
@@ -140,8 +142,23 @@ def run_dir_url(recipe: RunRecipe, run_dir: str | Path | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """``run.yaml`` as a command found it: read and validated once (:func:`read_record`), then compared with the
+    recipe (:func:`refuse_changed_recipe`) and, for ``tokenmill eval RUN_DIR``, the run's recipe itself."""
+
+    path: Path
+    recipe: RunRecipe
+    """Re-validated: keys added in later versions get their defaults."""
+    manifests: list[CorpusManifest] | None
+    """The manifests' content as recorded; None when a tokenmill that did not record them wrote the file."""
+    data: dict[str, Any]
+    """The file's mapping as read (its ``mixture`` is what a launched trainer of a recorded run is given)."""
+
+
+@dataclass(frozen=True)
 class ResolvedRun:
-    """A recipe read and validated once, with the run dir it resolves to: what an entry hands its flows down.
+    """A recipe, its manifests and the run dir's ``run.yaml``, each read and validated once, with the run dir they
+    resolve to: what an entry hands its flows and stages down, so that no stage reads them again.
 
     The flows take it in place of a recipe path, so one ``tokenmill run`` reads the recipe once; a deployment
     still starts them with a path (see :func:`as_resolved`).
@@ -154,6 +171,11 @@ class ResolvedRun:
     trust: CodeTrust = NO_CODE
     """The code this run may execute: what the recipe the user passed names (:func:`recipe_trust`), nothing when the
     recipe was read from the run dir's run.yaml."""
+    manifests: tuple[ManifestFile, ...] = ()
+    """The recipe's manifests in its order, loaded once; none for a run read from its run.yaml (its recipe's folder,
+    which relative manifest paths are taken from, is unknown)."""
+    record: RunRecord | None = None
+    """``run.yaml`` as the command found it; None for a new run dir."""
 
 
 def resolve_run(recipe_path: str | Path, run_dir: str | Path | None = None) -> ResolvedRun:
@@ -162,8 +184,15 @@ def resolve_run(recipe_path: str | Path, run_dir: str | Path | None = None) -> R
     The recipe is the user's (a command-line argument, a deployment's parameter, a Python caller's path): the
     task folders and model code it names may run.
     """
-    recipe, base = load_recipe(recipe_path)
-    return ResolvedRun(recipe, base, RunPaths(resolve_run_dir(recipe, run_dir)), recipe_trust(recipe, base))
+    return resolve_loaded(*load_recipe(recipe_path), run_dir)
+
+
+def resolve_loaded(recipe: RunRecipe, base: Path, run_dir: str | Path | None = None) -> ResolvedRun:
+    """:func:`resolve_run` for a recipe already loaded (:func:`load_recipe`): its manifests and the run dir's
+    ``run.yaml`` are read here, once. A run dir in a bucket: call it once its working copy is pulled."""
+    paths = RunPaths(resolve_run_dir(recipe, run_dir))
+    manifests = tuple(load_manifest_file(path) for path in manifest_paths(recipe, base))
+    return ResolvedRun(recipe, base, paths, recipe_trust(recipe, base), manifests, read_record(paths))
 
 
 def recipe_trust(recipe: RunRecipe, base: Path) -> CodeTrust:
@@ -184,8 +213,21 @@ def resolve_recorded_run(run_dir: str | Path) -> ResolvedRun:
             raise ConfigError(f"{paths.recipe}: a folder where the run's recipe file must be; move it out of the "
                               "way, or give a run dir that tokenmill wrote (runs/<name>).")
         raise ConfigError(f"{paths.root}: no run.yaml; give a run dir that tokenmill wrote (runs/<name>).")
-    recorded = load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX)
-    return ResolvedRun(_recorded_recipe(paths.recipe, recorded), paths.root, paths, NO_CODE)
+    record = read_record(paths)
+    assert record is not None  # the file is there
+    return ResolvedRun(record.recipe, paths.root, paths, NO_CODE, record=record)
+
+
+def read_record(paths: RunPaths) -> RunRecord | None:
+    """The run dir's ``run.yaml``, read and validated (the recipe, then the manifests); None when there is none."""
+    path = paths.recipe
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder where the run's recipe file must be; move it out of the way, or use "
+                          "another --run-dir.")
+    if not path.is_file():
+        return None
+    data = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
+    return RunRecord(path, _recorded_recipe(path, data), _recorded_manifests(path, data), data)
 
 
 def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = None) -> ResolvedRun:
@@ -194,12 +236,12 @@ def as_resolved(recipe: str | Path | ResolvedRun, run_dir: str | Path | None = N
     ``run_dir`` goes with a recipe path only (a resolved run has its run dir); both is a caller's mistake.
     """
     if not isinstance(recipe, ResolvedRun):
-        loaded, _ = load_recipe(recipe)
+        loaded, base = load_recipe(recipe)
         if run_dir_url(loaded, run_dir) is not None:
             raise ConfigError(f"{recipe}: run dir {run_dir_url(loaded, run_dir)} is in a bucket; the `tokenmill` "
                               "command (run, prepare, train) pulls, locks and publishes such a run dir, a "
                               "deployment or a flow called from Python does not yet: give a local run_dir here.")
-        return resolve_run(recipe, run_dir)
+        return resolve_loaded(loaded, base, run_dir)
     if run_dir is not None:
         raise ValueError(f"run_dir={run_dir!r} given with an already resolved run ({recipe.paths.root}); "
                          "pass it to resolve_run instead.")
@@ -216,16 +258,6 @@ def recipe_to_yaml(recipe: RunRecipe) -> str:
 
 # Sections whose change makes the existing data stages' outputs meaningless to mix with new ones.
 DATA_SECTIONS = ("data", "dedupe", "tokenizer", "pack")
-
-
-def source_weights(recipe: RunRecipe, base: Path) -> dict[str, float]:
-    """``{source name: mixture weight}`` from the recipe's manifests (the trainer reads it from run.yaml)."""
-    return _mixture(load_manifests(recipe, base))
-
-
-def load_manifests(recipe: RunRecipe, base: Path) -> list[CorpusManifest]:
-    """The recipe's manifests, validated, in the recipe's order."""
-    return [load_manifest(path) for path in manifest_paths(recipe, base)]
 
 
 def _mixture(manifests: list[CorpusManifest]) -> dict[str, float]:
@@ -270,8 +302,8 @@ def changed_data_keys(previous: RunRecipe, current: RunRecipe) -> list[str]:
     return sorted(key.lstrip(".") for key in set(old) | set(new) if old.get(key) != new.get(key))
 
 
-def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest]) -> list[str]:
-    """What changed since ``run.yaml`` at ``path`` was written: data-section keys (``pack.seq_len, …``), then
+def recipe_changes(record: RunRecord, recipe: RunRecipe, manifests: list[CorpusManifest]) -> list[str]:
+    """What changed since ``run.yaml`` (``record``) was written: data-section keys (``pack.seq_len, …``), then
     one ``manifest corpus 'x': filters.min_chars, sources[s].glob`` per corpus whose content changed.
 
     Manifests are compared by content (:func:`pipeline.manifest.changed_manifest_keys`), so ``data.manifests``
@@ -279,11 +311,10 @@ def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest
     as before (recipe sections only, ``data.manifests`` included), with a warning; its manifests are recorded
     now, so later changes are seen.
     """
-    recorded = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
-    data_keys = changed_data_keys(_recorded_recipe(path, recorded), recipe)
-    previous = _recorded_manifests(path, recorded)
+    data_keys = changed_data_keys(record.recipe, recipe)
+    previous = record.manifests
     if previous is None:
-        warnings.warn(f"{path} was written by an earlier tokenmill that did not record the manifests' content: "
+        warnings.warn(f"{record.path} was written by an earlier tokenmill that did not record the manifests' content: "
                       "a manifest changed before this run is not detected; the current manifests are recorded "
                       "now, and later changes are refused.", stacklevel=3)
         return data_keys
@@ -294,41 +325,49 @@ def recipe_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest
 
 
 def refuse_changed_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
-    """ConfigError when the run dir was prepared with other data settings (what :func:`record_recipe` refuses).
+    """:func:`refuse_changed_run` for a recipe loaded by the caller (:func:`load_recipe`) and a run dir."""
+    refuse_changed_run(resolve_loaded(recipe, base, run_dir))
+
+
+def refuse_changed_run(run: ResolvedRun) -> None:
+    """ConfigError when the run dir was prepared with other data settings (what :func:`record_run` refuses).
 
     The CLI calls it before a Prefect server starts, so the refusal is one line in well under a second.
     """
-    path = RunPaths(run_dir).recipe
-    if path.is_dir():
-        raise ConfigError(f"{path}: a folder where the run's recipe file must be; move it out of the way, or use "
-                          "another --run-dir.")
-    if path.is_file():
-        _refuse_changes(path, recipe, [portable_manifest(manifest) for manifest in load_manifests(recipe, base)])
+    _refuse_changes(run, _portable(run))
 
 
-def _refuse_changes(path: Path, recipe: RunRecipe, manifests: list[CorpusManifest]) -> None:
-    if not path.is_file():
+def _portable(run: ResolvedRun) -> list[CorpusManifest]:
+    return [portable_manifest(item.manifest) for item in run.manifests]
+
+
+def _refuse_changes(run: ResolvedRun, manifests: list[CorpusManifest]) -> None:
+    record = run.record
+    if record is None:
         return
-    if changed := recipe_changes(path, recipe, manifests):
-        raise ConfigError(f"{path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
+    if changed := recipe_changes(record, run.recipe, manifests):
+        raise ConfigError(f"{record.path}: the recipe changed since this run dir was prepared ({'; '.join(changed)}); "
                           "use another --run-dir, or delete the run dir to start fresh.")
-    previous = _recorded_manifests(path, load_yaml_mapping(path, "run recipe", RUN_YAML_FIX))
-    thresholds = changed_threshold_keys(previous, manifests) if previous is not None else {}
-    unattributed = [name for name in _ingested_part_names(path.parent) if not (RunPaths(path.parent).attributes
-                                                                             / name).is_file()]
+    thresholds = changed_threshold_keys(record.manifests, manifests) if record.manifests is not None else {}
+    unattributed = [name for name in _ingested_part_names(run.paths) if not (run.paths.attributes / name).is_file()]
     if thresholds and unattributed:
         keys = "; ".join(f"manifest corpus '{corpus}': {', '.join(keys)}" for corpus, keys in thresholds.items())
-        raise ConfigError(f"{path}: thresholds changed ({keys}) but {len(unattributed)} ingested part(s) have no "
-                          f"attributes/ to re-decide from (ingested by an earlier tokenmill, e.g. {unattributed[0]}); "
-                          "use another --run-dir, or delete the run dir to start fresh.")
+        raise ConfigError(f"{record.path}: thresholds changed ({keys}) but {len(unattributed)} ingested part(s) have "
+                          f"no attributes/ to re-decide from (ingested by an earlier tokenmill, e.g. "
+                          f"{unattributed[0]}); use another --run-dir, or delete the run dir to start fresh.")
 
 
-def _ingested_part_names(run_dir: Path) -> list[str]:
+def _ingested_part_names(paths: RunPaths) -> list[str]:
     """``part-NNNNN.parquet`` of each ingested documents part of the run."""
-    return [part.name for part in document_part_files(RunPaths(run_dir))]
+    return [part.name for part in document_part_files(paths)]
 
 
 def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
+    """:func:`record_run` for a recipe loaded by the caller (:func:`load_recipe`) and a run dir."""
+    record_run(resolve_loaded(recipe, base, run_dir))
+
+
+def record_run(run: ResolvedRun) -> None:
     """Write ``run.yaml`` (resolved recipe, resolved manifests, source mixture weights, code version).
 
     Refuses a changed data recipe on an existing run dir, in the recipe's data sections or in any manifest it
@@ -338,18 +377,36 @@ def record_recipe(recipe: RunRecipe, base: Path, run_dir: Path) -> None:
     in a source folder are the refresh's business, not a change. So may a filter's thresholds
     (:data:`pipeline.thresholds.THRESHOLD_KEYS`): ingest re-decides its parts from their stored attributes, and
     run.yaml records the new manifests. To start over, the user deletes the run dir (or its ``run.yaml``), as the
-    error says.
+    error says. Compared with ``run.yaml`` as the command found it (``run.record``): read once, not again here.
     """
-    paths = RunPaths(run_dir)
-    path = paths.recipe
-    loaded = load_manifests(recipe, base)
-    manifests = [portable_manifest(manifest) for manifest in loaded]
-    _refuse_changes(path, recipe, manifests)
-    recorded = yaml.safe_dump({"manifests": [manifest.model_dump(mode="json") for manifest in manifests]},
-                              sort_keys=False)
-    check_mixture_schedule(recipe, _mixture(loaded))
-    mixture = yaml.safe_dump({"mixture": None if recipe.mixture_schedule else _mixture(loaded)}, sort_keys=True)
-    paths.write_text(path, recipe_to_yaml(recipe) + recorded + mixture + f"code_version: {CODE_VERSION}\n")
+    _refuse_changes(run, _portable(run))
+    check_mixture_schedule(run.recipe, _mixture([item.manifest for item in run.manifests]))
+    recorded = run_yaml_mapping(run)
+    manifests = yaml.safe_dump({"manifests": recorded["manifests"]}, sort_keys=False)
+    mixture = yaml.safe_dump({"mixture": recorded["mixture"]}, sort_keys=True)
+    run.paths.write_text(run.paths.recipe, recipe_to_yaml(run.recipe) + manifests + mixture
+                         + f"code_version: {CODE_VERSION}\n")
+
+
+def run_yaml_mapping(run: ResolvedRun) -> dict[str, Any]:
+    """What ``run.yaml`` records for a run resolved from its recipe: the recipe with every default filled in (no
+    ``run_dir``), the manifests as portable content, the source mixture weights and the code version."""
+    recipe = run.recipe
+    mixture = None if recipe.mixture_schedule else _mixture([item.manifest for item in run.manifests])
+    return {**recipe.model_dump(mode="json", exclude={"run_dir"}),
+            "manifests": [manifest.model_dump(mode="json") for manifest in _portable(run)],
+            "mixture": mixture, "code_version": CODE_VERSION}
+
+
+def write_launch_config(run: ResolvedRun) -> None:
+    """Write the resolved configuration a launched trainer or evaluator reads (``stages/launch.json``): the run's
+    ``model``, ``train`` and mixture sections, as this command validated them (:mod:`trainer.run_config`), so
+    that the launched process reads one file once instead of ``run.yaml`` again. A run read from its run.yaml
+    (``tokenmill eval RUN_DIR``) gives the mixture that file records."""
+    recorded = run_yaml_mapping(run) if run.manifests or run.record is None else run.record.data
+    sections = TrainerSections(model=run.recipe.model, train=run.recipe.train, mixture=recorded.get("mixture"),
+                               mixture_schedule=run.recipe.mixture_schedule, recipe=recorded)
+    run.paths.write_json(run.paths.launch_config, sections.model_dump(mode="json"))
 
 
 def check_mixture_schedule(recipe: RunRecipe, weights: dict[str, float]) -> None:

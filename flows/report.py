@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.eval_results import failed_results
+from core.layout import CHECKPOINT_FOLDERS, CHECKPOINT_MANIFEST, checkpoint_step
 from core.rundir import RunPaths, file_stats, fingerprint
 from flows.report_headline import collect_headline, headline_html, headline_markdown
 from flows.report_plots import FIGSIZE, PLOT_FUNCTIONS, PLOTS, render_png
@@ -74,7 +75,7 @@ def write_report(paths: RunPaths) -> Path:
     :func:`report_inputs_fingerprint`): rendering takes ~2 s, and each command of a run that changed
     nothing (a re-run, ``tokenmill report`` twice) asked for it up to three times.
     """
-    index = paths.report / "index.html"
+    index = paths.report_page
     if not sample_is_current(paths):  # a new export: sample it once (imports torch), the report reads the file
         write_sample_generation(paths)
     inputs = report_inputs_fingerprint(paths)
@@ -86,10 +87,10 @@ def write_report(paths: RunPaths) -> Path:
               if name not in hidden}
     for name in PLOTS:
         if name in images:
-            paths.write_bytes(paths.report / f"{name}.png", images[name])
+            paths.write_bytes(paths.report_plot(name), images[name])
         else:  # a plot drawn by an earlier report: it would contradict this one
-            (paths.report / f"{name}.png").unlink(missing_ok=True)
-    paths.write_text(paths.report / "report.md", _markdown(paths.root, data, hidden))
+            paths.report_plot(name).unlink(missing_ok=True)
+    paths.write_text(paths.report_markdown, _markdown(paths.root, data, hidden))
     paths.write_text(index, _html(paths.root, data, images, hidden))
     paths.mark_done(REPORT_STAGE, inputs, {"index": index.relative_to(paths.root).as_posix()})
     return index
@@ -105,7 +106,7 @@ def report_is_current(paths: RunPaths, inputs: str | None = None) -> bool:
     ``inputs``: :func:`report_inputs_fingerprint`, when the caller has it already.
     """
     inputs = inputs if inputs is not None else report_inputs_fingerprint(paths)
-    return ((paths.report / "index.html").is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
+    return (paths.report_page.is_file() and paths.done_summary(REPORT_STAGE, inputs) is not None
             and sample_is_current(paths))
 
 
@@ -123,11 +124,11 @@ def report_inputs_fingerprint(paths: RunPaths) -> str:
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     found = []
-    for folder in sorted(RunPaths(run_dir).checkpoints.glob("step-*")):
-        if folder.is_dir() and folder.name[5:].isdigit():
+    for folder in sorted(RunPaths(run_dir).checkpoints.glob(CHECKPOINT_FOLDERS)):
+        if folder.is_dir() and (step := checkpoint_step(folder)) is not None:
             size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-            found.append({"checkpoint": folder.name, "step": int(folder.name[5:]),
-                          "complete": (folder / "manifest.json").is_file(), "size_mb": round(size / 1e6, 2)})
+            found.append({"checkpoint": folder.name, "step": step,
+                          "complete": (folder / CHECKPOINT_MANIFEST).is_file(), "size_mb": round(size / 1e6, 2)})
     return found
 
 

@@ -49,7 +49,7 @@ def refuse_untrusted_model_code(run: ResolvedRun) -> None:
     """ConfigError naming the file when the launched trainer would import model code the user did not allow:
     ``base_model/config.json`` names Python files (``auto_map``) and the recipe passed does not set
     ``model.trust_remote_code``, or it does but ``base_model/`` holds other Python than the folder it names."""
-    base_model_config = run.paths.base_model / "config.json"
+    base_model_config = run.paths.base_model_config
     if not (run.recipe.model.is_hugging_face and base_model_config.is_file()):
         return
     from flows.recipe import model_source

@@ -40,10 +40,11 @@ def log_on_task_run(message: str) -> None:
 
 
 def in_flow(stages: Sequence[Stage]) -> list[Stage]:
-    """``stages`` with their hooks set to the flow's (the others keep theirs)."""
+    """``stages`` with their hooks set to the flow's (the others keep theirs); a launched trainer or evaluator
+    reads the configuration the flow wrote before launching (:func:`flows.recipe.write_launch_config`)."""
     for stage in stages:
         if isinstance(stage, TrainStage):
-            stage.launcher = launch_training
+            stage.launcher, stage.resolved_config = launch_training, True
         elif isinstance(stage, EvalStage):
-            stage.launcher, stage.log = launch_evaluator, log_on_task_run
+            stage.launcher, stage.log, stage.resolved_config = launch_evaluator, log_on_task_run, True
     return list(stages)

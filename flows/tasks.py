@@ -20,7 +20,8 @@ from flows.stage_processes import run_stage_call
 from flows.stage_times import times_stage
 from pipeline.config import DecontaminateConfig, DedupeConfig, NearDedupeConfig
 from pipeline.decontaminate import decontaminate_documents
-from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
+from pipeline.ingest import IngestPart, by_path, ingest_part, largest_first, plan_ingest
+from pipeline.manifest import CorpusManifest, ManifestFile
 from pipeline.stages import dedupe_stage
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, packed_shards, write_index
@@ -32,8 +33,8 @@ from trainer.eval_tasks import prepare_eval_tasks
 @task(name="plan-ingest")
 @times_stage("ingest")
 @reports_progress("plan-ingest")
-def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
-    parts = largest_first(plan_ingest([Path(m) for m in manifests], paths, part_size_bytes))
+def plan_ingest_task(manifests: list[ManifestFile], paths: RunPaths, part_size_bytes: int) -> list[dict[str, Any]]:
+    parts = largest_first(plan_ingest(manifests, paths, part_size_bytes), by_path(manifests))
     open_shared_bar("ingest", "bytes", total=sum(part.num_bytes for part in parts), num_calls=len(parts))
     return [part.to_dict() for part in parts]
 
@@ -43,12 +44,14 @@ def plan_ingest_task(manifests: list[str], paths: RunPaths, part_size_bytes: int
 @times_stage("ingest")
 @reports_progress("ingest-part")
 def ingest_part_task(part: dict[str, Any], val_fraction: float, paths: RunPaths,
-                     near: NearDedupeConfig | None = None) -> dict[str, Any]:
+                     near: NearDedupeConfig | None = None,
+                     manifests: dict[str, CorpusManifest] | None = None) -> dict[str, Any]:
+    """``manifests``: the run's, as its command loaded them (:func:`pipeline.ingest.by_path`): not read again."""
     with stage_meter("ingest", "bytes", total=part.get("num_bytes")) as meter:
         return run_stage_call(ingest_part, IngestPart.from_dict(part), val_fraction, paths,
                               on_progress=lambda num_records, num_bytes: meter.advance(num_bytes,
                                                                                        records=num_records),
-                              near=near)
+                              near=near, manifest=(manifests or {}).get(part["manifest_path"]))
 
 
 @task(name="dedupe")

@@ -27,10 +27,9 @@ from typing import Any
 
 from core.atomic import read_json
 from core.rundir import RunPaths, file_stats, fingerprint, path_inside_run
-from flows.recipe import ResolvedRun, manifest_paths
+from flows.recipe import ResolvedRun
 from flows.stage_times import installed_versions
 from pipeline.ingest import collect_sources, list_source_files
-from pipeline.manifest import load_manifest
 
 SEAL_VERSION = 1
 
@@ -111,18 +110,18 @@ def as_skipped(summary: Any) -> Any:
 def inputs_fingerprint(run: ResolvedRun, command: str) -> str:
     """One sha256 over everything the command's stages read to decide whether they have work to do."""
     paths = run.paths
-    manifests = manifest_paths(run.recipe, run.base)
+    manifests = [item.path for item in run.manifests]
     with warnings.catch_warnings():  # the full path says them (once, when the seal was written)
         warnings.simplefilter("ignore")
         sources = {name: [str(manifest_path), [(f.rel, f.size, f.version)
                                                for f in list_source_files(source, manifest_path, paths.root)]]
-                   for name, (manifest_path, source) in sorted(collect_sources(manifests).items())}
+                   for name, (manifest_path, source) in sorted(collect_sources(list(run.manifests)).items())}
     recipe = run.recipe.model_dump(mode="json")
     root = paths.root.resolve()
     named = sorted({str(path) for path in _named_paths(recipe, run.base) if root != path and root not in path.parents})
     # a manifest names its classifier's model file: a retrained one is a change (a recipe without one seals as before)
-    classifiers = [load_manifest(path).filters.quality_classifier for path in manifests]
-    models = [config.sha256 for config in classifiers if config is not None]
+    classifiers = [item.manifest.filters.quality_classifier for item in run.manifests]
+    models = [_model_sha256(config.model_file()) for config in classifiers if config is not None]
     return fingerprint("seal", command, recipe, str(run.base), [_sha256(path) for path in manifests], sources,
                        [_tree(path, path, paths) for path in map(Path, named)], installed_versions(),
                        _tree(paths.root, paths.root, paths), *([models] if models else []))
@@ -151,6 +150,18 @@ def _tree(root: Path, top: Path, paths: RunPaths) -> list[tuple[str, int, str]]:
     if top != paths.root:  # a named folder outside the run dir; one that holds it (a workspace) counts it once
         return file_stats(root, top, frozenset({paths.root.resolve()}), hash_small=False)
     return file_stats(root, top, frozenset({paths.seals, paths.lock_file, paths.stage_times}), hash_small=False)
+
+
+def _model_sha256(path: Path) -> str:
+    """The classifier model's sha256 as it is now (the manifest's was taken when the command loaded it), cached by
+    the file's stats (:func:`pipeline.quality_classifier.check_model_file`); "missing" when it cannot be read."""
+    from pipeline.quality_classifier import check_model_file
+
+    try:
+        stat = path.stat()
+        return check_model_file(path, stat.st_size, stat.st_mtime_ns, stat.st_ino)[1]
+    except (OSError, ValueError):
+        return "missing"
 
 
 def _sha256(path: Path) -> str:

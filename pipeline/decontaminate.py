@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import read_json
-from core.documents import CONTAMINATED_FILE, DUPLICATES_FILE, doc_id_for
+from core.documents import doc_id_for
 from core.errors import ConfigError
 from core.rundir import RunPaths, fingerprint
 from core.schemas import REJECTS_SCHEMA
@@ -38,9 +38,6 @@ from pipeline.filters import normalise_text
 from pipeline.manifest import SourceConfig
 from pipeline.readers import Record, read_file
 
-STATE_FILE = "decontaminate.json"
-"""``dedupe/decontaminate.json``: stage state, the settings fingerprint and the parts checked with it (whether the
-stage is done is recorded in ``stages/decontaminate.json``)."""
 BATCH_ROWS = 512
 MAX_DETAIL_NGRAM_CHARS = 200
 TASK_DETAIL = re.compile(r" with eval task (\S+) item ")
@@ -92,7 +89,7 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
     call with nothing new returns the recorded summary. Raises ConfigError when an eval file does not exist,
     SourceReadError when it cannot be read.
     """
-    output = paths.rejects / CONTAMINATED_FILE
+    output = paths.contaminated
     tasks = dict(sorted((eval_tasks or {}).items()))
     if not config.enabled and not tasks:
         output.unlink(missing_ok=True)
@@ -109,11 +106,11 @@ def decontaminate_documents(paths: RunPaths, config: DecontaminateConfig, *,
                            [(path.name, _file_digest(path)) for path in eval_files],
                            [(name, _file_digest(path)) for name, path in tasks.items()])
     run_fingerprint = fingerprint(settings, [(part.part_id, part.fingerprint) for part in parts],
-                                  _file_digest(paths.dedupe / DUPLICATES_FILE))
+                                  _file_digest(paths.duplicates))
     done = paths.done_summary("decontaminate", run_fingerprint)
     if done is not None and output.is_file():
         return {**as_recipe_says(done, enabled), "skipped": True}
-    state_path = paths.dedupe / STATE_FILE
+    state_path = paths.decontaminate_state  # settings fingerprint and parts checked (done: stages/decontaminate.json)
     state = read_json(state_path) if state_path.is_file() else {}
     checked = state.get("parts", {}) if state.get("settings") == settings and output.is_file() else {}
     locked = {part.part_id for part in parts if checked.get(str(part.part_id)) == part.fingerprint}
@@ -355,7 +352,7 @@ def _write_rejects(paths: RunPaths, output: Path, rows: list[dict[str, Any]], nu
 
 
 def _duplicate_doc_ids(paths: RunPaths) -> pa.Array:
-    path = paths.dedupe / DUPLICATES_FILE
+    path = paths.duplicates
     if not path.is_file():
         return pa.array([], type=pa.int64())
     return pq.read_table(path, columns=["doc_id"]).column("doc_id").combine_chunks()

@@ -23,15 +23,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.atomic import read_json
-from core.documents import DUPLICATES_FILE, document_part_files, document_part_marker
+from core.documents import document_part_files, document_part_marker
+from core.layout import CLUSTERS_FILE as CLUSTERS_FILE  # re-exported (tests)
 from core.rundir import RunPaths, fingerprint
 from core.schemas import DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA
 from pipeline import minhash
 from pipeline.config import DedupeConfig
 from pipeline.near_dedupe import BANDS_DIR, MINHASH_DIR, DocsPart, NearIndex, PairScorer
 
-STATE_FILE = "state.json"
-CLUSTERS_FILE = "clusters.parquet"
 VERSION = 2
 """Dedupe decision rules; part of the state fingerprint. 2: exact Jaccard decides pairs near the threshold."""
 __all__ = ["BANDS_DIR", "MINHASH_DIR", "DocsPart", "dedupe_documents"]
@@ -74,9 +73,9 @@ def dedupe_documents(paths: RunPaths, config: DedupeConfig) -> dict[str, int]:
     parts = finished_parts(paths)
     stage_fingerprint = dedupe_fingerprint(parts, config)
     done = paths.done_summary("dedupe", stage_fingerprint)
-    if done is not None and (paths.dedupe / DUPLICATES_FILE).is_file():
+    if done is not None and paths.duplicates.is_file():
         return done
-    state_path = paths.dedupe / STATE_FILE
+    state_path = paths.dedupe_state
     state = read_json(state_path) if state_path.is_file() else {"parts": {}}
     catalog, part_ids = load_catalog(parts)
     locked = locked_documents(catalog, part_ids, parts, state, paths)
@@ -117,9 +116,9 @@ def locked_documents(catalog: pa.Table, part_ids: np.ndarray, parts: list[DocsPa
                      paths: RunPaths) -> np.ndarray:
     """Mask of documents an earlier dedupe run kept: in a part it saw (same fingerprint), not removed."""
     seen = [part.part_id for part in parts if state["parts"].get(str(part.part_id)) == part.fingerprint]
-    if not seen or not (paths.dedupe / DUPLICATES_FILE).is_file():  # no usable history: decide afresh
+    if not seen or not paths.duplicates.is_file():  # no usable history: decide afresh
         return np.zeros(catalog.num_rows, dtype=bool)
-    removed = pq.read_table(paths.dedupe / DUPLICATES_FILE, columns=["doc_id"]).column("doc_id")
+    removed = pq.read_table(paths.duplicates, columns=["doc_id"]).column("doc_id")
     was_removed = pc.is_in(catalog.column("doc_id"), value_set=removed.combine_chunks()).to_numpy(
         zero_copy_only=False)
     return np.isin(part_ids, seen) & ~was_removed
@@ -199,7 +198,7 @@ def write_outputs(catalog: pa.Table, decisions: Decisions, paths: RunPaths) -> d
         },
         schema=DUPLICATES_SCHEMA,
     )
-    with paths.atomic_write(paths.dedupe / DUPLICATES_FILE) as tmp:
+    with paths.atomic_write(paths.duplicates) as tmp:
         pq.write_table(duplicates.sort_by("doc_id"), tmp, compression="zstd")
     write_clusters(catalog, decisions, doc_ids, paths)
     num_exact = int(np.count_nonzero(decisions.kind == "exact"))
@@ -222,6 +221,6 @@ def write_clusters(catalog: pa.Table, decisions: Decisions, doc_ids: np.ndarray,
         },
         schema=CLUSTERS_SCHEMA,
     )
-    with paths.atomic_write(paths.dedupe / CLUSTERS_FILE) as tmp:
+    with paths.atomic_write(paths.clusters) as tmp:
         pq.write_table(clusters.sort_by([("cluster_id", "ascending"), ("doc_id", "ascending")]), tmp,
                        compression="zstd")

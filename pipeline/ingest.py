@@ -26,12 +26,21 @@ import pyarrow.parquet as pq
 from core.atomic import read_json
 from core.documents import doc_id_for
 from core.errors import ManifestError
+from core.layout import part_file_name, part_unit
 from core.rundir import RunPaths, fingerprint
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
 from pipeline.config import NearDedupeConfig
 from pipeline.filters import Attributes, content_hash, measure_text, normalise_text, redact_pii, split_for
 from pipeline.globs import glob_reaches, glob_regex
-from pipeline.manifest import CorpusManifest, FilterConfig, SourceConfig, load_manifest, resolve_source_path
+from pipeline.manifest import (
+    CorpusManifest,
+    FilterConfig,
+    ManifestFile,
+    SourceConfig,
+    as_manifest_files,
+    load_manifest,
+    resolve_source_path,
+)
 from pipeline.objects import ObjectPath, list_objects
 from pipeline.readers import Record, Reject, escape_file_name, file_kind, read_file
 from pipeline.streams import decompressed_size_estimate
@@ -91,29 +100,27 @@ def part_marker(paths: RunPaths, part_id: int) -> Path:
     return paths.marker("ingest", part_unit(part_id))
 
 
-def part_unit(part_id: int) -> str:
-    """The part's unit name in the skip-if-done markers: ``part-NNNNN``, the stem of its Parquet files."""
-    return f"part-{part_id:05d}"
-
-
 def part_finished(paths: RunPaths, part_id: int) -> bool:
     """Whether the part's documents and marker exist (``stages/ingest/``, or ``docs/`` in an older run dir).
 
     The documents are checked too: a marker never vouches for a part whose ``docs/`` was deleted (to re-ingest).
     """
-    documents = paths.docs / part_file_name(part_id)
+    documents = paths.document_part(part_id)
     return documents.is_file() and paths.finished_marker("ingest", part_unit(part_id)) is not None
 
 
 # ---- planning -----------------------------------------------------------------------------------
 
 
-def collect_sources(manifest_paths: list[Path]) -> dict[str, tuple[Path, SourceConfig]]:
-    """``{source name: (absolute manifest path, source)}``; a name defined twice is a ManifestError."""
+def collect_sources(manifests: list[Path] | list[ManifestFile]) -> dict[str, tuple[Path, SourceConfig]]:
+    """``{source name: (absolute manifest path, source)}``; a name defined twice is a ManifestError.
+
+    ``manifests``: as the caller loaded them (a flow's resolved run), or their paths (loaded here).
+    """
     sources: dict[str, tuple[Path, SourceConfig]] = {}
-    for manifest_path in manifest_paths:
-        manifest_path = Path(manifest_path).resolve()
-        for source in load_manifest(manifest_path).sources:
+    for loaded in as_manifest_files(manifests):
+        manifest_path = loaded.path
+        for source in loaded.manifest.sources:
             if source.name in sources:
                 raise ManifestError(
                     f"{manifest_path}: source '{source.name}' is also defined in {sources[source.name][0]}; "
@@ -286,16 +293,17 @@ def group_files(files: list[SourceFile], part_size_bytes: int) -> Iterator[list[
         yield group
 
 
-def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: int) -> list[IngestPart]:
+def plan_ingest(manifests: list[Path] | list[ManifestFile], paths: RunPaths, part_size_bytes: int) -> list[IngestPart]:
     """Parts still to ingest in plan order, planning new files into new parts; the plan persists in
     ``docs/plan.json``. Start them in :func:`largest_first` order.
 
     A file is planned once: a killed run gets its unfinished parts back unchanged, and a refresh puts
     only new files (by path) into parts numbered after the existing ones. A planned file that changed
     after its part was ingested is not re-read (a warning names it). Raises ManifestError when two
-    manifests define the same source name.
+    manifests define the same source name. ``manifests``: as loaded by the caller, or their paths.
     """
-    sources = collect_sources(manifest_paths)
+    loaded = as_manifest_files(manifests)
+    sources = collect_sources(loaded)
     plan_path = paths.ingest_plan
     plan = read_json(plan_path) if plan_path.is_file() else {"version": PLAN_VERSION, "parts": [], "files": {}}
     before = repr(plan)
@@ -305,8 +313,8 @@ def plan_ingest(manifest_paths: list[Path], paths: RunPaths, part_size_bytes: in
         paths.write_json(plan_path, plan)
     for part in plan["parts"]:  # a run dir of before stages/ held every marker: move its part markers there
         paths.migrate_marker("ingest", part_unit(part["part_id"]))
-    decisions = {path: fingerprint("ingest_decision", decision_settings(load_manifest(path).filters))
-                 for path in {manifest_path for manifest_path, _ in sources.values()}}
+    decisions = {item.path: fingerprint("ingest_decision", decision_settings(item.manifest.filters))
+                 for item in loaded}
     return [
         IngestPart(part["part_id"], part["source"], str(sources[part["source"]][0]), tuple(part["files"]),
                    sum(plan["files"][part["source"]].get(rel, [0])[0] for rel in part["files"]))
@@ -323,18 +331,20 @@ def _decided_otherwise(paths: RunPaths, part_id: int, decided: str) -> bool:
     return marker.is_file() and read_json(marker).get("decided", decided) != decided
 
 
-def largest_first(parts: list[IngestPart]) -> list[IngestPart]:
+def largest_first(parts: list[IngestPart], manifests: dict[str, CorpusManifest] | None = None) -> list[IngestPart]:
     """``parts`` by decompressed bytes, most first (ties by part_id): the order to start them in on workers.
 
     Workers that take the parts in this order finish together (longest-processing-time-first scheduling);
     in plan order a big part planned last (a ``.jsonl.gz`` file of its own: 9 MB on disk, 35 MB of text)
     ran alone on one core while the other idled. Part ids, files and outputs do not depend on the order.
+    ``manifests``: ``{manifest path: manifest}`` as the caller loaded them (:func:`by_path`); else read here.
     """
     roots: dict[tuple[str, str], Path | ObjectPath] = {}
     for part in parts:
         if (part.manifest_path, part.source) not in roots:
             manifest_path = Path(part.manifest_path)
-            roots[part.manifest_path, part.source] = source_root(_part_source(part, manifest_path)[1], manifest_path)
+            _, source = _part_source(part, manifest_path, _loaded(part, manifests))
+            roots[part.manifest_path, part.source] = source_root(source, manifest_path)
 
     def size(part: IngestPart) -> int:
         root = roots[part.manifest_path, part.source]
@@ -375,7 +385,7 @@ def _plan_source(plan: dict[str, Any], name: str, listed: list[SourceFile], part
 
 def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
                 on_progress: Callable[[int, int], None] | None = None,
-                near: NearDedupeConfig | None = None) -> dict[str, Any]:
+                near: NearDedupeConfig | None = None, manifest: CorpusManifest | None = None) -> dict[str, Any]:
     """Read, normalise and filter one part; write its documents, rejects and (last) its marker.
 
     Returns ``{"part_id", "source", "num_records", "num_documents", "num_rejects", "rejects_by_reason",
@@ -392,10 +402,11 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     Besides documents and rejects (with the text a filter rejected), every parsed record's measured values go to
     ``attributes/part-NNNNN.parquet``. A part done with the same files and measurement settings but other thresholds
     (:mod:`pipeline.thresholds`) is re-decided from those (:func:`pipeline.redecide.redecide_part`): no source file
-    is opened.
+    is opened. ``manifest``: the part's manifest as the caller loaded it (a flow's resolved run); read from
+    ``part.manifest_path`` when None.
     """
     manifest_path = Path(part.manifest_path)
-    manifest, source = _part_source(part, manifest_path)
+    manifest, source = _part_source(part, manifest_path, manifest)
     measured, decided = _part_fingerprints(part, manifest, source, val_fraction)
     done = _finished_summary(part, (measured, decided), paths)
     if done is not None:
@@ -416,14 +427,16 @@ def ingest_part(part: IngestPart, val_fraction: float, paths: RunPaths,
     return summary
 
 
-def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPaths) -> list[IngestPart]:
+def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPaths,
+                    manifests: dict[str, CorpusManifest] | None = None) -> list[IngestPart]:
     """The parts that :func:`ingest_part` would (re)write: not yet done, or done with other files or settings.
 
     Lets a caller size its worker pool by the work left: a re-run that finds every part done starts none.
+    ``manifests``: as in :func:`largest_first`.
     """
     pending = []
     for part in parts:
-        manifest, source = _part_source(part, Path(part.manifest_path))
+        manifest, source = _part_source(part, Path(part.manifest_path), _loaded(part, manifests))
         if _finished_summary(part, _part_fingerprints(part, manifest, source, val_fraction), paths) is None:
             pending.append(part)
     return pending
@@ -448,7 +461,7 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 
     A part re-decided keeps its marker's fingerprint while its kept documents stay the same (later stages key on
     it), so the marker's ``measured`` and ``decided`` are compared as well."""
-    if not (paths.docs / part_file_name(part.part_id)).is_file():
+    if not paths.document_part(part.part_id).is_file():
         return None
     done = paths.done_summary("ingest", fingerprint(*fingerprints), part_unit(part.part_id))
     if done is not None:
@@ -465,13 +478,22 @@ def _finished_summary(part: IngestPart, fingerprints: tuple[str, str], paths: Ru
 def _redecidable(part: IngestPart, measured: str, paths: RunPaths) -> bool:
     """Whether the part was measured with these settings and its attributes are there: only thresholds changed."""
     marker = paths.marker("ingest", part_unit(part.part_id))
-    name = part_file_name(part.part_id)
-    return (marker.is_file() and read_json(marker).get("measured") == measured
-            and all((folder / name).is_file() for folder in (paths.docs, paths.rejects, paths.attributes)))
+    files = (paths.document_part(part.part_id), paths.rejects_part(part.part_id), paths.attributes_part(part.part_id))
+    return marker.is_file() and read_json(marker).get("measured") == measured and all(f.is_file() for f in files)
 
 
-def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest, SourceConfig]:
-    manifest = load_manifest(manifest_path)
+def by_path(manifests: list[ManifestFile]) -> dict[str, CorpusManifest]:
+    """``{manifest path: manifest}``: what :func:`largest_first` and :func:`parts_to_ingest` look a part's up in."""
+    return {str(item.path): item.manifest for item in manifests}
+
+
+def _loaded(part: IngestPart, manifests: dict[str, CorpusManifest] | None) -> CorpusManifest | None:
+    return None if manifests is None else manifests.get(part.manifest_path)
+
+
+def _part_source(part: IngestPart, manifest_path: Path,
+                 manifest: CorpusManifest | None) -> tuple[CorpusManifest, SourceConfig]:
+    manifest = load_manifest(manifest_path) if manifest is None else manifest
     for source in manifest.sources:
         if source.name == part.source:
             return manifest, source
@@ -482,12 +504,12 @@ def _part_source(part: IngestPart, manifest_path: Path) -> tuple[CorpusManifest,
 def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, root: Path | ObjectPath,
                 val_fraction: float, paths: RunPaths, on_progress: Callable[[int, int], None],
                 signatures: SignatureCollector) -> dict[str, Any]:
-    name = part_file_name(part.part_id)
     reasons: Counter[str] = Counter()
     redactions: Counter[str] = Counter()
     num_documents = 0
-    with (paths.atomic_write(paths.docs / name) as docs_tmp, paths.atomic_write(paths.rejects / name) as rejects_tmp,
-          paths.atomic_write(paths.attributes / name) as attributes_tmp):
+    with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
+          paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
+          paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
         docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
@@ -580,11 +602,6 @@ def attribute_row(row: dict[str, Any], values: Attributes) -> dict[str, Any]:
 def reject_row(reject: Reject, source: str) -> dict[str, Any]:
     return {"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.reason,
             "detail": reject.detail, "raw": reject.raw, "text": None}
-
-
-def part_file_name(part_id: int) -> str:
-    """``part-NNNNN.parquet``: the name of a part's documents, rejects and dedupe cache files."""
-    return f"part-{part_id:05d}.parquet"
 
 
 class SignatureCollector:

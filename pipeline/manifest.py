@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -198,6 +199,28 @@ def load_manifest(path: str | Path) -> CorpusManifest:
     filters = manifest.filters.model_copy(
         update={"quality_classifier": checked_classifier(manifest.filters.quality_classifier, path)})
     return manifest.model_copy(update={"filters": filters})
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """A manifest loaded once (:func:`load_manifest_file`) and handed down with the file it came from: a source's
+    relative path is taken from that file's folder, so every stage needs both."""
+
+    path: Path
+    """Absolute."""
+    manifest: CorpusManifest
+
+
+def load_manifest_file(path: str | Path) -> ManifestFile:
+    """:func:`load_manifest` with its absolute path kept beside it."""
+    path = Path(path).resolve()
+    return ManifestFile(path, load_manifest(path))
+
+
+def as_manifest_files(manifests: list[Path] | list[ManifestFile]) -> list[ManifestFile]:
+    """Manifests as loaded by the caller (a flow's resolved run) kept as they are; paths (a test, a benchmark, a
+    Python caller) loaded here."""
+    return [item if isinstance(item, ManifestFile) else load_manifest_file(item) for item in manifests]
 
 
 def checked_classifier(config: QualityClassifierConfig, manifest_path: str | Path) -> QualityClassifierConfig:

@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.layout import BANDS_DIR as BANDS_DIR  # re-exported (pipeline.dedupe, tests)
+from core.layout import MINHASH_DIR as MINHASH_DIR
 from core.rundir import RunPaths
 from pipeline import minhash
 from pipeline.config import DedupeConfig, NearDedupeConfig
 
-MINHASH_DIR = "minhash"
-BANDS_DIR = "bands"
 SIGNATURE_BATCH_ROWS = 512
 SIGNATURE_BLOCK_BYTES = 8 << 20
 """A signature cache is written in row groups of at most this many bytes of signatures (16,384 documents at
@@ -145,7 +145,7 @@ def signature_cache_metadata(docs_fingerprint: str, near: NearDedupeConfig) -> d
 
 def near_cache_files(paths: RunPaths, part_name: str) -> tuple[Path, Path]:
     """A docs part's signature and band-key caches (``part_name``: ``part-NNNNN.parquet``)."""
-    return paths.dedupe / MINHASH_DIR / part_name, paths.dedupe / BANDS_DIR / part_name
+    return paths.near_caches(part_name)
 
 
 def _cache_is_valid(cache: Path, metadata: dict[str, str]) -> bool:

@@ -26,9 +26,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
-from core.documents import DUPLICATES_FILE, document_part_files
+from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
+from core.layout import REJECT_FILES
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import (
     ATTRIBUTES_SCHEMA,
@@ -307,16 +308,16 @@ def _run_tables(run_dir: Path, read_shards: bool, read_segments: bool) -> dict[s
     shard_files = _checked_shard_files(run_dir)
     return {
         "_docs": _parquet_dataset(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),
-        "duplicates": _parquet_dataset(run_dir, _existing([paths.dedupe / DUPLICATES_FILE]), DUPLICATES_SCHEMA),
-        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob("*.parquet")), REJECTS_SCHEMA),
-        "attributes": _parquet_dataset(run_dir, _existing([paths.attributes / part.name
+        "duplicates": _parquet_dataset(run_dir, _existing([paths.duplicates]), DUPLICATES_SCHEMA),
+        "rejects": _parquet_dataset(run_dir, sorted(paths.rejects.glob(REJECT_FILES)), REJECTS_SCHEMA),
+        "attributes": _parquet_dataset(run_dir, _existing([paths.attributes_of(part)
                                                            for part in document_part_files(paths)]),
                                        ATTRIBUTES_SCHEMA),
         "shards": _parquet_dataset(run_dir, _existing([paths.shard_index]), SHARD_INDEX_SCHEMA),
-        "train_metrics": _jsonl_table(run_dir, paths.metrics / "train.jsonl", TRAIN_METRICS_SCHEMA),
-        "eval_metrics": _jsonl_table(run_dir, paths.metrics / "eval.jsonl", EVAL_METRICS_SCHEMA),
+        "train_metrics": _jsonl_table(run_dir, paths.train_metrics, TRAIN_METRICS_SCHEMA),
+        "eval_metrics": _jsonl_table(run_dir, paths.eval_metrics, EVAL_METRICS_SCHEMA),
         "eval_results": _eval_results_table(run_dir, paths),
-        "train_segments": (_train_segments_table(run_dir, paths.metrics / "train_segments.jsonl") if read_segments
+        "train_segments": (_train_segments_table(run_dir, paths.train_segments) if read_segments
                            else TRAIN_SEGMENTS_SCHEMA.empty_table()),
         "sequences": _sequences_table(run_dir, shard_files) if read_shards else EMPTY_SEQUENCES_SCHEMA.empty_table(),
     }

@@ -29,7 +29,6 @@ from pipeline.ingest import (
     SignatureCollector,
     attribute_row,
     document_row,
-    part_file_name,
     part_unit,
     reject_row,
 )
@@ -44,15 +43,17 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
                   record: dict[str, Any]) -> dict[str, Any]:
     """Rewrite the part's rejects and attributes (and its documents when the kept set changed) under ``filters``;
     returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed)."""
-    name, unit = part_file_name(part.part_id), part_unit(part.part_id)
+    unit = part_unit(part.part_id)
+    docs_path, rejects_path = paths.document_part(part.part_id), paths.rejects_part(part.part_id)
+    attributes_path = paths.attributes_part(part.part_id)
     marker = read_json(paths.marker("ingest", unit))
-    docs = {row["uri"]: row for row in pq.read_table(paths.docs / name).to_pylist()}
-    rejects = pq.read_table(paths.rejects / name, schema=REJECTS_SCHEMA).to_pylist()
+    docs = {row["uri"]: row for row in pq.read_table(docs_path).to_pylist()}
+    rejects = pq.read_table(rejects_path, schema=REJECTS_SCHEMA).to_pylist()
     filtered = {row["uri"]: row for row in rejects if row["reason"] in FILTER_REASONS}
     broken = [row for row in rejects if row["reason"] not in FILTER_REASONS]
     kept_rows, rejected_rows, attribute_rows = [], [], []
     num_changed = 0
-    for values in pq.read_table(paths.attributes / name).to_pylist():
+    for values in pq.read_table(attributes_path).to_pylist():
         was_kept = values["reason"] is None
         row, values = _redecided(values, docs.get(values["uri"]), filtered.get(values["uri"]), filters, val_fraction)
         (rejected_rows if "reason" in row else kept_rows).append(row)
@@ -60,13 +61,13 @@ def redecide_part(part: IngestPart, filters: FilterConfig, val_fraction: float, 
         num_changed += was_kept == ("reason" in row)
     kept_changed = {row["uri"] for row in kept_rows} != docs.keys()
     paths.clear_done("ingest", unit)  # killed from here on, the part is ingested afresh
-    _write_rows(paths.rejects / name, REJECTS_SCHEMA, broken + rejected_rows, paths)
-    _write_rows(paths.attributes / name, ATTRIBUTES_SCHEMA, attribute_rows, paths)
+    _write_rows(rejects_path, REJECTS_SCHEMA, broken + rejected_rows, paths)
+    _write_rows(attributes_path, ATTRIBUTES_SCHEMA, attribute_rows, paths)
     part_fingerprint = marker["fingerprint"]
     if kept_changed:
         part_fingerprint = fingerprint(*fingerprints)
         with SignatureCollector(paths, part.part_id, part_fingerprint, near) as signatures:
-            _write_rows(paths.docs / name, DOCUMENTS_SCHEMA, kept_rows, paths, signatures.add)
+            _write_rows(docs_path, DOCUMENTS_SCHEMA, kept_rows, paths, signatures.add)
             signatures.write()
     reasons = Counter(row["reason"] for row in broken + rejected_rows)
     summary = {**marker["summary"], "num_documents": len(kept_rows), "num_rejects": sum(reasons.values()),

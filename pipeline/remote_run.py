@@ -12,7 +12,6 @@ whole into memory (an object cannot be memory-mapped).
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
 import pyarrow as pa
@@ -22,15 +21,15 @@ from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from core.atomic import TEMP_PREFIX
 from core.errors import QueryError
+from core.layout import DOCS_PART_KEY, REJECTS_KEY, RELATIVE, SHARD_KEY, run_key
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA, SHARD_INDEX_SCHEMA
 from core.shard_check import damaged_shard_message
 from core.shards import SHARD_LAYOUT
 from pipeline import query
 from pipeline.objects import ObjectPath, object_errors
 
-SHARD_KEY = re.compile(r"shards/split=(train|val)/source=[A-Za-z0-9][A-Za-z0-9_.\-]*/part-[0-9]{5,}\.arrow")
-"""The only ``.arrow`` keys read as shards (``core.shards.SHARD_LAYOUT``)."""
-DOCS_PART = re.compile(r"docs/(part-[0-9]{5,})\.parquet")
+SHARD_INDEX, SHARDS_PREFIX = run_key(RELATIVE.shard_index), f"{run_key(RELATIVE.shards)}/"
+TRAIN_METRICS, EVAL_METRICS = run_key(RELATIVE.train_metrics), run_key(RELATIVE.eval_metrics)
 
 
 def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict[str, ds.Dataset | pa.Table]:
@@ -70,16 +69,16 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
     read_shards = sql is None or query.SEQUENCES_VIEW in lowered
     return {
         "_docs": parquet(_finished_parts(keys, present), DOCUMENTS_SCHEMA),
-        "duplicates": parquet([rel for rel in ["dedupe/duplicates.parquet"] if rel in present], DUPLICATES_SCHEMA),
-        "rejects": parquet([rel for rel in keys if re.fullmatch(r"rejects/[^/]+\.parquet", rel)], REJECTS_SCHEMA),
-        "attributes": parquet([rel for rel in (f"attributes/{part.rsplit('/', 1)[1]}"
+        "duplicates": parquet([rel for rel in [run_key(RELATIVE.duplicates)] if rel in present], DUPLICATES_SCHEMA),
+        "rejects": parquet([rel for rel in keys if REJECTS_KEY.fullmatch(rel)], REJECTS_SCHEMA),
+        "attributes": parquet([rel for rel in (run_key(RELATIVE.attributes_of(part))
                                                for part in _finished_parts(keys, present)) if rel in present],
                               ATTRIBUTES_SCHEMA),
-        "shards": parquet([rel for rel in ["shards/index.parquet"] if rel in present], SHARD_INDEX_SCHEMA),
-        "train_metrics": query.metrics_table(query.jsonl_objects(text("metrics/train.jsonl")),
-                                             f"{url}/metrics/train.jsonl", query.TRAIN_METRICS_SCHEMA),
-        "eval_metrics": query.metrics_table(query.jsonl_objects(text("metrics/eval.jsonl")),
-                                            f"{url}/metrics/eval.jsonl", query.EVAL_METRICS_SCHEMA),
+        "shards": parquet([rel for rel in [SHARD_INDEX] if rel in present], SHARD_INDEX_SCHEMA),
+        "train_metrics": query.metrics_table(query.jsonl_objects(text(TRAIN_METRICS)),
+                                             f"{url}/{TRAIN_METRICS}", query.TRAIN_METRICS_SCHEMA),
+        "eval_metrics": query.metrics_table(query.jsonl_objects(text(EVAL_METRICS)),
+                                            f"{url}/{EVAL_METRICS}", query.EVAL_METRICS_SCHEMA),
         "eval_results": query.EVAL_RESULTS_SCHEMA.empty_table(),
         "train_segments": query.TRAIN_SEGMENTS_SCHEMA.empty_table(),
         "sequences": _sequences(url, base, fs, _shard_keys(url, keys) if read_shards else []),
@@ -90,8 +89,9 @@ def _finished_parts(keys: list[str], present: set[str]) -> list[str]:
     """``docs/part-NNNNN.parquet`` keys whose ingest marker was uploaded too (as :func:`document_part_files`)."""
     parts = []
     for rel in keys:
-        match = DOCS_PART.fullmatch(rel)
-        if match and (f"stages/ingest/{match.group(1)}.json" in present or f"docs/{match.group(1)}.json" in present):
+        match = DOCS_PART_KEY.fullmatch(rel)
+        if match and (run_key(RELATIVE.stage_marker("ingest", match.group(1))) in present
+                      or run_key(RELATIVE.legacy_ingest_marker(match.group(1))) in present):
             parts.append(rel)
     return parts
 
@@ -101,7 +101,7 @@ def _shard_keys(url: str, keys: list[str]) -> list[str]:
     shards = []
     for rel in keys:
         name = rel.rsplit("/", 1)[-1]
-        if not rel.startswith("shards/") or not rel.endswith(".arrow") or name.startswith(TEMP_PREFIX):
+        if not rel.startswith(SHARDS_PREFIX) or not rel.endswith(".arrow") or name.startswith(TEMP_PREFIX):
             continue
         if not SHARD_KEY.fullmatch(rel):
             raise QueryError(f"{url}: {rel!r} is not a shard tokenmill writes; shards live only at {SHARD_LAYOUT} "
@@ -131,9 +131,9 @@ def _sequences(url: str, base: str, fs: Any, shard_keys: list[str]) -> pa.Table:
 def _recorded_sha256(url: str, base: str, fs: Any, shard_keys: list[str]) -> dict[str, str]:
     """``{shard path: sha256}`` of the bucket's shard index; QueryError when it is missing or lists a shard that
     is not there."""
-    index = f"{url}/shards/index.parquet"
+    index = f"{url}/{SHARD_INDEX}"
     with object_errors(index):
-        data = fs.cat(f"{base}/shards/index.parquet") if fs.exists(f"{base}/shards/index.parquet") else None
+        data = fs.cat(f"{base}/{SHARD_INDEX}") if fs.exists(f"{base}/{SHARD_INDEX}") else None
     if data is None:
         raise QueryError(f"{index}: no shard index beside the shards, so their bytes cannot be checked; upload the "
                          "whole run dir (`sequences` reads only shards the index vouches for).")

@@ -17,11 +17,12 @@ from typing import Any
 from core.atomic import TEMP_PREFIX
 from core.bucket_url import object_and_folder
 from core.errors import ObjectStoreError, RunDirError
+from core.layout import MIRROR_STATE_SUFFIX, UNMIRRORED_FOLDERS
 from pipeline.objects import ObjectPath, checked_url, object_errors, object_version
 
-SKIPPED_PREFIXES = ("checkpoints/", "model/", "eval/models/")
+SKIPPED_PREFIXES = UNMIRRORED_FOLDERS
 """Keys not mirrored (weights); their small JSON files are, so the report still lists the checkpoints."""
-STATE_SUFFIX = ".mirror.json"
+STATE_SUFFIX = MIRROR_STATE_SUFFIX
 """``<mirror>.mirror.json`` beside the mirror (not in it: the run dir stays as tokenmill wrote it):
 ``{key: [size, version]}`` of what the mirror holds."""
 

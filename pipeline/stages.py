@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.documents import DUPLICATES_FILE
 from core.rundir import RunPaths
 from pipeline.config import DedupeConfig
 from pipeline.dedupe import dedupe_documents, dedupe_fingerprint, finished_parts
@@ -17,5 +16,5 @@ def dedupe_stage(paths: RunPaths, config: DedupeConfig) -> dict[str, Any]:
     the summary says whether the work was ``skipped``.
     """
     done = paths.done_summary("dedupe", dedupe_fingerprint(finished_parts(paths), config))
-    skipped = done is not None and (paths.dedupe / DUPLICATES_FILE).is_file()
+    skipped = done is not None and paths.duplicates.is_file()
     return {**dedupe_documents(paths, config), "skipped": skipped}

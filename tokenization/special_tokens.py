@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from core.atomic import read_json
 from core.errors import ConfigError
+from core.layout import HF_CONFIG_FILE
 from core.rundir import RunPaths
 from tokenization.config import SPECIAL_TOKENS
 
@@ -82,7 +83,7 @@ def model_special_tokens(folder: Path, tokenizer: Tokenizer) -> SpecialTokens:
     Raises ConfigError naming the folder when no EOS is found or a named token is not in the tokenizer.
     """
     folder = Path(folder)
-    names, config = _token_names(folder), _json_object(folder / "config.json")
+    names, config = _token_names(folder), _json_object(folder / HF_CONFIG_FILE)
     eos_id = _token_id(folder, tokenizer, "eos", names, config)
     if eos_id is None:
         raise ConfigError(
@@ -143,7 +144,7 @@ def _token_id(folder: Path, tokenizer: Tokenizer, kind: str, names: dict[str, An
     if token_id is None:
         return None
     if not isinstance(token_id, int) or tokenizer.id_to_token(token_id) is None:
-        raise ConfigError(f"{folder / 'config.json'}: {kind}_token_id {token_id!r} is not an id of the model's "
+        raise ConfigError(f"{folder / HF_CONFIG_FILE}: {kind}_token_id {token_id!r} is not an id of the model's "
                           "tokenizer.json; fix it, or name the token in tokenizer_config.json.")
     return token_id
 

@@ -18,6 +18,8 @@ from typing import Any
 from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, document_part_marker, iter_documents
 from core.errors import ConfigError, StageMismatchError
+from core.layout import PACK_STATE_FILE as STATE_FILE
+from core.layout import PACK_STATE_FILES, SHARD_FILES, pack_unit, shard_part_number
 from core.rundir import RunPaths, fingerprint
 from core.shard_check import shard_intact
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
@@ -27,7 +29,6 @@ from tokenization.pack import Packer
 from tokenization.special_tokens import load_tokenizer, read_special_tokens
 from tokenization.train_tokenizer import tokenizer_vocab_size
 
-STATE_FILE = "state.json"
 STATE_VERSION = 1
 """Bumped when state.json changes incompatibly; a state of another version is refused."""
 
@@ -77,7 +78,7 @@ def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints
 def _is_packed(paths: RunPaths, split: str, source: str, state: dict[str, Any], stage_fingerprint: str) -> bool:
     """The marker matches, and so does its summary, and every recorded shard is intact: a marker never vouches
     for shards deleted or changed since (to re-pack)."""
-    return ((shard_folder(paths, split, source) / STATE_FILE).is_file()
+    return (paths.pack_state(split, source).is_file()
             and paths.done_summary("pack", stage_fingerprint, pack_unit(split, source)) == _pack_summary(state)
             and not _damaged_shards(paths, state))
 
@@ -178,11 +179,6 @@ def pack_split_source(paths: RunPaths, split: str, source: str, config: PackConf
     return infos
 
 
-def pack_unit(split: str, source: str) -> str:
-    """The (split, source) unit of the pack stage's markers: ``stages/pack/split=<split>/source=<source>.json``."""
-    return f"split={split}/source={source}"
-
-
 def _pack_summary(state: dict[str, Any]) -> dict[str, Any]:
     return {"num_documents": state["num_documents"], "num_shards": len(state["shards"]),
             "num_packed_parts": len(state["packed_parts"])}
@@ -191,7 +187,7 @@ def _pack_summary(state: dict[str, Any]) -> dict[str, Any]:
 def write_index(paths: RunPaths) -> list[ShardInfo]:
     """Write ``shards/index.parquet`` from every (split, source) ``state.json``; return its rows by path."""
     infos = []
-    for state_path in sorted(paths.shards.glob(f"split=*/source=*/{STATE_FILE}")):
+    for state_path in sorted(paths.shards.glob(PACK_STATE_FILES)):
         infos.extend(ShardInfo(**info) for info in read_json(state_path)["shards"])
     infos.sort(key=lambda info: info.path)
     write_shard_index(paths.root, infos)
@@ -200,7 +196,7 @@ def write_index(paths: RunPaths) -> list[ShardInfo]:
 
 def shard_folder(paths: RunPaths, split: str, source: str) -> Path:
     """``shards/split=<split>/source=<source>/`` of the run."""
-    return (paths.root / shard_relpath(split, source, 0)).parent
+    return paths.shard_folder(split, source)
 
 
 class _ShardWriter:
@@ -269,7 +265,7 @@ def _load_state(folder: Path, tokenizer_sha256: str, seq_len: int) -> dict[str, 
 
 def _remove_unrecorded_shards(folder: Path, next_part: int) -> None:
     """Delete shards a killed call wrote after the last recorded state (they are re-made identically)."""
-    for shard in folder.glob("part-*.arrow"):
-        number = shard.stem.removeprefix("part-")
-        if number.isdigit() and int(number) >= next_part:
+    for shard in folder.glob(SHARD_FILES):
+        number = shard_part_number(shard)
+        if number is not None and number >= next_part:
             shard.unlink()

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from core.atomic import read_json, sha256_file
 from core.documents import iter_documents
 from core.errors import ConfigError
+from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths, fingerprint
 from tokenization.config import SPECIAL_TOKENS, TokenizerConfig
 from tokenization.encode import PIECE_CHARS, split_text
@@ -31,7 +32,7 @@ from tokenization.special_tokens import (
 
 EOS_TOKEN, PAD_TOKEN = SPECIAL_TOKENS
 
-MODEL_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+MODEL_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", HF_CONFIG_FILE)
 """The files of a Hugging Face model folder its tokenizer and special ids are read from (the stage's fingerprint)."""
 
 
@@ -161,7 +162,7 @@ def _copy_given(paths: RunPaths, given_path: Path) -> dict[str, Any]:
 
 def _copy_model_tokenizer(paths: RunPaths, folder: Path) -> dict[str, Any]:
     """Copy the model folder's tokenizer.json byte for byte and record its special ids (special_tokens.json first)."""
-    source = folder / "tokenizer.json"
+    source = folder / TOKENIZER_FILE
     if not source.is_file():
         raise ConfigError(
             f"{folder}: the model folder has no tokenizer.json, and the recipe has no tokenizer section; add a "
@@ -181,7 +182,7 @@ def _copy_model_tokenizer(paths: RunPaths, folder: Path) -> dict[str, Any]:
 
 def _check_fits_model(vocab_size: int, model_folder: Path) -> None:
     """check_tokenizer_fits against the model folder's ``config.json`` ``vocab_size`` (no check without one)."""
-    config_path = model_folder / "config.json"
+    config_path = model_folder / HF_CONFIG_FILE
     if not config_path.is_file():
         return
     embedding_rows = read_json(config_path).get("vocab_size")

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.atomic import TEMP_PREFIX, replace_folder, sha256_file
 from core.errors import ConfigError
+from core.layout import TOKENIZER_FILE
 from core.rundir import RunPaths, fingerprint
 from trainer.config import ModelConfig
 from trainer.hf_model import (
@@ -30,7 +31,7 @@ from trainer.hf_model import (
 )
 
 STAGE = "base_model"
-COMPANION_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 """Files of a model folder brought along when present (the tokenizer stage may use the model's tokenizer)."""
 
 

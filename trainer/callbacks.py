@@ -41,6 +41,6 @@ class ProfilerCallback(Callback):
         if self._active is None:
             return
         self._active.__exit__(None, None, None)
-        with self.paths.atomic_write(self.paths.profile / f"step-{step:07d}-rank-{self.rank}.json") as tmp:
+        with self.paths.atomic_write(self.paths.profile_trace(step, self.rank)) as tmp:
             self._active.export_chrome_trace(str(tmp))
         self._active = None

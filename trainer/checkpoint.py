@@ -32,8 +32,9 @@ from accelerate.utils import DistributedType, broadcast_object_list
 from core.atomic import TEMP_PREFIX, read_json, sha256_file
 from core.bucket_run import publish_working_copy, share_checkpoint_parts
 from core.errors import CheckpointError
+from core.layout import RELATIVE, run_key
 from core.rundir import RunPaths, path_inside_run
-from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints, step_dir_name
+from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.checkpoint_writer import (
     BackgroundSave,
     StateSnapshot,
@@ -52,7 +53,8 @@ from trainer.tensor_parallel_checkpoint import (
 
 CHECKPOINT_VERSION = 1
 TRAINER_STATE_NAME = "trainer_state.json"
-LATEST_NAME = "latest"
+PUBLISHED_AT_SAVE = (f"{run_key(RELATIVE.metrics)}/", f"{run_key(RELATIVE.checkpoints)}/")
+"""What a checkpoint save publishes of a bucket run dir's working copy (``latest`` last)."""
 FSDP_MODEL_METADATA = "pytorch_model_fsdp_0/.metadata"
 FSDP_OPTIMIZER_METADATA = "optimizer_0/.metadata"
 REQUIRED_FILES = (("model.safetensors", FSDP_MODEL_METADATA, f"{TENSOR_PARALLEL_DIR}/tp_rank_0.safetensors"),
@@ -140,7 +142,7 @@ class Checkpointer:
         state is copied (after waiting for the previous background save, whose failure is raised here).
         """
         self.wait_for_pending()
-        target = self.checkpoints_dir / step_dir_name(step)
+        target = self.paths.checkpoint(step)
         staging = self.checkpoints_dir / f"{TEMP_PREFIX}{target.name}"  # same name on every rank
         if self.accelerator.is_main_process:
             shutil.rmtree(staging, ignore_errors=True)
@@ -179,9 +181,9 @@ class Checkpointer:
         """Rename the complete ``staging`` folder into place, then point ``latest`` at it and prune (rank 0)."""
         hold_at_publish_gate()
         self.paths.replace_folder(staging, target)
-        self.paths.write_json(self.checkpoints_dir / LATEST_NAME, {"step": step, "path": target.name})
+        self.paths.write_json(self.paths.latest_checkpoint, {"step": step, "path": target.name})
         self._prune()
-        publish_working_copy(self.paths.root, "metrics/", "checkpoints/")  # a bucket run dir's: `latest` last
+        publish_working_copy(self.paths.root, *PUBLISHED_AT_SAVE)  # a bucket run dir's: `latest` last
 
     def _start_background_save(self, snapshot: StateSnapshot, trainer_state: dict[str, Any], staging: Path,
                                target: Path) -> None:
@@ -316,7 +318,7 @@ class Checkpointer:
         Raises CheckpointError naming the folder when it is missing or does not verify against its manifest.
         """
         self.wait_for_pending()
-        folder = self.checkpoints_dir / step_dir_name(step)
+        folder = self.paths.checkpoint(step)
         problem: list[Any] = [None]
         if self.accelerator.is_main_process:
             problem[0] = "no such checkpoint" if not folder.is_dir() else verify_checkpoint(folder)

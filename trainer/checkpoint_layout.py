@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from core.atomic import read_json
 from core.errors import ConfigError
+from core.layout import CHECKPOINT_MANIFEST, STEP_DIR_PATTERN
+from core.layout import step_dir_name as step_dir_name
 from core.rundir import RunPaths
 
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = CHECKPOINT_MANIFEST
 """Written last into a checkpoint folder: a folder without it is incomplete."""
 EXPORT_STATE_NAME = "training_state.json"
 """Written last into a Hugging Face export (``model/``): its step and tokens seen (:mod:`trainer.export`)."""
-STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
-
-
-def step_dir_name(step: int) -> str:
-    """``step-NNNNNNN`` (7 digits, so names sort by step)."""
-    return f"step-{step:07d}"
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
@@ -49,9 +44,19 @@ def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Pat
     return chosen
 
 
+def manifest_file(checkpoint: Path) -> Path:
+    """A checkpoint folder's ``manifest.json`` (written last: without it the checkpoint is incomplete)."""
+    return Path(checkpoint) / MANIFEST_NAME
+
+
+def export_state_file(model_dir: Path) -> Path:
+    """An export's ``training_state.json`` (written last): its step and tokens seen."""
+    return Path(model_dir) / EXPORT_STATE_NAME
+
+
 def exported_step(model_dir: Path) -> int | None:
     """The training step of an existing export, or None when there is no complete export."""
-    marker = Path(model_dir) / EXPORT_STATE_NAME
+    marker = export_state_file(model_dir)
     if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
         return None
     return read_json(marker).get("step")

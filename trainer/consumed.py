@@ -25,8 +25,8 @@ from core.rundir import RunPaths, path_inside_run
 from core.schemas import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA
 from trainer.checkpoint_layout import MANIFEST_NAME, list_checkpoints
 from trainer.data import BatchLayout, ShardNumbering, TrainLoader
-from trainer.metrics import TRAIN_FILE, read_metric_rows
-from trainer.segments import ROW_LOSSES_FOLDER, read_segments, segments_path
+from trainer.metrics import read_metric_rows
+from trainer.segments import read_segments, segments_path
 
 ROW_LOSSES_NAME = re.compile(r"^segment-(\d{5})-rank-(\d{5})\.jsonl$")
 CHUNK_SAMPLES = 1 << 20
@@ -135,7 +135,7 @@ def _guard_events(paths: RunPaths) -> tuple[set[int], list[tuple[int, int]]]:
 
 
 def _train_rows(paths: RunPaths) -> list[dict[str, Any]]:
-    path = paths.metrics / TRAIN_FILE
+    path = paths.train_metrics
     return read_metric_rows(_checked(paths, path)) if path.exists() else []
 
 
@@ -150,7 +150,7 @@ def _newest_step(paths: RunPaths, segments: list[dict[str, Any]]) -> int:
 def row_losses_table(run_dir: Path) -> pa.Table:
     """``row_losses``: each surviving step's per-row losses (columns: ROW_LOSSES_SCHEMA); torn lines are skipped."""
     paths = RunPaths(run_dir)
-    folder = paths.metrics / ROW_LOSSES_FOLDER
+    folder = paths.row_losses
     launches = {int(launch.record["segment"]): launch for launch in surviving_launches(paths)}
     columns: dict[str, list[Any]] = {name: [] for name in ROW_LOSSES_SCHEMA.names}
     files = sorted(folder.iterdir()) if folder.is_dir() else []

@@ -34,6 +34,7 @@ from typing import Any
 
 from core.atomic import sha256_file
 from core.errors import ConfigError
+from core.layout import HF_CONFIG_FILE
 from trainer.lm_eval_tasks import load_checked_tasks, task_manager
 
 
@@ -137,7 +138,7 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: C
     lm-eval draws no progress bar; ``on_progress(requests scored, requests)`` follows it instead
     (:mod:`trainer.lm_eval_progress`).
     """
-    if not (model_dir / "config.json").is_file():
+    if not (model_dir / HF_CONFIG_FILE).is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
                           "(the run's exported model/)")
     # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path

@@ -30,15 +30,16 @@ from core.eval_results import (
     val_split_rows,
     write_result,
 )
+from core.layout import CHECKPOINT_MANIFEST
 from core.progress_lines import ProgressPrinter
 from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
-from trainer.checkpoint import step_dir_name
 from trainer.config import TrainConfig
 from trainer.evaluate import Evaluator
-from trainer.launch import exit_with_parent, run_dir_lock
+from trainer.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.parallel import build_accelerator
 from trainer.precision import MixedPrecision
+from trainer.run_config import read_trainer_config
 from trainer.train import (
     build_training_loop,
     exit_without_finalising,
@@ -46,37 +47,43 @@ from trainer.train import (
     fsdp_block_classes,
     leave_process_group,
     open_splits,
-    read_trainer_config,
 )
 
 
-def val_split_task_fingerprint(paths: RunPaths, precision: str) -> str:
+def val_split_task_fingerprint(paths: RunPaths, precision: str, document_masking: bool | None = None) -> str:
     """The fingerprint of this run's whole-split scores (:func:`core.eval_results.val_split_fingerprint`); with
-    ``train.document_masking`` the rows are scored masked, so that is part of it (unmasked fingerprints unchanged)."""
+    ``train.document_masking`` the rows are scored masked, so that is part of it (unmasked fingerprints unchanged).
+
+    ``document_masking``: the setting as the caller resolved it (the flow, the evaluator); None reads run.yaml's.
+    """
     _, val_rows = open_splits(paths)
     task_fp = val_split_fingerprint(val_rows.digests, sha256_file(paths.tokenizer), precision)
-    if read_trainer_config(paths.root).train.document_masking:
+    if document_masking is None:
+        document_masking = read_trainer_config(paths.root).train.document_masking
+    if document_masking:
         task_fp = fingerprint("document-masking", task_fp)
     return task_fp
 
 
-def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, trust_remote_code: bool = False) -> None:
+def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, trust_remote_code: bool = False,
+                        resolved: bool = False) -> None:
     """Restore ``step``'s checkpoint; score the whole val split (``score``) and/or export it (``export``).
 
     ``trust_remote_code``: the launching command's decision to run the model folder's Python (never run.yaml's).
+    ``resolved``: read the configuration the launching flow wrote (``stages/launch.json``), not run.yaml.
     """
     paths = RunPaths(run_dir)
     with run_dir_lock(paths.root):
-        config = read_trainer_config(paths.root, trust_remote_code)
+        config = read_trainer_config(paths.root, trust_remote_code, resolved)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
-        checkpoint = paths.checkpoints / step_dir_name(step)
-        task_fp = val_split_task_fingerprint(paths, config.train.precision)
+        checkpoint = paths.checkpoint(step)
+        task_fp = val_split_task_fingerprint(paths, config.train.precision, config.train.document_masking)
         try:
             loop = build_training_loop(paths, config, accelerator, allow_data_change=True)
             loop.checkpointer.load_step(step)
         except CheckpointError as err:
             if score and accelerator.is_main_process:
-                fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / "manifest.json").is_file() else ""
+                fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / CHECKPOINT_MANIFEST).is_file() else ""
                 print(describe(write_result(paths, step, VAL_SPLIT_TASK, fingerprint, task_fp, error=str(err))),
                       flush=True)
             raise
@@ -116,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--export", action="store_true", help="export the checkpoint as a Hugging Face folder")
     parser.add_argument(TRUST_REMOTE_CODE_FLAG, action="store_true",
                         help="run the model folder's own Python (auto_map); run.yaml's setting is ignored")
+    parser.add_argument(LAUNCH_CONFIG_FLAG, action="store_true",
+                        help="read the configuration the launching flow resolved (RUN/stages/launch.json) instead "
+                             "of run.yaml")
     return parser.parse_args(argv)
 
 
@@ -124,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_with_parent()
     try:
-        evaluate_checkpoint(args.run_dir, args.step, args.score, args.export, args.trust_remote_code)
+        evaluate_checkpoint(args.run_dir, args.step, args.score, args.export, args.trust_remote_code,
+                            args.resolved_config)
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

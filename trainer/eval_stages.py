@@ -23,9 +23,10 @@ from typing import Any
 from core.atomic import read_json
 from core.errors import TokenmillError
 from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, describe, read_result, write_result
+from core.layout import checkpoint_step
 from core.rundir import RunPaths, file_stats
 from core.stage import Inputs, Progress, Stage
-from trainer.checkpoint_layout import EXPORT_STATE_NAME, MANIFEST_NAME, chosen_checkpoints, step_dir_name
+from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, export_state_file, manifest_file, step_dir_name
 from trainer.config import EvalConfig
 from trainer.launch import eval_launch_command
 from trainer.train_stage import Launcher, run_child
@@ -80,12 +81,16 @@ class EvalStage(Stage):
     """What the three evaluation stages share: a scope, units named by checkpoint, the launcher and the log."""
 
     reads: tuple[str, ...] = ("train",)
+    launches = True
+    """Whether a unit launches ``trainer.eval_checkpoint`` (which reads ``stages/launch.json``)."""
 
     def __init__(self, paths: RunPaths, scope: EvalScope) -> None:
         super().__init__(paths)
         self.scope = scope
         self.launcher: Launcher = run_child
         self.log: Callable[[str], None] = logging.getLogger("tokenmill.eval").info
+        self.resolved_config = False
+        """Whether the launched evaluator reads ``stages/launch.json`` (a flow writes it before launching)."""
 
     @classmethod
     def build(cls, run: Any) -> EvalStage | None:
@@ -93,17 +98,21 @@ class EvalStage(Stage):
 
     def checkpoint_files(self, step: int) -> dict[str, str]:
         """The checkpoint's identity: its manifest's digest (a copied run dir has the same one)."""
-        manifest = self.paths.checkpoints / step_dir_name(step) / MANIFEST_NAME
+        manifest = manifest_file(self.paths.checkpoint(step))
         return {name: digest for name, _, digest in file_stats(self.paths.root, manifest)} or {str(step): "none"}
 
     def launch(self, step: int, on_progress: Progress, *, score: bool, export: bool) -> None:
         argv = eval_launch_command(self.paths.root, self.scope.num_processes, step, score=score, export=export,
-                                   trust_remote_code=self.scope.trust_remote_code)
+                                   trust_remote_code=self.scope.trust_remote_code, resolved=self.resolved_config)
         self.launcher(argv, self, on_progress)
 
 
 def step_of(unit: str | None) -> int:
-    return int(str(unit).split("/")[0].removeprefix("step-"))
+    """The checkpoint step of a unit (``step-NNNNNNN`` or ``step-NNNNNNN/<task>``)."""
+    step = checkpoint_step(Path(str(unit).split("/")[0]))
+    if step is None:
+        raise ValueError(f"not an evaluation unit: {unit!r}")
+    return step
 
 
 class ValSplitStage(EvalStage):
@@ -151,7 +160,7 @@ class ExportStage(EvalStage):
         return Inputs(files=self.checkpoint_files(step_of(unit)))
 
     def outputs(self, unit: str | None) -> list[Path]:
-        return [model_folder(self.paths, step_of(unit)) / EXPORT_STATE_NAME]
+        return [export_state_file(model_folder(self.paths, step_of(unit)))]
 
     def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
         step = step_of(unit)
@@ -169,6 +178,7 @@ class DownstreamStage(EvalStage):
 
     name = "downstream"
     reads = ("eval-tasks", "export")
+    launches = False
     progress_unit = "requests"
 
     def units(self) -> Sequence[str | None]:
@@ -192,7 +202,7 @@ class DownstreamStage(EvalStage):
         from trainer.eval_plan import run_downstream_task  # imports torch and lm-eval: only when evaluating
 
         step, task = step_of(unit), _task_of(unit)
-        folder = self.paths.checkpoints / step_dir_name(step)
+        folder = self.paths.checkpoint(step)
         checkpoint_fp = checkpoint_fingerprint(folder) if (folder / MANIFEST_NAME).is_file() else ""
         result = run_downstream_task(self.paths, step, task, checkpoint_fp, self.scope.tasks[task],
                                      list(self.scope.include), self.scope.config, self.scope.trusted,
@@ -217,7 +227,7 @@ def refused_checkpoint(paths: RunPaths, step: int, tasks: Mapping[str, str]) -> 
     its manifest check: it cannot be evaluated until restored."""
     from trainer.checkpoint import verify_checkpoint  # imports torch
 
-    folder = paths.checkpoints / step_dir_name(step)
+    folder = paths.checkpoint(step)
     problem = verify_checkpoint(folder)
     if problem is None:
         return False

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from core.atomic import TEMP_PREFIX, out_of_space, read_json
+from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
@@ -62,7 +63,7 @@ def model_tokenizer_config(folder: Path) -> dict[str, Any]:
     The ids are read as the tokenizer stage read them (:func:`tokenization.special_tokens.model_special_tokens`),
     so ``AutoTokenizer.from_pretrained(model_dir)`` knows both; the model's other settings are kept.
     """
-    tokenizer = load_tokenizer(folder / "tokenizer.json")
+    tokenizer = load_tokenizer(folder / TOKENIZER_FILE)
     special = model_special_tokens(folder, tokenizer)
     own = read_json(folder / "tokenizer_config.json")
     for key, token_id in (("eos_token", special.eos_id), ("pad_token", special.pad_id)):
@@ -96,9 +97,9 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
         with paths.atomic_write(staging / "model.safetensors") as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
-        paths.write_json(staging / "config.json", config)
+        paths.write_json(staging / HF_CONFIG_FILE, config)
         if tokenizer_json is not None and Path(tokenizer_json).is_file():
-            copies = [("tokenizer.json", tokenizer_json)] + [(Path(extra).name, extra) for extra in tokenizer_extras]
+            copies = [(TOKENIZER_FILE, tokenizer_json)] + [(Path(extra).name, extra) for extra in tokenizer_extras]
             for name, source in copies:
                 with paths.atomic_write(staging / name) as tmp:
                     shutil.copyfile(source, tmp)

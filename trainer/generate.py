@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from core.errors import CheckpointError, ConfigError
+from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from tokenization.special_tokens import SpecialTokens, load_tokenizer, model_special_tokens
 from trainer.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights, text_config
 from trainer.model_spec import output_logits
@@ -23,7 +24,7 @@ from trainer.sampling_options import check_sampling
 def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, SpecialTokens, int]:
     """(model in eval mode, tokenizer, its special ids, context length) from an export folder."""
     model_dir = Path(model_dir)
-    missing = [name for name in ("config.json", "tokenizer.json") if not (model_dir / name).is_file()]
+    missing = [name for name in (HF_CONFIG_FILE, TOKENIZER_FILE) if not (model_dir / name).is_file()]
     if missing:
         raise CheckpointError(f"{model_dir}: export lacks {missing}; run `tokenmill train` to export the model.")
     try:
@@ -32,7 +33,7 @@ def load_exported_model(model_dir: str | Path) -> tuple[nn.Module, Tokenizer, Sp
         load_pretrained_weights(model, model_dir)
     except ConfigError as err:
         raise CheckpointError(f"{err} (exported model; re-run `tokenmill train` to export it again)") from None
-    tokenizer = load_tokenizer(model_dir / "tokenizer.json")
+    tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
     context = getattr(text_config(config), "max_position_embeddings", None) or 1024
     return model.eval(), tokenizer, model_special_tokens(model_dir, tokenizer), int(context)
 

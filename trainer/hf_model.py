@@ -19,8 +19,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from core.errors import ConfigError
+from core.layout import HF_CONFIG_FILE as CONFIG_NAME
 
-CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

@@ -22,18 +22,25 @@ from pathlib import Path
 
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.fence import fence_on, is_ancestor
+from core.layout import RELATIVE, run_key
 from core.rundir import RunPaths
+
+LAUNCH_CONFIG_FLAG = "--resolved-config"
+"""The flag with which a launched trainer or evaluator reads the configuration its flow resolved
+(:attr:`core.rundir.RunPaths.launch_config`, :mod:`trainer.run_config`), not ``run.yaml``."""
 
 
 def launch_command(run_dir: Path, num_processes: int, until_step: int | None = None,
                    allow_data_change: bool = False, *, num_machines: int = 1, machine_rank: int = 0,
                    main_process_ip: str | None = None, main_process_port: int = 29500,
                    module: str = "trainer.train", module_args: Sequence[str] = (),
-                   trust_remote_code: bool = False) -> list[str]:
+                   trust_remote_code: bool = False, resolved: bool = False) -> list[str]:
     """argv for ``python -m accelerate.commands.launch … -m trainer.train --run-dir RUN``; num_processes >= 1.
 
     ``trust_remote_code``: the launching command allows the model folder's own Python (the recipe the user passed
     sets ``model.trust_remote_code``); the trainer never takes that from ``run.yaml`` (:mod:`core.code_trust`).
+    ``resolved``: the trainer reads the configuration the flow resolved and wrote (``stages/launch.json``), not
+    ``run.yaml`` (:mod:`trainer.run_config`).
 
     One process on one machine: ``python -m trainer.launch_one`` with the same options, which applies
     Accelerate's simple launcher in the process it runs the module in (:mod:`trainer.launch_one`: one torch
@@ -63,17 +70,21 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
         command.append("--allow-data-change")
     if trust_remote_code:
         command.append(TRUST_REMOTE_CODE_FLAG)
+    if resolved:
+        command.append(LAUNCH_CONFIG_FLAG)
     return command + list(module_args)
 
 
 def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: bool, export: bool,
-                        trust_remote_code: bool = False) -> list[str]:
+                        trust_remote_code: bool = False, resolved: bool = False) -> list[str]:
     """argv for ``accelerate launch … -m trainer.eval_checkpoint``: evaluate one checkpoint on ``num_processes``."""
     flags = ["--step", str(step)] + (["--score"] if score else []) + (["--export"] if export else [])
     return launch_command(run_dir, num_processes, module="trainer.eval_checkpoint", module_args=flags,
-                          trust_remote_code=trust_remote_code)
+                          trust_remote_code=trust_remote_code, resolved=resolved)
 
 
+LOCK_SUFFIX = f"/{run_key(RELATIVE.lock_file)}"
+"""How a descriptor's target ends when it is a run dir's lock."""
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 
 
@@ -168,7 +179,7 @@ def keep_lent_lock_here() -> None:
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             with contextlib.suppress(OSError):
-                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith("/.lock"):
+                if fd > 2 and os.get_inheritable(fd) and os.readlink(f"/proc/self/fd/{fd}").endswith(LOCK_SUFFIX):
                     os.set_inheritable(fd, False)
 
 

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.layout import RELATIVE
 from core.rundir import RunPaths
 
-TRAIN_FILE = "train.jsonl"
-EVAL_FILE = "eval.jsonl"
+TRAIN_FILE, EVAL_FILE = RELATIVE.train_metrics.name, RELATIVE.eval_metrics.name
+"""The metrics files' names in ``metrics/`` (what flows.training_progress tails)."""
 
 
 Tracker = Callable[..., None]
@@ -36,18 +37,17 @@ class MetricsSink:
         """Keep only rows with ``step <= step``; ``None`` (a fresh start) drops every row."""
         if not self.enabled:
             return
-        for name in (TRAIN_FILE, EVAL_FILE):
-            path = self.paths.metrics / name
+        for path in (self.paths.train_metrics, self.paths.eval_metrics):
             if path.is_file():
                 kept = [row for row in read_metric_rows(path) if step is not None and row["step"] <= step]
                 self.paths.write_text(path, "".join(_to_line(row) for row in kept))
 
     def log_train(self, row: dict[str, Any]) -> None:
-        self._append(TRAIN_FILE, row)
+        self._append(self.paths.train_metrics, row)
         self._track("train", row)
 
     def log_eval(self, row: dict[str, Any]) -> None:
-        self._append(EVAL_FILE, row)
+        self._append(self.paths.eval_metrics, row)
         self._track("eval", row)
 
     def _track(self, prefix: str, row: dict[str, Any]) -> None:
@@ -57,9 +57,9 @@ class MetricsSink:
                   and isinstance(value, int | float) and math.isfinite(value)}
         self.tracker(values, step=row["step"])
 
-    def _append(self, name: str, row: dict[str, Any]) -> None:
+    def _append(self, path: Path, row: dict[str, Any]) -> None:
         if self.enabled:  # a torn last line (killed mid-append) is skipped by read_metric_rows
-            self.paths.append_text(self.paths.metrics / name, _to_line(row))
+            self.paths.append_text(path, _to_line(row))
 
 
 def read_metric_rows(path: Path) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ PROMPT_CHARS = 40
 def export_fingerprint(paths: RunPaths) -> str | None:
     """The export's files (by :func:`core.rundir.file_stats`) and SAMPLE_SETTINGS; None without an export, or
     when the export or a file in it leads outside the run dir (a run dir's files are all that is read)."""
-    if not (paths.model / "config.json").is_file():
+    if not paths.model_config.is_file():
         return None
     if not all(path_inside_run(paths.root, path) for path in [paths.model, *paths.model.iterdir()]):
         return None

@@ -20,14 +20,12 @@ from core.rundir import RunPaths
 from trainer.data import TrainLoader
 from trainer.model import IGNORE_INDEX, next_token_loss
 
-SEGMENTS_FILE = "train_segments.jsonl"
 SEGMENT_VERSION = 1
-ROW_LOSSES_FOLDER = "row_losses"
 
 
 def segments_path(paths: RunPaths) -> Path:
     """``metrics/train_segments.jsonl``: one line per training launch."""
-    return paths.metrics / SEGMENTS_FILE
+    return paths.train_segments
 
 
 def read_segments(path: Path) -> list[dict[str, Any]]:
@@ -74,7 +72,7 @@ def append_segment(paths: RunPaths, record: dict[str, Any]) -> int:
 
 def row_losses_path(paths: RunPaths, segment: int, rank: int) -> Path:
     """One file per launch and data-parallel rank: a new launch never appends to a torn line."""
-    return paths.metrics / ROW_LOSSES_FOLDER / f"segment-{segment:05d}-rank-{rank:05d}.jsonl"
+    return paths.row_losses_file(segment, rank)
 
 
 def row_mean_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
+from core.layout import RELATIVE, run_key
 from core.rundir import RunPaths
 
 TRACKER_PROJECT = "train"
@@ -31,7 +32,7 @@ TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 INSTALL_HINT = "pip install 'tokenmill[trackers]'"
-RUN_DIR_STORE = "metrics/mlflow/mlflow.db"
+RUN_DIR_STORE = run_key(RELATIVE.mlflow_store)
 """``mlflow_store`` of a run made in the run dir's own SQLite store (MLFLOW_TRACKING_URI unset)."""
 
 
@@ -137,7 +138,7 @@ def mlflow_uri(paths: RunPaths) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     paths.mlflow.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{paths.mlflow.resolve() / 'mlflow.db'}"
+    return f"sqlite:///{paths.mlflow.resolve() / paths.mlflow_store.name}"
 
 
 def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> GeneralTracker:
@@ -152,7 +153,7 @@ def mlflow_tracker(paths: RunPaths, project: str, ids: dict[str, str]) -> Genera
     if user_uri is None:  # which would send the next run started in this process to this run's store
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     run_id = ids.get("mlflow_run_id") if ids.get("mlflow_store") == store else None
-    artifacts = None if user_uri else str(paths.mlflow / "artifacts")
+    artifacts = None if user_uri else str(paths.mlflow_artifacts)
     tracker = MLflowTracker(experiment_name=project, logging_dir=artifacts, run_id=run_id, run_name=paths.root.name)
     tracker.store = store
     return tracker

@@ -12,26 +12,24 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from pydantic import Field, ValidationError, model_validator
 
 from core.atomic import sha256_file
 from core.bucket_run import publish_working_copy, trainer_working_copy
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
-from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.rundir import RunPaths
 from tokenization.special_tokens import read_special_tokens
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint import Checkpointer, list_checkpoints
-from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
+from trainer.config import TrainConfig
 from trainer.data import BatchLayout, SplitRows, TrainLoader
 from trainer.evaluate import Evaluator
 from trainer.export import export_model, exported_step
-from trainer.launch import exit_with_parent, run_dir_lock
+from trainer.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics import MetricsSink
 from trainer.mixture import MixtureOrder, MixtureStage, resolve_weights
@@ -49,52 +47,11 @@ from trainer.parallel import (
     tensor_parallel_rank,
 )
 from trainer.precision import MixedPrecision
+from trainer.run_config import TrainerSections, read_trainer_config
 from trainer.segments import RowLossLog, append_segment, segment_record
 from trainer.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.tensor_parallel_checkpoint import TensorParallelShards
 from trainer.trackers import Trackers, start_trackers
-
-
-class TrainerSections(FrozenConfig):
-    """The recipe sections the trainer reads (the rest of run.yaml belongs to other stages)."""
-
-    model: ModelConfig = ModelConfig()
-    train: TrainConfig = TrainConfig()
-    mixture: dict[str, Annotated[float, Field(ge=0)]] | None = None
-    """Sampling weight per source name (from the corpus manifests); None = every train row equally likely."""
-    mixture_schedule: MixtureScheduleConfig | None = None
-    """Weights that change by step (the recipe's ``mixture_schedule``); replaces ``mixture``."""
-
-    @model_validator(mode="after")
-    def _one_mixture(self) -> TrainerSections:
-        if self.mixture is not None and self.mixture_schedule is not None:
-            raise ValueError("mixture and mixture_schedule are both set; keep one (a recipe with a "
-                             "mixture_schedule records no mixture: remove the mixture section)")
-        return self
-
-
-def read_trainer_config(run_dir: Path, trust_remote_code: bool = False) -> TrainerSections:
-    """Validate ``model``, ``train``, ``mixture`` and ``mixture_schedule`` of ``RUN/run.yaml``; raises ConfigError
-    naming the key to fix.
-
-    ``model.trust_remote_code`` is ``trust_remote_code``, the launching command's decision (``--trust-remote-code``),
-    whatever run.yaml records: a run dir is data and never decides that its own code runs (:mod:`core.code_trust`).
-    """
-    path = RunPaths(run_dir).recipe
-    recipe = load_yaml_mapping(path, "run recipe", RUN_YAML_FIX)
-    sections = {key: recipe[key] for key in ("model", "train", "mixture", "mixture_schedule")
-                if recipe.get(key) is not None}
-    if isinstance(sections.get("model"), dict):
-        sections["model"] = {**sections["model"], "trust_remote_code": trust_remote_code}
-    try:
-        config = TrainerSections.model_validate(sections)
-        if not config.model.is_hugging_face:  # a Hugging Face model's dims are checked once its config is read
-            check_tensor_parallel_dims(config.model.resolved_dims(), config.train.tensor_parallel_size)
-    except (ValidationError, ValueError) as err:
-        message = (describe_validation_error(err, path, TrainerSections) if isinstance(err, ValidationError)
-                   else f"{path}: {err}")
-        raise ConfigError(message) from None
-    return config
 
 
 def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
@@ -227,7 +184,7 @@ def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> Tensor
 
 
 def train(run_dir: Path | str, until_step: int | None = None, allow_data_change: bool = False,
-          trust_remote_code: bool = False) -> int:
+          trust_remote_code: bool = False, resolved: bool = False) -> int:
     """Train (resuming when a checkpoint exists) to ``until_step`` (default max_steps), export model/; returns the step.
 
     ``run_dir`` may be a bucket's URL (``s3://bucket/runs/NAME``): training then runs on its working copy, pulled
@@ -239,14 +196,17 @@ def train(run_dir: Path | str, until_step: int | None = None, allow_data_change:
     Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
     RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
     ``trust_remote_code``: run the model folder's own Python (``auto_map``); never taken from run.yaml.
+    ``resolved``: read the configuration the launching flow resolved and wrote (``stages/launch.json``), not
+    run.yaml (:mod:`trainer.run_config`).
     """
     with trainer_working_copy(run_dir) as local:
-        return _train(RunPaths(local), until_step, allow_data_change, trust_remote_code)
+        return _train(RunPaths(local), until_step, allow_data_change, trust_remote_code, resolved)
 
 
-def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool, trust_remote_code: bool) -> int:
+def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool, trust_remote_code: bool,
+           resolved: bool) -> int:
     with run_dir_lock(paths.root):  # raises RunLockedError while another process (`tokenmill prepare`) holds it
-        config = read_trainer_config(paths.root, trust_remote_code)
+        config = read_trainer_config(paths.root, trust_remote_code, resolved)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         loop: TrainingLoop | None = None
         trackers = Trackers({})
@@ -258,7 +218,7 @@ def _train(paths: RunPaths, until_step: int | None, allow_data_change: bool, tru
             loop.metrics.drop_rows_after(resumed_step)
             if accelerator.is_main_process and config.train.trackers:
                 trackers = start_trackers(config.train.trackers, paths, config.train.tracker_project,
-                                          load_yaml_mapping(paths.recipe, "run recipe", RUN_YAML_FIX),
+                                          config.recipe,
                                           resuming=resumed_step is not None)
                 loop.metrics.tracker = trackers.log
             target_step = until_step if until_step is not None else config.train.max_steps
@@ -298,7 +258,7 @@ def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) 
     accelerator = loop.accelerator
     segment = [None]
     if accelerator.is_main_process:
-        sections = config.model_dump(mode="json")
+        sections = config.model_dump(mode="json", include=set(MIXTURE_SECTIONS))
         mixture = {key: sections[key] for key in MIXTURE_SECTIONS}
         record = segment_record(loop.loader, loop.counters.step, accelerator.num_processes, mixture)
         segment = [append_segment(paths, record)]
@@ -361,7 +321,7 @@ BASE_MODEL_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json"
 
 def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
     """``base_model/``'s tokenizer settings when the run's tokenizer is that folder's (same bytes), else none."""
-    own = paths.base_model / "tokenizer.json"
+    own = paths.base_model_tokenizer
     if not (own.is_file() and paths.tokenizer.is_file() and sha256_file(own) == sha256_file(paths.tokenizer)):
         return []
     return [paths.base_model / name for name in BASE_MODEL_TOKENIZER_FILES if (paths.base_model / name).is_file()]
@@ -377,6 +337,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(TRUST_REMOTE_CODE_FLAG, action="store_true",
                         help="run the model folder's own Python (auto_map); run.yaml's model.trust_remote_code "
                              "is ignored, a run dir never decides that its code runs")
+    parser.add_argument(LAUNCH_CONFIG_FLAG, action="store_true",
+                        help="read the configuration the launching flow resolved (RUN/stages/launch.json) instead "
+                             "of run.yaml")
     return parser.parse_args(argv)
 
 
@@ -385,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_with_parent()
     try:
-        train(args.run_dir, args.until_step, args.allow_data_change, args.trust_remote_code)
+        train(args.run_dir, args.until_step, args.allow_data_change, args.trust_remote_code, args.resolved_config)
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -25,7 +25,7 @@ from core.atomic import read_json
 from core.errors import ChildProcessFailed
 from core.rundir import RunPaths, file_stats
 from core.stage import Inputs, Progress, Stage
-from trainer.checkpoint_layout import EXPORT_STATE_NAME, MANIFEST_NAME, list_checkpoints, step_dir_name
+from trainer.checkpoint_layout import MANIFEST_NAME, export_state_file, list_checkpoints, manifest_file
 from trainer.launch import launch_command, launched_env, launched_fds
 
 Launcher = Callable[[Sequence[str], "TrainStage", Progress], None]
@@ -65,6 +65,8 @@ class TrainStage(Stage):
         self.sections, self.until_step, self.num_processes = sections, until_step, num_processes
         self.deadline_s, self.trust_remote_code = deadline_s, trust_remote_code
         self.launcher: Launcher = run_child
+        self.resolved_config = False
+        """Whether the launched trainer reads ``stages/launch.json`` (a flow writes it before launching)."""
 
     @classmethod
     def build(cls, run: Any, refresh: bool = False) -> TrainStage:
@@ -85,11 +87,11 @@ class TrainStage(Stage):
     def outputs(self, unit: str | None) -> list[Path]:
         reached = latest_checkpoint_step(self.paths)
         step = reached if reached is not None and reached >= self.until_step else self.until_step
-        return [self.paths.checkpoints / step_dir_name(step) / MANIFEST_NAME, self.paths.model / EXPORT_STATE_NAME]
+        return [manifest_file(self.paths.checkpoint(step)), export_state_file(self.paths.model)]
 
     def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
         argv = launch_command(self.paths.root, self.num_processes, self.until_step,
-                              trust_remote_code=self.trust_remote_code)
+                              trust_remote_code=self.trust_remote_code, resolved=self.resolved_config)
         self.launcher(argv, self, on_progress)
         return {"step": self.until_step}
 
