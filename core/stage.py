@@ -114,6 +114,10 @@ class Stage(ABC):
         """How logs, bars and the Prefect UI name the unit: ``dedupe``, ``pack train-stdlib``."""
         return self.name if unit is None else f"{self.name} {unit}"
 
+    def bar(self, unit: str | None) -> str:
+        """How the terminal's progress bar names the unit (default: its label)."""
+        return self.label(unit)
+
     def marker_extras(self, unit: str | None, summary: dict[str, Any]) -> dict[str, Any]:
         """Fields the marker keeps beside the summary (an ingest part's ``part``); none by default."""
         return {}

@@ -1,60 +1,65 @@
-"""Whether ``tokenmill eval`` has anything to do, decided without Prefect, torch or lm-eval.
+"""The evaluation's stages for one ``tokenmill eval``, and whether it has anything to do: Prefect-, torch- and
+lm-eval-free.
 
-When an evaluation ends without a failed result, a marker records what it read and wrote (by file stats) and
-which checkpoints and tasks it covered. A later evaluation asking for no more than that, on unchanged files, has
-every result cached: ``tokenmill eval`` answers from the results before starting a Prefect server (~10 s of a
-cached call went there), and the flow checks the same marker (a deployment or a Python caller has no command in
-front of it). The checkpoints are compared as steps, not as the words naming them: ``--checkpoint last`` after a
-run that evaluated ``eval.checkpoints: last`` is the same step.
+Each (checkpoint, val split), export and (checkpoint, downstream task) is a unit of the stages in
+:mod:`trainer.eval_stages`, skipped by its marker. ``tokenmill eval`` asks the same stages' status before
+starting a Prefect server (~10 s of a cached call went there): when every unit asked for is done and the task
+folders are as the eval-tasks stage last checked them, it answers from the results. The checkpoints are
+compared as steps, not as the words naming them: ``--checkpoint last`` after a run that evaluated
+``eval.checkpoints: last`` is the same step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from core.eval_results import failed_results
-from core.layout import RELATIVE
-from core.rundir import file_stats, fingerprint
+from core.eval_results import VAL_SPLIT_TASK, failed_results
+from core.stage import read_marker, stage_status
 from flows.recipe import ResolvedRun
 from flows.run_code import eval_task_folders
 from trainer.checkpoint_layout import chosen_checkpoints
-
-EVAL_STAGE = "evaluate"
-EVAL_FILES = (RELATIVE.recipe, RELATIVE.shard_index, RELATIVE.tokenizer_dir, RELATIVE.checkpoints, RELATIVE.model,
-              RELATIVE.eval)
+from trainer.eval_stages import DownstreamStage, EvalScope, EvalStage, ExportStage, ValSplitStage
+from trainer.eval_tasks import EvalTasksStage
 
 
-def evaluation_fingerprint(run: ResolvedRun) -> str:
-    """What the evaluation reads and writes (its settings, the checkpoints, the results, the task folders, by
-    file stats): equal to the one recorded after the last evaluation without failures, none of it changed."""
-    paths = run.paths
-    include = [folder for folder in eval_task_folders(run)
-               if not folder.is_relative_to(paths.root)]  # eval/tasks is among EVAL_FILES already
-    stats = [file_stats(paths.root, paths.root / name) for name in EVAL_FILES]
-    stats += [file_stats(folder, folder) for folder in include]
-    return fingerprint(EVAL_STAGE, run.recipe.eval.model_dump(mode="json"), run.recipe.train.precision,
-                       [str(folder) for folder in include], stats)
+def evaluation_stages(run: ResolvedRun, checkpoint: str | None, task: str | None, task_fps: Mapping[str, str],
+                      include: list[Path]) -> list[EvalStage]:
+    """The stages of evaluating ``checkpoint`` (``last``, ``all``, a step; default the recipe's
+    ``eval.checkpoints``) on ``task`` (None: the val split and every task of ``task_fps``)."""
+    recipe, paths = run.recipe, run.paths
+    steps = tuple(step for step, _ in chosen_checkpoints(paths, checkpoint or recipe.eval.checkpoints))
+    scope = EvalScope(steps, task in (None, VAL_SPLIT_TASK), dict(task_fps), recipe.eval, recipe.train.precision,
+                      recipe.train.document_masking, recipe.train.num_processes, run.trust.model_code,
+                      tuple(include), tuple(sorted(run.trust.task_folders)))
+    return [ValSplitStage(paths, scope), ExportStage(paths, scope), DownstreamStage(paths, scope)]
 
 
-def _asked_steps(run: ResolvedRun, checkpoint: str | None) -> list[int]:
-    """The steps ``checkpoint`` (``last``, ``all``, a step; default the recipe's ``eval.checkpoints``) names."""
-    return [step for step, _ in chosen_checkpoints(run.paths, checkpoint or run.recipe.eval.checkpoints)]
+def unchanged_task_fingerprints(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]] | None:
+    """``({downstream task: fingerprint}, include folders)`` when the eval-tasks stage is done (nothing it read
+    changed since its check; none for the val split alone), else None: only the flow can check them again
+    (lm-eval imports slowly)."""
+    if task == VAL_SPLIT_TASK or (task is None and not run.recipe.eval.tasks):
+        return {}, []
+    stage = EvalTasksStage(run.paths, run.recipe.eval, eval_task_folders(run), run.trust.task_folders)
+    recorded = read_marker(run.paths, stage.name)
+    if recorded is None or stage_status(stage).state != "done":
+        return None
+    tasks = dict(recorded["summary"].get("tasks", {}))
+    if task is not None and task not in tasks:
+        return None
+    return (tasks if task is None else {task: tasks[task]}), stage.include
 
 
 def evaluation_is_cached(run: ResolvedRun, checkpoint: str | None, task: str | None) -> bool:
-    """True when the last evaluation without failures covered these steps and ``task`` (None: every task) and
-    nothing it reads or writes changed since. Call it holding the run dir's lock."""
-    done = run.paths.done_summary(EVAL_STAGE, evaluation_fingerprint(run))
-    steps = done.get("steps") if isinstance(done, dict) else None
-    if not isinstance(steps, list) or not all(isinstance(step, int) for step in steps):
-        return False  # a marker not as written here (damaged, hand-edited): evaluate, which rewrites it
-    return set(_asked_steps(run, checkpoint)) <= set(steps) and done.get("task") in (None, task)
-
-
-def record_evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
-    """Mark the evaluation of these steps and ``task`` done on the run dir as it is now."""
-    run.paths.mark_done(EVAL_STAGE, evaluation_fingerprint(run),
-                        {"steps": _asked_steps(run, checkpoint), "task": task})
+    """True when every unit of this evaluation is done (its marker matches, its result is there) and the task
+    folders did not change since they were checked. Call it holding the run dir's lock."""
+    tasks = unchanged_task_fingerprints(run, task)
+    if tasks is None:
+        return False
+    stages = evaluation_stages(run, checkpoint, task, *tasks)
+    return all(stage_status(stage, unit).state == "done" for stage in stages for unit in stage.units())
 
 
 def cached_evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None) -> dict[str, Any] | None:

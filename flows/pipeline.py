@@ -7,30 +7,31 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.futures import wait
+from prefect.futures import PrefectFuture, wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
-from core.eval_results import VAL_SPLIT_TASK, failed_results
-from core.layout import RELATIVE
-from core.rundir import RunPaths, file_stats, fingerprint
+from core.eval_results import VAL_SPLIT_TASK
+from core.rundir import RunPaths
 from core.shards import read_shard_index, verify_shards
-from core.stage import StageResult
+from core.stage import StageResult, stage_status
 from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
-from flows.evaluation_state import evaluation_is_cached, record_evaluation
+from flows.evaluation_state import evaluation_stages
 from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_config
 from flows.recipe_flow import recipe_flow
 from flows.report_plots import import_in_background as import_plotting_in_background
-from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code, trusted_folders
+from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code
+from flows.stage_launch import in_flow
 from flows.stage_list import PREPARE_STAGES, build_stages
 from flows.stage_processes import stage_processes
-from flows.stage_task import stage_results, submit_stages
-from flows.tasks import downstream_task, eval_checkpoint_task, report_task, train_task
+from flows.stage_task import stage_results, stage_task, submit_stage, submit_stages
+from flows.tasks import report_task
 from pipeline.ingest import INGEST_PRELOAD, IngestStage, parts_to_ingest
-from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
 from trainer.downstream import check_tasks
+from trainer.eval_stages import EvalStage
 from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
 from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
+from trainer.train_stage import TrainStage
 
 
 @recipe_flow(name="prepare-data", task_runner=ThreadPoolTaskRunner(max_workers=os.cpu_count() or 2))
@@ -90,23 +91,25 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     with paths.lock():
         _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
         record_run(run)
-        until_step = _until_step(paths, loaded.train.max_steps, loaded.train.steps_per_refresh, refresh)
-        deadline_s = None if loaded.train.deadline_minutes is None else loaded.train.deadline_minutes * 60
-        if paths.done_summary(TRAIN_STAGE, training_fingerprint(paths, until_step)) is not None:
-            get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)", until_step)
+        train = TrainStage.build(run, refresh=refresh)
+        if stage_status(train).state == "done":
+            get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)",
+                                  train.until_step)
         else:
             refuse_untrusted_model_code(run)
             write_launch_config(run)  # what the launched trainer reads, in place of run.yaml
-            try:
-                train_task(paths, loaded.train.num_processes, until_step, deadline_s, run.trust.model_code)
-            except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
-                _report_failed_training(paths, failure)
-                raise
-            paths.mark_done(TRAIN_STAGE, training_fingerprint(paths, until_step), {"step": until_step})
+        train_runs = submit_stage(*in_flow([train]))
+        try:
+            for future in train_runs:
+                future.result()
+        except Exception as failure:  # diverged, past its deadline, crashed: the report shows how far it got
+            _report_failed_training(paths, failure)
+            raise
         if not loaded.eval.enabled:
             report = report_task(paths)
     # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
-    evaluation = evaluate_model(run) if loaded.eval.enabled else None
+    # Its units run in this flow run, after the train task run (Prefect's graph draws the edge).
+    evaluation = _evaluation(run, None, None, {train.name: train_runs}) if loaded.eval.enabled else None
     trained = publish_training(paths.root, evaluation["report"] if evaluation is not None else report)
     if evaluation is not None:
         trained["eval"] = evaluation
@@ -133,52 +136,46 @@ def data_to_model(recipe: str | ResolvedRun, run_dir: str | None = None,
 @recipe_flow(name="evaluate-model")
 def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkpoint: str | None = None,
                    task: str | None = None) -> dict[str, Any]:
-    """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each result cached.
+    """Checkpoints -> the whole val split (per source, bits per byte) and the downstream tasks, each unit cached.
 
     ``checkpoint``: ``last``, ``all`` or a step (default the recipe's ``eval.checkpoints``); ``task``: only this
     task (``val_split`` or a downstream task name; default the whole split and every ``eval.tasks``). Every
-    (checkpoint, task) result is keyed by both fingerprints: a re-run evaluates only what is missing.
+    (checkpoint, task) and export is a unit of a stage (:mod:`trainer.eval_stages`): a re-run evaluates only the
+    units whose inputs changed or whose result is missing or failed.
     """
-    run = as_resolved(recipe, run_dir)
+    return _evaluation(as_resolved(recipe, run_dir), checkpoint, task)
+
+
+def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
+                upstream: dict[str, list[PrefectFuture]] | None = None) -> dict[str, Any]:
+    """The evaluation's units in the running flow (after ``upstream``: ``{stage: its task runs}``), the report."""
     paths = run.paths
-    logger = get_run_logger()
     with paths.lock():
-        if evaluation_is_cached(run, checkpoint, task):
-            logger.info("evaluate: every result is current and nothing changed since: skipped (up to date)")
-            return publish_evaluation(paths.root, report_task(paths))
-        _evaluate(run, checkpoint, task)
-        if not failed_results(paths):  # a failed result is retried by the next run
-            record_evaluation(run, checkpoint, task)
-        report = report_task(paths)  # after the marker: the report reads stages/, and would be stale at once
+        refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
+        stages = evaluation_stages(run, checkpoint, task, *evaluation_tasks(run, task))
+        if any(stage.launches and stage_status(stage, unit).state != "done" for stage in stages
+               for unit in stage.units()):
+            write_launch_config(run)  # what each launched evaluator reads, in place of run.yaml
+        _evaluate(stages, upstream or {})
+        report = report_task(paths)
     return publish_evaluation(paths.root, report)
 
 
-def _evaluate(run: ResolvedRun, checkpoint: str | None, task: str | None) -> None:
-    """Plan the missing or stale (checkpoint, task) results and compute them; a failure is recorded and logged."""
-    from trainer.eval_checkpoint import val_split_task_fingerprint  # imports torch: only when evaluating
-    from trainer.eval_plan import has_export, plan_evaluation  # imports torch
-
-    config, paths = run.recipe.eval, run.paths
+def _evaluate(stages: list[EvalStage], upstream: dict[str, list[PrefectFuture]]) -> None:
+    """Run every unit, one at a time (each launch may take every device), each skipped when done; a failed one
+    is recorded in its result and logged, the others go on (a downstream task waits only for the exports)."""
     logger = get_run_logger()
-    refuse_untrusted_code(run, task)  # a flow called from Python gets the refusal the CLI gives
-    task_fps, include = evaluation_tasks(run, task)
-    val_fp = val_split_task_fingerprint(paths, run.recipe.train.precision, run.recipe.train.document_masking)
-    plans = plan_evaluation(paths, chosen_checkpoints(paths, checkpoint or config.checkpoints), val_fp,
-                            task_fps, val_split=task in (None, VAL_SPLIT_TASK))
-    if any(plan.score_val_split or (plan.needs_export and not has_export(paths, plan.step)) for plan in plans):
-        write_launch_config(run)  # what each launched evaluator reads, in place of run.yaml
-    for plan in plans:
-        export = plan.needs_export and not has_export(paths, plan.step)
-        if plan.score_val_split or export:
-            try:
-                eval_checkpoint_task(paths, run.recipe.train.num_processes, plan.step, plan.score_val_split,
-                                     export, run.trust.model_code)
-            except Exception as err:  # recorded as a failed result when it was the checkpoint; go on
-                logger.error("evaluating step %s failed: %s", plan.step, err)
-                continue
-        for name in plan.tasks:  # each task run logs its own result
-            downstream_task(paths, plan.step, name, plan.fingerprint, task_fps[name],
-                            [str(folder) for folder in include], config, trusted_folders(run))
+    futures: dict[str, list[PrefectFuture]] = dict(upstream)
+    for stage in in_flow(stages):
+        upstream = [future for name in stage.reads for future in futures.get(name, [])]
+        named = stage_task.with_options(name=stage.name)
+        futures[stage.name] = []
+        for unit in stage.units():
+            future = named.submit(stage, unit, wait_for=upstream)
+            future.wait()
+            futures[stage.name].append(future)
+            if not future.state.is_completed():
+                logger.error("%s failed: %s", stage.label(unit), future.state.message)
 
 
 def evaluation_tasks(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]]:
@@ -230,33 +227,6 @@ def _refuse_corrupt_shards(paths: RunPaths) -> None:
         raise ShardFormatError(f"{paths.shards}: {faults[0]}{more}; training refuses corrupt shards: see "
                                f"`tokenmill shards verify {paths.root}`, then re-run `tokenmill prepare` in a fresh "
                                "run dir.")
-
-
-TRAIN_STAGE = "train"
-TRAINING_FILES = (RELATIVE.recipe, RELATIVE.shard_index, RELATIVE.tokenizer_dir, RELATIVE.base_model,
-                  RELATIVE.checkpoints, RELATIVE.model)
-"""What a launched trainer reads and writes, relative to the run dir (the shards are named by the index)."""
-
-
-def training_fingerprint(paths: RunPaths, until_step: int) -> str:
-    """The target step and the stats of every file in TRAINING_FILES: when it equals the one recorded after
-    the last training, a launch would only restore the checkpoint to say "nothing to train" (~5 s), so the
-    flow skips it. Any change (a new checkpoint or shard, a deleted export, an edited recipe) launches."""
-    return fingerprint(TRAIN_STAGE, until_step, [file_stats(paths.root, paths.root / name) for name in TRAINING_FILES])
-
-
-def _until_step(paths: RunPaths, max_steps: int, steps_per_refresh: int | None, refresh: bool) -> int:
-    current = _latest_checkpoint_step(paths)
-    if refresh and steps_per_refresh is not None and current is not None:
-        return current + steps_per_refresh
-    return max_steps
-
-
-def _latest_checkpoint_step(paths: RunPaths) -> int | None:
-    """Step of the newest complete checkpoint (``checkpoints/step-NNNNNNN`` with its manifest written last)."""
-    steps = [step for step, folder in list_checkpoints(paths.checkpoints)
-             if (folder / MANIFEST_NAME).is_file()]
-    return max(steps, default=None)
 
 
 def _num_indexed_shards(paths: RunPaths) -> int:

@@ -1,8 +1,9 @@
 """The stage lists: which stages each flow runs, in run order (Prefect-free: ``tokenmill status`` reads them too).
 
 A flow builds each with ``cls.build(run)`` (None: the recipe leaves it out) and hands them to
-:func:`flows.stage_task.run_stages`, which orders them by what each :attr:`~core.stage.Stage.reads`. Adding a
-stage is one module (a :class:`core.stage.Stage` in the package that owns its work) and one line here.
+:func:`flows.stage_task.run_stages`, which orders them by what each :attr:`~core.stage.Stage.reads` and draws
+Prefect's edges from it. Adding a stage is one module (a :class:`core.stage.Stage` in the package that owns its
+work) and one line here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
 from trainer.base_model import BaseModelStage
+from trainer.eval_stages import DownstreamStage, ExportStage, ValSplitStage
 from trainer.eval_tasks import EvalTasksStage
+from trainer.train_stage import TrainStage
 
 PREPARE_STAGES: tuple[type[Stage], ...] = (
     IngestStage,  # source files -> docs/, rejects/, attributes/ (one unit per planned part)
@@ -32,6 +35,19 @@ PREPARE_STAGES: tuple[type[Stage], ...] = (
     ReportStage,  # the run dir -> report/
 )
 """``tokenmill prepare``'s stages, in run order."""
+
+TRAIN_STAGES: tuple[type[Stage], ...] = (TrainStage,)  # shards -> checkpoints/, model/
+"""``tokenmill train``'s stage (the report follows it)."""
+
+EVAL_STAGES: tuple[type[Stage], ...] = (
+    ValSplitStage,  # (checkpoint) -> eval/results/step-N/val_split.json: the whole validation split
+    ExportStage,  # (checkpoint) -> eval/models/step-N/: the Hugging Face export a downstream task loads
+    DownstreamStage,  # (checkpoint, task) -> eval/results/step-N/<task>.json: lm-eval
+)
+"""``tokenmill eval``'s stages (the recipe's ``eval.checkpoints`` and ``eval.tasks``)."""
+
+ALL_STAGES: tuple[type[Stage], ...] = (*PREPARE_STAGES[:-1], *TRAIN_STAGES, *EVAL_STAGES, ReportStage)
+"""Every stage of ``tokenmill run``, in run order: what ``tokenmill status`` reports on."""
 
 
 def build_stages(stage_classes: tuple[type[Stage], ...], run: Any) -> list[Stage]:

@@ -33,7 +33,7 @@ def _task_run_name() -> str:
 def stage_task(stage: Stage, unit: str | None = None) -> StageResult:
     """:func:`core.stage.run_stage` with a bar, one log line, and the span in ``metrics/stage_times.jsonl``."""
     started, started_unix_s = time.perf_counter(), time.time()
-    with stage_meter(stage.label(unit), stage.progress_unit) as meter:
+    with stage_meter(stage.bar(unit), stage.progress_unit) as meter:
         counted: dict[str, int] = {}
 
         def on_progress(done: int, total: int | None, counts: Mapping[str, int] | None = None) -> None:

@@ -253,3 +253,4 @@ def training_progress(metrics_dir: Path, meter: Meter, target_step: int) -> cont
     (``RUN/metrics``: the artifact's key is the run dir's, its parent)."""
     key = artifact_key(metrics_dir.parent, "training-progress")
     return follow_training(metrics_dir, [TrainingBar(meter, target_step), TrainingArtifact(target_step, key)])
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.atomic import read_json
 from core.errors import ConfigError
 from core.layout import CHECKPOINT_MANIFEST, STEP_DIR_PATTERN
 from core.layout import step_dir_name as step_dir_name
@@ -11,6 +12,8 @@ from core.rundir import RunPaths
 
 MANIFEST_NAME = CHECKPOINT_MANIFEST
 """Written last into a checkpoint folder: a folder without it is incomplete."""
+EXPORT_STATE_NAME = "training_state.json"
+"""Written last into a Hugging Face export (``model/``): its step and tokens seen (:mod:`trainer.export`)."""
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
@@ -39,3 +42,21 @@ def chosen_checkpoints(paths: RunPaths, which: str | int) -> list[tuple[int, Pat
         raise ConfigError(f"--checkpoint {which}: no such checkpoint in {paths.checkpoints} (kept: "
                           f"{', '.join(str(step) for step, _ in found)}); name one of those, `last` or `all`.")
     return chosen
+
+
+def manifest_file(checkpoint: Path) -> Path:
+    """A checkpoint folder's ``manifest.json`` (written last: without it the checkpoint is incomplete)."""
+    return Path(checkpoint) / MANIFEST_NAME
+
+
+def export_state_file(model_dir: Path) -> Path:
+    """An export's ``training_state.json`` (written last): its step and tokens seen."""
+    return Path(model_dir) / EXPORT_STATE_NAME
+
+
+def exported_step(model_dir: Path) -> int | None:
+    """The training step of an existing export, or None when there is no complete export."""
+    marker = export_state_file(model_dir)
+    if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
+        return None
+    return read_json(marker).get("step")

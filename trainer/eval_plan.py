@@ -1,10 +1,10 @@
-"""Full evaluation, planned: a run's checkpoints x tasks -> what is missing, and the downstream tasks' results.
+"""Full evaluation, the pieces the stages run: a downstream task's result, and the plan of what is missing.
 
-Each (checkpoint, task) result is keyed by the checkpoint's fingerprint and the task's
-(:mod:`core.eval_results`): the plan lists only the pairs without a current result, so a re-run (after a
-kill -9, a new checkpoint or an edited task) evaluates only those. The whole-split scores of a checkpoint come
-from :mod:`trainer.eval_checkpoint` (launched on the run's processes); a downstream task runs here on the
-checkpoint's Hugging Face export (``model/`` when it holds that step, else ``eval/models/step-N/``).
+The flow runs each (checkpoint, task) and export as a unit of :mod:`trainer.eval_stages`, skipped by its
+marker. :func:`plan_evaluation` lists the (checkpoint, task) pairs without a current result from the result
+files alone (each keyed by the checkpoint's fingerprint and the task's, :mod:`core.eval_results`), for a caller
+without markers. A downstream task runs here on the checkpoint's Hugging Face export (``model/`` when it holds
+that step, else ``eval/models/step-N/``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any
 from core.errors import TokenmillError
 from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, is_current, read_result, write_result
 from core.rundir import RunPaths
-from trainer.checkpoint import verify_checkpoint
 from trainer.config import EvalConfig
 from trainer.downstream import run_task
-from trainer.export import exported_step
+from trainer.eval_stages import model_folder, refused_checkpoint
 
 
 @dataclass
@@ -33,10 +32,6 @@ class CheckpointPlan:
     tasks: list[str] = field(default_factory=list)
     """Downstream tasks without a current result."""
 
-    @property
-    def needs_export(self) -> bool:
-        return bool(self.tasks)
-
 
 def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_split_fp: str,
                     task_fps: dict[str, str], *, val_split: bool = True) -> list[CheckpointPlan]:
@@ -45,12 +40,7 @@ def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_sp
     it cannot be evaluated until restored."""
     plans = []
     for step, folder in checkpoints:
-        problem = verify_checkpoint(folder)
-        if problem is not None:
-            message = (f"{folder}: {problem}; restore a good copy of the checkpoint (or delete it) and re-run "
-                       "`tokenmill eval`.")
-            for task, task_fp in (({VAL_SPLIT_TASK: val_split_fp} if val_split else {}) | task_fps).items():
-                write_result(paths, step, task, "", task_fp, error=message)
+        if refused_checkpoint(paths, step, ({VAL_SPLIT_TASK: val_split_fp} if val_split else {}) | task_fps):
             continue
         checkpoint_fp = checkpoint_fingerprint(folder)
         stored = read_result(paths.eval_result(step, VAL_SPLIT_TASK))
@@ -60,15 +50,6 @@ def plan_evaluation(paths: RunPaths, checkpoints: list[tuple[int, Path]], val_sp
         if score or missing:
             plans.append(CheckpointPlan(step, checkpoint_fp, score, missing))
     return plans
-
-
-def model_folder(paths: RunPaths, step: int) -> Path:
-    """The Hugging Face export of ``step``: ``model/`` when it holds that step, else ``eval/models/step-N/``."""
-    return paths.model if exported_step(paths.model) == step else paths.eval_model(step)
-
-
-def has_export(paths: RunPaths, step: int) -> bool:
-    return exported_step(model_folder(paths, step)) == step
 
 
 def run_downstream_task(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,

@@ -23,11 +23,9 @@ from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
+from trainer.checkpoint_layout import EXPORT_STATE_NAME, exported_step  # noqa: F401 (its old home)
 from trainer.data import EOS_ID, PAD_ID
 from trainer.model import INIT_STD, ModelShape
-
-EXPORT_STATE_NAME = "training_state.json"
-"""Which step the export holds (tokenmill's own file; Hugging Face ignores it)."""
 
 
 def hf_llama_config(shape: ModelShape, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> dict[str, Any]:
@@ -115,11 +113,3 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
             raise no_space from err
         raise
     return model_dir
-
-
-def exported_step(model_dir: Path) -> int | None:
-    """The training step of an existing export, or None when there is no complete export."""
-    marker = Path(model_dir) / EXPORT_STATE_NAME
-    if not (marker.is_file() and (Path(model_dir) / "model.safetensors").is_file()):
-        return None
-    return read_json(marker).get("step")

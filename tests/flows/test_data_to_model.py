@@ -14,11 +14,13 @@ import pytest
 from core.numbers import rounded_floats
 from core.rundir import RunPaths
 from core.shards import verify_shards
+from core.stage import read_marker, stage_status
 from flows.artifact_keys import artifact_key
-from flows.pipeline import training_fingerprint
+from flows.recipe import resolve_recorded_run
 from flows.report import report_inputs_fingerprint
 from flows.run_sql import run_query
 from tests.flows.conftest import write_small_recipe
+from trainer.train_stage import TrainStage
 
 pytestmark = pytest.mark.slow
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
@@ -133,7 +135,8 @@ def test_second_run_skips_finished_stages(finished_run: tuple[Path, dict, dict])
     eval_steps = [json.loads(line)["step"] for line in (run_dir / "metrics/eval.jsonl").read_text().splitlines()]
     assert len(eval_steps) == len(set(eval_steps)), "a finished training run must not train again"
     paths = RunPaths(run_dir)  # and the next run does not even launch the trainer, nor re-render the report
-    assert paths.done_summary("train", training_fingerprint(paths, 30)) == {"step": 30}
+    assert read_marker(paths, "train")["summary"] == {"step": 30}
+    assert stage_status(TrainStage.build(resolve_recorded_run(run_dir))).state == "done"
     assert paths.done_summary("report", report_inputs_fingerprint(paths)) is not None
 
 
@@ -236,6 +239,29 @@ def test_a_copied_run_dir_names_no_path_of_the_original_and_works_without_it(
     assert again["train"]["eval"]["results"] == first["train"]["eval"]["results"]
     assert {path.name: path.read_bytes() for path in (copy / "eval/results").rglob("*.json")} == results_before, \
         "the copy's cached results were computed again"
+
+
+def test_the_evaluation_units_wait_for_training_in_the_graph(finished_run: tuple[Path, dict, dict]) -> None:
+    """train-model draws its edges: each evaluation unit's task run records the train task run it waited for."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()  # task runs reach the server as events
+    with get_client(sync_client=True) as client:
+        def named(*names: str) -> list:
+            return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=list(names))))
+
+        trains = {run.id for run in named("train")}
+        units = named("evaluate step 30", "downstream-tokenmill_next_line-step-30")
+        downstream = [run for run in units if run.name.startswith("downstream-")]
+        exports = {run.id for run in named("export step 30")}
+    assert trains and len(units) >= 2 and downstream
+    for run in units:
+        waited = {upstream.id for inputs in run.task_inputs.values() for upstream in inputs}
+        assert waited & (trains | exports), f"{run.name} has no edge from train or export: {run.task_inputs}"
+    for run in downstream:
+        assert {upstream.id for inputs in run.task_inputs.values() for upstream in inputs} & exports, run.name
 
 
 def test_the_downstream_result_is_logged_on_its_task_run_in_four_significant_digits(

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 
 from core.rundir import SMALL_FILE_BYTES, RunPaths, file_stats
-from flows.pipeline import training_fingerprint
+from core.stage import run_stage, stage_status
 from flows.report import REPORT_STAGE, report_inputs_fingerprint, report_is_current, write_report
 from tests.conftest import build_query_run
+from trainer.train_stage import TrainStage
 
 
 def test_file_stats_see_new_bytes_not_the_same_bytes_written_again(tmp_path: Path) -> None:
@@ -47,25 +48,28 @@ def test_file_stats_leave_out_skipped_paths_and_do_not_follow_links(tmp_path: Pa
     assert file_stats(tmp_path, tmp_path / "missing") == []
 
 
-def test_training_fingerprint_changes_with_what_a_launched_trainer_would_read(tmp_path: Path) -> None:
+def test_training_stage_reruns_on_what_a_launched_trainer_would_read(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
-    (tmp_path / "run.yaml").write_text("train: {max_steps: 30}\n")
     checkpoint = tmp_path / "checkpoints" / "step-0000030"
     checkpoint.mkdir(parents=True)
     (checkpoint / "manifest.json").write_text(json.dumps({"step": 30}))
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "training_state.json").write_text(json.dumps({"step": 30}))
     (tmp_path / "metrics").mkdir()
-    first = training_fingerprint(paths, 30)
+    sections = {"train": {"max_steps": 30}}
+    trained = TrainStage(paths, sections, 30)
+    trained.launcher = lambda argv, stage, on_progress: None  # the checkpoint above is what it would leave
+    run_stage(trained)
+    assert stage_status(trained).state == "done"
     (tmp_path / "metrics" / "train.jsonl").write_text("{}\n")  # not read by a trainer that has nothing to do
-    assert training_fingerprint(paths, 30) == first
-    assert training_fingerprint(paths, 40) != first  # a refresh asks for more steps
+    assert stage_status(TrainStage(paths, sections, 30)).state == "done"
+    assert stage_status(TrainStage(paths, sections, 40)).state != "done"  # a refresh asks for more steps
     (tmp_path / "model" / "training_state.json").unlink()  # the export is gone: the trainer writes it again
-    assert training_fingerprint(paths, 30) != first
+    assert stage_status(TrainStage(paths, sections, 30)).state != "done"
     (tmp_path / "model" / "training_state.json").write_text(json.dumps({"step": 30}))
-    assert training_fingerprint(paths, 30) == first
-    (tmp_path / "run.yaml").write_text("train: {max_steps: 30, lr: 0.1}\n")  # an edited recipe is checked again
-    assert training_fingerprint(paths, 30) != first
+    assert stage_status(TrainStage(paths, sections, 30)).state == "done"
+    edited = {"train": {"max_steps": 30, "lr": 0.1}}  # an edited recipe is checked again
+    assert stage_status(TrainStage(paths, edited, 30)).reasons == ("setting changed: train",)
 
 
 def test_report_is_written_again_only_when_a_file_it_reads_changed(tmp_path: Path) -> None:
