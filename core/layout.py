@@ -80,6 +80,12 @@ def pack_unit(split: str, source: str) -> str:
     return f"split={split}/source={source}"
 
 
+def pack_unit_pair(unit: str) -> tuple[str, str]:
+    """``(split, source)`` of a :func:`pack_unit` name."""
+    split, source = unit.split("/", 1)
+    return split.removeprefix("split="), source.removeprefix("source=")
+
+
 def shard_part_number(shard: Path) -> int | None:
     """The part number of a shard matched by :data:`SHARD_FILES` (``part-00012.arrow``: 12); None if not a number."""
     number = shard.stem.removeprefix("part-")

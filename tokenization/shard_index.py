@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.layout import PACK_STATE_FILES
 from core.rundir import file_stats
 from core.stage import Inputs, Progress, Stage
-from tokenization.stage import STATE_FILE, write_index
+from tokenization.stage import write_index
 
 
 class ShardIndexStage(Stage):
@@ -17,7 +18,7 @@ class ShardIndexStage(Stage):
     reads = ("pack",)
 
     def inputs(self, unit: str | None) -> Inputs:
-        states = sorted(self.paths.shards.glob(f"split=*/source=*/{STATE_FILE}"))
+        states = sorted(self.paths.shards.glob(PACK_STATE_FILES))
         return Inputs(files={name: identity for state in states
                              for name, _, identity in file_stats(self.paths.root, state)})
 

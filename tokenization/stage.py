@@ -19,7 +19,7 @@ from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError, StageMismatchError
 from core.layout import PACK_STATE_FILE as STATE_FILE
-from core.layout import PACK_STATE_FILES, SHARD_FILES, pack_unit, shard_part_number
+from core.layout import PACK_STATE_FILES, SHARD_FILES, TOKENIZER_FILE, pack_unit, pack_unit_pair, shard_part_number
 from core.rundir import RunPaths
 from core.shard_check import shard_intact
 from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
@@ -66,7 +66,7 @@ class PackStage(Stage):
         """The tokenizer (by sha256), seq_len and every document part's fingerprint; refuses a mismatched state."""
         split, source = _split_source(unit)
         tokenizer_sha256, _, parts = _pack_inputs(self.paths, split, source, self.config)
-        return Inputs(settings={"seq_len": self.config.seq_len}, files={"tokenizer.json": tokenizer_sha256},
+        return Inputs(settings={"seq_len": self.config.seq_len}, files={TOKENIZER_FILE: tokenizer_sha256},
                       upstream={f"ingest/{Path(name).stem}": value
                                 for name, value in part_fingerprints(self.paths, parts).items()},
                       version=str(STATE_VERSION))
@@ -99,8 +99,7 @@ SPLITS = ("train", "val")
 
 def _split_source(unit: str | None) -> tuple[str, str]:
     """``(split, source)`` of a unit ``split=<split>/source=<source>``."""
-    split, source = str(unit).split("/", 1)
-    return split.removeprefix("split="), source.removeprefix("source=")
+    return pack_unit_pair(str(unit))
 
 
 def shards_summary(state: dict[str, Any]) -> dict[str, Any]:
