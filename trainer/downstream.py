@@ -33,8 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import sha256_file
-from core.errors import ConfigError
+from core.errors import ConfigError, TokenmillError
+from core.eval_results import write_result
 from core.layout import HF_CONFIG_FILE
+from core.rundir import RunPaths
+from trainer.config import EvalConfig
 from trainer.lm_eval_tasks import load_checked_tasks, task_manager
 
 
@@ -201,3 +204,25 @@ def _stable_text(value: Any) -> str:
         except (OSError, TypeError):
             return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
     return str(value)
+
+
+def run_downstream_task(paths: RunPaths, model: Path, step: int, task: str, checkpoint_fp: str, task_fp: str,
+                        include: list[Path], config: EvalConfig, trusted: Collection[Path] = (),
+                        on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Evaluate ``task`` on ``model`` (the export of ``step``) with lm-eval and record the result (or the failure,
+    in one line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
+    folders whose code may run (:func:`trainer.downstream.run_task`); ``on_progress(requests scored, requests)``
+    while lm-eval runs."""
+    try:
+        results = run_task(model, task, include, trusted=trusted, batch_size=config.batch_size,
+                           limit=config.limit, data_root=paths.root, on_progress=on_progress)
+    except TokenmillError as err:
+        return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
+    except Exception as err:  # lm-eval or the task's own code failed: record it, keep going with the others
+        reason = " ".join(str(err).split())[:300]
+        return write_result(paths, step, task, checkpoint_fp, task_fp,
+                            error=f"task {task} failed on step {step} ({type(err).__name__}: {reason}); fix the "
+                                  "task (see the log) and re-run `tokenmill eval`.")
+    rows = [{"task": result.task, "metric": result.metric, "value": result.value, "stderr": result.stderr,
+             "num_samples": result.num_samples, "source": None} for result in results]
+    return write_result(paths, step, task, checkpoint_fp, task_fp, rows=rows)

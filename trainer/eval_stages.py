@@ -26,8 +26,16 @@ from core.eval_results import VAL_SPLIT_TASK, checkpoint_fingerprint, describe, 
 from core.layout import checkpoint_step
 from core.rundir import RunPaths, file_stats
 from core.stage import Inputs, Progress, Stage
-from trainer.checkpoint_layout import MANIFEST_NAME, chosen_checkpoints, export_state_file, manifest_file, step_dir_name
+from trainer.checkpoint_layout import (
+    MANIFEST_NAME,
+    chosen_checkpoints,
+    export_state_file,
+    exported_step,
+    manifest_file,
+    step_dir_name,
+)
 from trainer.config import EvalConfig
+from trainer.downstream import run_downstream_task
 from trainer.launch import eval_launch_command
 from trainer.train_stage import Launcher, run_child
 
@@ -199,14 +207,12 @@ class DownstreamStage(EvalStage):
         return [self.paths.eval_result(step_of(unit), _task_of(unit))]
 
     def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
-        from trainer.eval_plan import run_downstream_task  # imports torch and lm-eval: only when evaluating
-
         step, task = step_of(unit), _task_of(unit)
         folder = self.paths.checkpoint(step)
         checkpoint_fp = checkpoint_fingerprint(folder) if (folder / MANIFEST_NAME).is_file() else ""
-        result = run_downstream_task(self.paths, step, task, checkpoint_fp, self.scope.tasks[task],
-                                     list(self.scope.include), self.scope.config, self.scope.trusted,
-                                     on_progress=on_progress)
+        result = run_downstream_task(self.paths, model_folder(self.paths, step), step, task, checkpoint_fp,
+                                     self.scope.tasks[task], list(self.scope.include), self.scope.config,
+                                     self.scope.trusted, on_progress=on_progress)
         self.log(describe(result))
         return raise_if_failed(self.paths, step, task)
 
@@ -217,8 +223,6 @@ def _task_of(unit: str | None) -> str:
 
 def model_folder(paths: RunPaths, step: int) -> Path:
     """The Hugging Face export of ``step``: ``model/`` when it holds that step, else ``eval/models/step-N/``."""
-    from trainer.checkpoint_layout import exported_step
-
     return paths.model if exported_step(paths.model) == step else paths.eval_model(step)
 
 
