@@ -59,7 +59,7 @@ def test_prepare_into_a_bucket_run_dir_racing_then_skipped_with_the_cache_delete
     code, _, err = again.wait(timeout=600), *again.communicate()
     assert code == 0, err[-2000:]
     assert "tokenizer: skipped (up to date)" in err and re.search(r"dedupe: \d+ docs: skipped \(up to date\)", err)
-    assert len(re.findall(r"pack: [\d,]+ tokens, \d+ rows: skipped \(up to date\)", err)) == 2  # train and val
+    assert len(re.findall(r"pack \w+/[^:]+: [\d,]+ tokens, \d+ rows: skipped \(up to date\)", err)) == 2  # train and val
     after = bucket_objects(url)
     # Only what every call records changes: its stage times, and the seal of the finished command.
     assert sorted(key for key in after if after[key] != published.get(key)) == ["metrics/stage_times.jsonl",
