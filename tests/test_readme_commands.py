@@ -149,6 +149,7 @@ RUNNERS = {
     r"tokenmill train RECIPE .*": "test_prepare_and_train_skip_finished_work",
     r"tokenmill eval RUN_DIR .*": "test_eval_on_the_quick_start_run_recomputes_nothing",
     r"tokenmill query RUN_DIR .*": "test_querying_a_run_prints_what_the_query_returns",
+    r"tokenmill status RUN_DIR .*": "test_status_finds_every_stage_of_the_quick_start_done",
     r"tokenmill shards verify RUN_DIR": "test_shards_verify_passes_on_the_quick_start_run",
     r"tokenmill shards stats RUN_DIR .*": "test_shards_stats_add_up_to_the_shard_index",
     r"tokenmill shards sample RUN_DIR .*": "test_shards_sample_shows_rows_of_the_asked_split",
@@ -385,6 +386,19 @@ def test_a_rerun_of_the_quick_start_finds_nothing_to_do_without_a_flow(quick_sta
     assert json.loads(summary_text(flowed))["prepare"]["parts_ingested"] == 0
     again = run_shell(run, cwd=quick_start.checkout, env=env)
     assert "without a flow run" in again.stderr and summary_text(again) == summary_text(flowed), again.tail()
+
+
+def test_status_finds_every_stage_of_the_quick_start_done(quick_start: QuickStart, prefect_home: Path) -> None:
+    """Right after the quick start (before the tests below change its run): every stage and unit is done, the
+    training and each evaluation unit included, so a re-run would redo nothing."""
+    argv = ["tokenmill", "status", "runs/tiny", "configs/tiny.yaml", "--format", "json"]
+    result = run_table_command(argv, quick_start.checkout, user_env(prefect_home))
+    assert result.returncode == 0, result.tail()
+    status = json.loads(result.stdout)
+    assert status["up_to_date"] and status["redo"] == [], status
+    assert {unit["state"] for unit in status["units"]} == {"done"}
+    assert {"ingest", "dedupe", "tokenizer", "pack", "shard-index", "train", "evaluate", "report"} <= \
+        {unit["stage"] for unit in status["units"]}
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
