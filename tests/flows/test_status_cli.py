@@ -75,7 +75,7 @@ def test_status_lists_exactly_what_prepare_then_redoes(tmp_path: Path, env: dict
     timed = tokenmill("status", run_dir, recipe, "--format", "json", env=env, python_flags=("-X", "importtime"))
     assert json.loads(timed.stdout)["redo"] == NOT_RUN, "every data stage is done"
     assert "json" in imported_top_level(timed.stderr)
-    assert {"torch", "prefect"}.isdisjoint(imported_top_level(timed.stderr))
+    assert {"torch", "prefect"} & imported_top_level(timed.stderr) == set()
     recorded = status(run_dir, env=env)  # the run as run.yaml records it: no recipe, so no source listing
     assert {"ingest part-00000", "pack split=train/source=stdlib"} <= {
         f"{unit['stage']} {unit['unit']}" for unit in recorded["units"] if unit["state"] == "done"}
