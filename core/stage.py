@@ -122,6 +122,16 @@ class Stage(ABC):
         """Fields the marker keeps beside the summary (an ingest part's ``part``); none by default."""
         return {}
 
+    def pending_reasons(self, unit: str | None) -> list[str]:
+        """Why a unit with no marker is to do, where the stage can say more than "never finished" (an ingest part
+        planned from new source files names them); none by default."""
+        return []
+
+    def status_notes(self) -> list[str]:
+        """What ``tokenmill status`` says of the stage beside its units, that a re-run does not redo (a source file
+        changed after it was ingested is not re-read); none by default."""
+        return []
+
     def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
         """Files changed since the marker ``recorded`` that its fingerprint cannot hold: an output edited (a shard
         whose sha256 is not the recorded one), or an input found only by running (a task's data file, listed in
@@ -208,7 +218,8 @@ def stage_status(stage: Stage, unit: str | None = None) -> UnitStatus:
     stage_fingerprint = inputs.fingerprint()
     recorded = read_marker(stage.paths, stage.name, unit)
     if recorded is None:
-        return UnitStatus(stage.name, unit, "to do", ("never finished",), stage_fingerprint)
+        return UnitStatus(stage.name, unit, "to do", tuple(stage.pending_reasons(unit)) or ("never finished",),
+                          stage_fingerprint)
     missing = _missing(stage.outputs(unit))
     changed = stage.changed_since(unit, recorded) if not missing else []
     same = recorded.get("fingerprint") == stage_fingerprint

@@ -319,6 +319,8 @@ def status(run_dir: RunDirArg,
         return
     emit_rows(("stage", "unit", "state", "why"), result.rows(), output_format)
     if output_format == OutputFormat.table:
+        for note in result.notes:
+            typer.echo(f"note: {note}")
         typer.echo("up to date: a re-run does nothing" if result.up_to_date
                    else f"a re-run redoes: {', '.join(result.redo)}")
 

@@ -54,6 +54,8 @@ from pipeline.unmatched_source import local_names, matched_before, unmatched_sou
 from pipeline.worker_preload import INGEST_PRELOAD  # noqa: F401  (flows.pipeline takes it from here)
 
 PLAN_VERSION = 1
+NEW_FILES_SHOWN = 5
+"""How many of a new part's files ``tokenmill status`` names."""
 PROGRESS_EVERY_RECORDS = 1_000
 """``ingest_part`` reports progress after each file and every this many records within a file."""
 
@@ -448,14 +450,32 @@ class IngestStage(Stage):
         self.part_size_bytes = 0
         self._recorded: dict[str | None, dict[str, Any] | None] = {}
         self._extras: dict[str | None, dict[str, Any]] = {}
+        self._new_files: dict[str, tuple[str, ...]] = {}  # tokenmill status: the parts a re-run would plan
+        self._notes: list[str] = []
 
     @classmethod
     def build(cls, run: Any) -> IngestStage:
-        """The recipe's sources; the parts are planned by :meth:`plan` (the flow, first) or on asking :meth:`units`."""
+        """The recipe's sources; the parts are planned by :meth:`plan` (the flow, first) or on asking :meth:`units`.
+
+        A run read from its run.yaml (``tokenmill status RUN_DIR``) has no manifest files, only their recorded
+        content: its units are the parts of the written plan, read with the recorded sources' settings."""
         manifests = list(run.manifests)  # loaded once by the command: no stage reads a manifest file again
         stage = cls(run.paths, [], run.recipe.data.val_fraction, run.recipe.dedupe.near, by_path(manifests))
         stage.manifests, stage.part_size_bytes = manifests, run.recipe.data.part_size_bytes
+        if not manifests and run.record is not None:
+            stage._plan_as_recorded(run.record.path, run.record.manifests or [])
         return stage
+
+    def _plan_as_recorded(self, record_path: Path, recorded: list[CorpusManifest]) -> None:
+        """The written plan's parts of the ``recorded`` manifests' sources (keyed by their place in run.yaml: the
+        manifest files' folder is unknown, so no source file can be listed)."""
+        self.loaded = {f"{record_path}#manifests[{index}]": manifest for index, manifest in enumerate(recorded)}
+        keys = {source.name: key for key, manifest in self.loaded.items() for source in manifest.sources}
+        plan = read_json(self.paths.ingest_plan) if self.paths.ingest_plan.is_file() else {"parts": []}
+        self.parts = {part_unit(part["part_id"]): IngestPart(part["part_id"], part["source"], keys[part["source"]],
+                                                             tuple(part["files"]))
+                      for part in plan["parts"] if part["source"] in keys}
+        self._notes = ["sources not listed: give the recipe to see new files"]
 
     def plan(self, write: bool = True) -> list[IngestPart]:
         """Plan the sources' new files into new parts (``docs/plan.json``; ``write=False``: only say what the plan
@@ -467,8 +487,29 @@ class IngestStage(Stage):
 
     def units(self) -> list[str]:
         if not self.parts and self.manifests:
-            self.plan(write=False)
+            self._plan_for_status()
         return list(self.parts)
+
+    def _plan_for_status(self) -> None:
+        """The plan a re-run would make, not written: a part it adds names its new files, and what planning warns
+        of (a file changed after its part was ingested, which is not re-read) becomes a note."""
+        written = read_json(self.paths.ingest_plan)["parts"] if self.paths.ingest_plan.is_file() else []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            parts = self.plan(write=False)
+        planned = {part["part_id"] for part in written}
+        self._new_files = {part_unit(part.part_id): part.files for part in parts if part.part_id not in planned}
+        self._notes = [str(warning.message) for warning in caught]
+
+    def pending_reasons(self, unit: str | None) -> list[str]:
+        files = [escape_file_name(rel) for rel in self._new_files.get(str(unit), ())]
+        if not files:
+            return []
+        more = f" and {len(files) - NEW_FILES_SHOWN} more" if len(files) > NEW_FILES_SHOWN else ""
+        return [f"new files: {', '.join(files[:NEW_FILES_SHOWN])}{more}"]
+
+    def status_notes(self) -> list[str]:
+        return list(self._notes)
 
     def label(self, unit: str | None) -> str:
         return f"ingest {unit}"

@@ -52,7 +52,14 @@ class PackStage(Stage):
 
     @classmethod
     def build(cls, run: Any) -> PackStage:
-        sources = [source.name for item in run.manifests for source in item.manifest.sources]
+        """The recipe's sources; for a run read from its run.yaml (no manifest files), the recorded manifests'
+        sources, else those the ingest plan holds."""
+        manifests = [item.manifest for item in run.manifests]
+        if not manifests and run.record is not None:
+            manifests = run.record.manifests or []
+        sources = [source.name for manifest in manifests for source in manifest.sources]
+        if not manifests and run.paths.ingest_plan.is_file():
+            sources = sorted({part["source"] for part in read_json(run.paths.ingest_plan)["parts"]})
         return cls(run.paths, run.recipe.pack, sources)
 
     def units(self) -> list[str]:
@@ -65,7 +72,10 @@ class PackStage(Stage):
     def inputs(self, unit: str | None) -> Inputs:
         """The tokenizer (by sha256), seq_len and every document part's fingerprint; refuses a mismatched state."""
         split, source = _split_source(unit)
-        tokenizer_sha256, _, parts = _pack_inputs(self.paths, split, source, self.config)
+        if self.paths.tokenizer.is_file():
+            tokenizer_sha256, _, parts = _pack_inputs(self.paths, split, source, self.config)
+        else:  # the tokenizer stage has not run (tokenmill status of a partial run): run() says so, in one line
+            tokenizer_sha256, parts = "missing", document_part_files(self.paths)
         return Inputs(settings={"seq_len": self.config.seq_len}, files={TOKENIZER_FILE: tokenizer_sha256},
                       upstream={f"ingest/{Path(name).stem}": value
                                 for name, value in part_fingerprints(self.paths, parts).items()},

@@ -72,3 +72,31 @@ def test_a_missing_output_redoes_only_its_unit(tmp_path: Path) -> None:
     (tmp_path / "run" / "counts" / "words.json").unlink()
     status = run_status(stages)
     assert status.redo == run_all(stages) == ["word-count"]
+
+
+class Banner(Stage):
+    """Reads word-count (a flow orders it after) but its output depends on a setting only, as a tokenizer kept as
+    trained does: a re-run of word-count leaves its fingerprint, so the runner skips it."""
+
+    name = "banner"
+    reads = ("word-count",)
+
+    def inputs(self, unit: str | None) -> Inputs:
+        return Inputs(settings={"text": "hello"})
+
+    def outputs(self, unit: str | None) -> list[Path]:
+        return [self.paths.root / "banner.txt"]
+
+    def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
+        self.paths.write_text(self.outputs(unit)[0], "hello")
+        return {}
+
+
+def test_a_unit_whose_inputs_name_neither_the_rerun_stage_nor_files_stays_done(tmp_path: Path) -> None:
+    count, longest = both(tmp_path)
+    stages = (count, Banner(count.paths), longest)
+    run_all(stages)
+    count.source.write_text("a dog ran\n")
+    status = run_status(stages)
+    assert [unit.state for unit in status.units] == ["stale", "done", "stale"]
+    assert status.redo == run_all(stages) == ["word-count", "longest-word"]
