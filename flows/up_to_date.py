@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json
+from core.errors import TokenmillError
 from core.rundir import fingerprint, path_inside_run
 from core.stage import Stage
 from flows.recipe import ResolvedRun
@@ -56,7 +57,10 @@ def sealed_summary(run: ResolvedRun, command: str) -> dict[str, Any] | None:
         return None  # a damaged seal only costs the full path, which rewrites it
     if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("summary"), str):
         return None
-    status = command_status(run, command)
+    try:
+        status = command_status(run, command)
+    except TokenmillError:
+        return None  # a run dir a stage cannot read: the flow says why, as it would with no seal
     if not status.up_to_date or seal.get("units") != units_fingerprint(status):
         return None
     try:

@@ -95,6 +95,8 @@ def test_a_command_with_a_stage_to_do_is_not_sealed(prepared: Path, tmp_path: Pa
     assert sealed_summary(run, "prepare") is None
     run.paths.report_page.write_bytes(page)
     assert sealed_summary(run, "prepare") is not None
+    run.paths.marker("dedupe").write_text('{"summary": {}}')  # a marker of before stages: the flow refuses it
+    assert sealed_summary(run, "prepare") is None
     run.paths.marker("dedupe").unlink()
     assert sealed_summary(run, "prepare") is None
     assert not write_seal(run, "prepare", SUMMARY)
