@@ -9,9 +9,10 @@ and a digest of each unit's fingerprint. A later call of the same command whose 
 same fingerprints, prints that summary again and exits in about a second, with no flow run. Otherwise (a unit
 to do or stale, or done with other fingerprints than the printed summary was made from) it runs its flow.
 
-The seal has no skip rule of its own: it skips exactly when every stage would skip. A run whose evaluation
-left a failed result is not sealed: the failed unit wrote no marker, so it is still to do (the next run
-retries it).
+The seal has no skip rule of its own: it skips exactly when every stage would skip. A change no stage reads
+(a newer library, a comment in a manifest, a training setting for ``prepare``) keeps it, as it keeps every
+stage skipped. A run whose evaluation left a failed result is not sealed: the failed unit wrote no marker, so
+it is still to do (the next run retries it).
 """
 
 from __future__ import annotations
