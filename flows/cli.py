@@ -465,9 +465,9 @@ def _run_flow(command: str, flow_name: str, run: ResolvedRun, **options: Any) ->
 
     The lock is taken before Prefect starts, so a second process gets one clean line, not a failed flow; the
     flows take it again (it nests within a process). Inside it, the Prefect server comes up
-    (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server). Unless nothing
-    changed since ``command`` last finished here (:mod:`flows.up_to_date`): then its summary is printed again
-    and neither Prefect nor a server starts.
+    (:func:`_import_flows_with_a_server`; after the lock: a refused command starts no server). Unless every unit
+    of ``command``'s stages is done as when it last finished here (:mod:`flows.up_to_date`): then its summary is
+    printed again and neither Prefect nor a server starts.
     """
     from flows.up_to_date import sealed_summary, write_seal  # pydantic, pyarrow, YAML (~1 s)
 

@@ -1,42 +1,51 @@
-"""Whether a command would find nothing to do, decided before Prefect is imported or a server is started.
+"""A cache of the summary a command printed, valid while every stage it covers is done: no flow run to say so.
 
 A fully skipped ``tokenmill run`` spent ~10 s on orchestration alone (the temporary server, Prefect's imports,
-~20 flow and task runs reported to it) to learn, stage by stage, that nothing had changed. Each stage decides
-from its own inputs: the recipe, the manifests, the source files, the files the recipe names, the installed
-versions and the run dir's own files. So when ``run``, ``prepare`` or ``train`` finishes, it records a *seal*:
-one fingerprint over all of those, with every run-dir file identified by size, mtime and inode, and the summary
-it printed. A later call of the same command that computes the same fingerprint would skip every stage, so it
-prints that summary and exits in about a second, with no flow run. Any change, by anyone (a new corpus file, a
-refresh, an edited manifest, a deleted or rewritten shard, a newer library), changes the fingerprint, and the
-command runs its flow, which decides stage by stage as before. A run whose evaluation left a failed result is
-not sealed: the next run retries it.
+~20 flow and task runs reported to it) to learn, stage by stage, that nothing had changed. The stages can say
+that without Prefect: :func:`flows.status.run_status` asks each unit of the command's stages what
+:func:`core.stage.run_stage` would do, from the same declarations (``tokenmill status``). So when ``run``,
+``prepare`` or ``train`` finishes with every one of its units done, it records a *seal*: the summary it printed
+and a digest of each unit's fingerprint. A later call of the same command whose stages are all done, with the
+same fingerprints, prints that summary again and exits in about a second, with no flow run. Otherwise (a unit
+to do or stale, or done with other fingerprints than the printed summary was made from) it runs its flow.
 
-The seal is stricter than the stages (a stage's marker rewritten with the same content breaks it), never looser:
-it can only send a command down the full path, never skip work a stage would have done.
+The seal has no skip rule of its own: it skips exactly when every stage would skip. A change no stage reads
+(a newer library, a comment in a manifest, a training setting for ``prepare``) keeps it, as it keeps every
+stage skipped. A run whose evaluation left a failed result is not sealed: the failed unit wrote no marker, so
+it is still to do (the next run retries it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 from core.atomic import read_json
-from core.rundir import RunPaths, file_stats, fingerprint, path_inside_run
+from core.errors import TokenmillError
+from core.rundir import fingerprint, path_inside_run
+from core.stage import Stage
 from flows.recipe import ResolvedRun
-from flows.stage_times import installed_versions
-from pipeline.ingest import collect_sources, list_source_files
-from pipeline.quality_classifier import check_model_file
+from flows.report import ReportStage
+from flows.stage_list import ALL_STAGES, EVAL_STAGES, PREPARE_STAGES, TRAIN_STAGES, build_stages
+from flows.status import RunStatus, run_status
 
-SEAL_VERSION = 1
+SEAL_VERSION = 2
+"""Version 1 sealed a fingerprint of every input file; such a seal is no seal (the next call takes the flow)."""
+
+COMMAND_STAGES: dict[str, tuple[type[Stage], ...]] = {
+    "prepare": PREPARE_STAGES,
+    "train": (*TRAIN_STAGES, *EVAL_STAGES, ReportStage),  # the eval stages build to None when eval is off
+    "run": ALL_STAGES,
+}
+"""The stages each sealed command runs, as its flow builds them."""
 
 
 def sealed_summary(run: ResolvedRun, command: str) -> dict[str, Any] | None:
-    """The summary ``command`` printed when it last finished, if nothing it reads changed since; else None.
+    """The summary ``command`` printed when it last finished, if every stage it runs is done with the
+    fingerprints it finished with; else None.
 
     Call it holding the run dir's lock (no other process is writing the run dir).
     """
@@ -49,7 +58,11 @@ def sealed_summary(run: ResolvedRun, command: str) -> dict[str, Any] | None:
         return None  # a damaged seal only costs the full path, which rewrites it
     if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("summary"), str):
         return None
-    if seal.get("fingerprint") != inputs_fingerprint(run, command):
+    try:
+        status = command_status(run, command)
+    except TokenmillError:
+        return None  # a run dir a stage cannot read: the flow says why, as it would with no seal
+    if not status.up_to_date or seal.get("units") != units_fingerprint(status):
         return None
     try:
         summary = json.loads(_with_run_dir(seal["summary"], run.paths.root))
@@ -58,17 +71,34 @@ def sealed_summary(run: ResolvedRun, command: str) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def write_seal(run: ResolvedRun, command: str, summary: dict[str, Any]) -> None:
-    """Record that ``command`` finished on the run dir as it is now, with ``summary`` (JSON-serialisable).
+def write_seal(run: ResolvedRun, command: str, summary: dict[str, Any]) -> bool:
+    """Record ``summary`` (JSON-serialisable) as what ``command`` prints while its stages stay as they are now,
+    if every one of them is done; returns whether it did (a unit to do or stale: no seal).
 
     The summary is kept in its skipped form (:func:`as_skipped`), as JSON text: the order of its keys is the
     flow's, not write_json's sorted one. The run dir's own path in it (``run_dir``, ``report``, ``model_dir``)
     is kept as RUN_DIR_MARK: a run dir holds no absolute path of its own.
     """
+    status = command_status(run, command)
+    if not status.up_to_date:
+        return False
     text = json.dumps(as_skipped(summary), default=str)
     run.paths.write_json(run.paths.command_seal(command), {
         "version": SEAL_VERSION, "command": command, "sealed_unix_s": round(time.time(), 3),
-        "fingerprint": inputs_fingerprint(run, command), "summary": _without_run_dir(text, run.paths.root)})
+        "units": units_fingerprint(status), "summary": _without_run_dir(text, run.paths.root)})
+    return True
+
+
+def command_status(run: ResolvedRun, command: str) -> RunStatus:
+    """The status of every unit of ``command``'s stages, built as ``tokenmill status`` builds them."""
+    return run_status(build_stages(COMMAND_STAGES[command], run))
+
+
+def units_fingerprint(status: RunStatus) -> str:
+    """One digest of every unit's (stage, unit, fingerprint): a unit added, removed or done with other inputs
+    (a refresh, a new checkpoint evaluated) changes it."""
+    return fingerprint("seal", SEAL_VERSION, sorted((unit.stage, unit.unit or "", unit.fingerprint)
+                                                    for unit in status.units))
 
 
 RUN_DIR_MARK = "${RUN_DIR}"
@@ -106,62 +136,3 @@ def as_skipped(summary: Any) -> Any:
     if "parts_ingested" in skipped:
         skipped["parts_ingested"] = 0
     return skipped
-
-
-def inputs_fingerprint(run: ResolvedRun, command: str) -> str:
-    """One sha256 over everything the command's stages read to decide whether they have work to do."""
-    paths = run.paths
-    manifests = [item.path for item in run.manifests]
-    with warnings.catch_warnings():  # the full path says them (once, when the seal was written)
-        warnings.simplefilter("ignore")
-        sources = {name: [str(manifest_path), [(f.rel, f.size, f.version)
-                                               for f in list_source_files(source, manifest_path, paths.root)]]
-                   for name, (manifest_path, source) in sorted(collect_sources(list(run.manifests)).items())}
-    recipe = run.recipe.model_dump(mode="json")
-    root = paths.root.resolve()
-    named = sorted({str(path) for path in _named_paths(recipe, run.base) if root != path and root not in path.parents})
-    # a manifest names its classifier's model file: a retrained one is a change (a recipe without one seals as before)
-    classifiers = [item.manifest.filters.quality_classifier for item in run.manifests]
-    models = [_model_sha256(config.model_file()) for config in classifiers if config is not None]
-    return fingerprint("seal", command, recipe, str(run.base), [_sha256(path) for path in manifests], sources,
-                       [_tree(path, path, paths) for path in map(Path, named)], installed_versions(),
-                       _tree(paths.root, paths.root, paths), *([models] if models else []))
-
-
-def _named_paths(value: Any, base: Path) -> list[Path]:
-    """Every string in the recipe that names an existing file or folder (relative ones from the recipe's folder).
-
-    Tokenizer files, base models, evaluation task folders and data files: whatever field names them, now or
-    in a later recipe version. A string that only happens to match a path adds an input, never removes one.
-    """
-    if isinstance(value, dict):
-        return [path for item in value.values() for path in _named_paths(item, base)]
-    if isinstance(value, list):
-        return [path for item in value for path in _named_paths(item, base)]
-    if isinstance(value, str) and value and "\0" not in value:
-        path = base / value
-        if path.exists():
-            return [path.resolve()]
-    return []
-
-
-def _tree(root: Path, top: Path, paths: RunPaths) -> list[tuple[str, int, str]]:
-    """``top``'s files by size, mtime and inode; in the run dir less the seals, the lock and the stage-time log,
-    which skipped stages append to (as :func:`flows.report.report_inputs_fingerprint` leaves it out)."""
-    if top != paths.root:  # a named folder outside the run dir; one that holds it (a workspace) counts it once
-        return file_stats(root, top, frozenset({paths.root.resolve()}), hash_small=False)
-    return file_stats(root, top, frozenset({paths.seals, paths.lock_file, paths.stage_times}), hash_small=False)
-
-
-def _model_sha256(path: Path) -> str:
-    """The classifier model's sha256 as it is now (the manifest's was taken when the command loaded it), cached by
-    the file's stats (:func:`pipeline.quality_classifier.check_model_file`); "missing" when it cannot be read."""
-    try:
-        stat = path.stat()
-        return check_model_file(path, stat.st_size, stat.st_mtime_ns, stat.st_ino)[1]
-    except (OSError, ValueError):
-        return "missing"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"

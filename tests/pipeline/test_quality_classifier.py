@@ -23,7 +23,7 @@ import yaml
 from benchmarks.corpus import man_page_texts
 from core.errors import ConfigError, ManifestError
 from core.rundir import RunPaths
-from flows.recipe import record_recipe, refuse_changed_recipe, resolve_run
+from flows.recipe import refuse_changed_recipe, resolve_run
 from flows.run_sql import run_query
 from flows.up_to_date import sealed_summary, write_seal
 from pipeline.fasttext_file import NotAFastTextModel, read_model_info
@@ -38,6 +38,7 @@ from pipeline.quality_classifier import (
     train_classifier,
 )
 from tests.flows.conftest import write_small_recipe
+from tests.flows.test_up_to_date import prepare_in_process
 
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -166,21 +167,21 @@ def test_a_retrained_model_reruns_ingest_breaks_the_seal_and_a_prepared_run_dir_
     (tmp_path / "manifest.yaml").write_text(yaml.safe_dump(manifest))
     run = resolve_run(recipe)
     parts = plan_ingest([tmp_path / "manifest.yaml"], run.paths, 32 << 20)
-    for part in parts:
-        ingest_part(part, 0.0, run.paths)
-    record_recipe(run.recipe, run.base, run.paths.root)
-    write_seal(run, "prepare", {"parts_ingested": len(parts)})
-    assert parts_to_ingest(parts, 0.0, run.paths) == [] and sealed_summary(run, "prepare") is not None
+    prepare_in_process(run)  # every prepare stage: the seal holds only while they are all done
+    val_fraction = run.recipe.data.val_fraction
+    assert write_seal(run, "prepare", {"parts_ingested": len(parts)})
+    assert parts_to_ingest(parts, val_fraction, run.paths) == [] and sealed_summary(run, "prepare") is not None
 
     train_classifier(trained.positive, trained.negative, model, ClassifierTrainingConfig(seed=1, epoch=5))
     assert model.read_bytes() != trained.model.read_bytes()
-    assert parts_to_ingest(parts, 0.0, run.paths) == parts, "every part is filtered again with the new model"
-    assert sealed_summary(run, "prepare") is None
+    assert parts_to_ingest(parts, val_fraction, run.paths) == parts, "every part is filtered again with the new model"
+    assert sealed_summary(resolve_run(recipe), "prepare") is None, "as the next command resolves the run"
     with pytest.raises(ConfigError, match=r"manifest corpus 'stdlib-slice': filters\.quality_classifier"):
         refuse_changed_recipe(run.recipe, run.base, run.paths.root)
 
     shutil.copy(trained.model, model)  # the same content again: nothing to do
-    assert parts_to_ingest(parts, 0.0, run.paths) == [] and sealed_summary(run, "prepare") is not None
+    assert parts_to_ingest(parts, val_fraction, run.paths) == []
+    assert sealed_summary(resolve_run(recipe), "prepare") is not None
 
 
 def cut_short(trained: Trained, target: Path) -> None:
