@@ -30,15 +30,15 @@ import numpy as np
 
 from benchmarks.result import print_result
 from core.rundir import RunPaths
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import ArrayRows, BatchLayout, TrainLoader
-from trainer.evaluate import Evaluator
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import ArrayRows, BatchLayout, TrainLoader
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
-from trainer.metrics import MetricsSink
-from trainer.model import ModelShape, build_model
+from trainer.metrics.sink import MetricsSink
+from trainer.model.llama import ModelShape, build_model
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import build_accelerator
+from trainer.parallel.accelerator import build_accelerator
 
 MODES = ("none", "sync", "async")
 

@@ -59,8 +59,8 @@ def build_small_run(folder: Path, megabytes: float) -> Path:
     from benchmarks.ingest_memory import generate_corpus
     from core.rundir import RunPaths
     from pipeline.config import DedupeConfig
-    from pipeline.dedupe import dedupe_documents
-    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.dedupe.stage import dedupe_documents
+    from pipeline.ingest.stage import ingest_part, plan_ingest
     from pipeline.manifest import load_manifest
     from tokenization.config import PackConfig, TokenizerConfig
     from tokenization.stage import pack_split_source, write_index

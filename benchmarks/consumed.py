@@ -2,8 +2,8 @@
 ``train.log_row_losses`` costs a training step.
 
 Derived (ours): a synthetic run's ``metrics/train_segments.jsonl`` (two launches: 2 processes, then a resume on 1
-halfway, over many shards) is replayed by :func:`trainer.consumed.consumed_table`. Logged (baseline, what a trainer
-that logs its data order would do): one JSONL line per step and rank with the row ids, as the loader's test hook
+halfway, over many shards) is replayed by :func:`trainer.metrics.consumed.consumed_table`. Logged (baseline, what a
+trainer that logs its data order would do): one JSONL line per step and rank with the row ids, as the loader's test hook
 writes them, parsed back into the same columns. Both are timed building the table (samples/s, best of the
 rounds); the bytes each keeps on disk are printed too. The JSON line is ours / baseline in samples/s.
 
@@ -32,10 +32,10 @@ from benchmarks.result import print_result
 from core.rundir import RunPaths
 from core.schemas import CONSUMED_SCHEMA
 from trainer.config import TrainConfig
-from trainer.consumed import consumed_table
-from trainer.data import BatchLayout, ShardNumbering, TrainLoader
+from trainer.loader.batches import BatchLayout, ShardNumbering, TrainLoader
 from trainer.loop import seed_everything
-from trainer.segments import RowLossLog, append_segment, segment_record
+from trainer.metrics.consumed import consumed_table
+from trainer.metrics.segments import RowLossLog, append_segment, segment_record
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

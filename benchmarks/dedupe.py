@@ -6,7 +6,7 @@ documents), plus a planted subset of families (exact copies, whitespace changes,
 rates, shuffled paragraphs, added headers) and hard negatives (distinct files behind one long licence
 header) whose exact shingle Jaccard is the ground truth.
 
-``ours`` is :func:`pipeline.dedupe.dedupe_documents` over the ingested documents (exact groups, MinHash,
+``ours`` is :func:`pipeline.dedupe.stage.dedupe_documents` over the ingested documents (exact groups, MinHash,
 LSH, DuckDB band grouping, verification, clusters, outputs written) plus what the ingest stage computes
 for it: the exact-dedupe content hash and the MinHash signatures (made from each row group's text as
 ingest writes it, so dedupe need not decode the text again). ``baseline`` is what a user would write
@@ -278,7 +278,7 @@ def write_jsonl(folder: Path, names: list[str], texts: list[str], docs_per_file:
 
 def ingest(manifest: Path, run_dir: Path):
     from core.rundir import RunPaths
-    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.ingest.stage import ingest_part, plan_ingest
 
     paths = RunPaths(run_dir)
     for part in plan_ingest([manifest], paths, 32 << 20):
@@ -295,9 +295,9 @@ def run_ours(paths, names: list[str]) -> tuple[list[tuple[int, int]], dict[str, 
 
     from core.documents import DUPLICATES_FILE, document_part_files
     from pipeline.config import DedupeConfig, NearDedupeConfig
-    from pipeline.dedupe import dedupe_documents, finished_parts
-    from pipeline.filters import content_hash
-    from pipeline.part_files import SignatureCollector
+    from pipeline.dedupe.stage import dedupe_documents, finished_parts
+    from pipeline.filters.screen import content_hash
+    from pipeline.ingest.part_files import SignatureCollector
 
     config = DedupeConfig(near=NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM))
     parts = finished_parts(paths)

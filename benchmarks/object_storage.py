@@ -7,10 +7,11 @@ Three figures, each side by side on the same bytes:
    in MB of text per second. Small objects cost a few requests each (HEAD, then ranged GETs); the gzip ones
    stream in READ_BLOCK_BYTES blocks.
 2. **Shard download-then-mmap**: a run dir's train shards mirrored from the bucket
-   (:func:`pipeline.run_mirror.mirror_run`, into an empty cache) then every token read through the trainer's
-   memory maps (:class:`trainer.data.SplitRows`), vs the same read of the local run dir, in MB of shards per second.
-3. **Loader after caching**: :class:`trainer.data.TrainLoader` batches/s over the mirror vs over the local run dir
-   (the mirror is a local folder once fetched, so this should be ~1.0).
+   (:func:`pipeline.sql.run_mirror.mirror_run`, into an empty cache) then every token read through the trainer's
+   memory maps (:class:`trainer.loader.batches.SplitRows`), vs the same read of the local run dir, in MB of shards per
+   second.
+3. **Loader after caching**: :class:`trainer.loader.batches.TrainLoader` batches/s over the mirror vs over the local run
+dir (the mirror is a local folder once fetched, so this should be ~1.0).
 
 The server runs on 127.0.0.1 (no network latency or bandwidth limit): the ratios show tokenmill's and the S3
 stack's own overhead (HTTP, signing, per-object requests), a floor on what a remote store costs. It needs the
@@ -44,9 +45,9 @@ from benchmarks.loader import VOCAB_SIZE, time_rounds, tokenmill_batches, write_
 from benchmarks.result import print_result
 from benchmarks.train_step import token_rows
 from core.rundir import RunPaths
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.run_mirror import mirror_run
-from trainer.data import PAD_ID, SplitRows
+from pipeline.ingest.stage import ingest_part, plan_ingest
+from pipeline.sql.run_mirror import mirror_run
+from trainer.loader.batches import PAD_ID, SplitRows
 
 BUCKET = "tokenmill-bench"
 PART_SIZE_BYTES = 4 << 20

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
-from pipeline.worker_preload import INGEST_PRELOAD
+from flows.runtime.stage_processes import run_stage_call, stage_processes, start_fork_server
+from pipeline.ingest.worker_preload import INGEST_PRELOAD
 
 
 def prepare(recipe: str, run_dir: str) -> None:
@@ -26,13 +26,13 @@ def prepare(recipe: str, run_dir: str) -> None:
     from pathlib import Path
 
     from flows.recipe import record_run, resolve_run
-    from flows.report import write_report
-    from pipeline.decontaminate import decontaminate_documents
-    from pipeline.ingest import by_path, ingest_part, largest_first, parts_to_ingest, plan_ingest
-    from pipeline.stages import dedupe_stage
+    from flows.report.stage import write_report
+    from pipeline.dedupe.decontaminate import decontaminate_documents
+    from pipeline.dedupe.summary import dedupe_stage
+    from pipeline.ingest.stage import by_path, ingest_part, largest_first, parts_to_ingest, plan_ingest
     from tokenization.stage import pack_split_source, write_index
     from tokenization.train_tokenizer import prepare_tokenizer
-    from trainer.eval_tasks import prepare_eval_tasks
+    from trainer.eval.tasks import prepare_eval_tasks
 
     run = resolve_run(recipe, run_dir)
     loaded, base, paths = run.recipe, run.base, run.paths

@@ -1,7 +1,7 @@
 """``benchmarks/tokenize.py --scale``: ingest and pack at 1x and 4x of a corpus, wall time and cores busy.
 
 Each stage runs the way ``flows/pipeline.py`` runs it: ingest parts in spawned worker processes (one per
-core, through ``flows.stage_processes``) fed by a thread pool, and the (train, val) packs of the one source
+core, through ``flows.runtime.stage_processes``) fed by a thread pool, and the (train, val) packs of the one source
 on a thread pool of two. Cores busy = CPU seconds (this process plus its finished children, so the ingest
 workers count once the pool is closed) / wall seconds.
 """
@@ -41,7 +41,7 @@ def measure_scale(folder: Path, num_bytes: int, rounds: int) -> dict[str, float]
     from benchmarks.ingest_memory import generate_corpus
     from core.rundir import RunPaths
     from pipeline.config import DedupeConfig
-    from pipeline.dedupe import dedupe_documents
+    from pipeline.dedupe.stage import dedupe_documents
     from tokenization.config import PackConfig, TokenizerConfig
     from tokenization.train_tokenizer import prepare_tokenizer
 
@@ -83,8 +83,8 @@ def _timed(work: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
 
 def _ingest(manifest: Path, paths, dedupe) -> dict[str, float]:
     """Plan and ingest every part as the flow does (worker processes, one per core, near signatures made)."""
-    from flows.stage_processes import run_stage_call, stage_processes
-    from pipeline.ingest import IngestPart, ingest_part, largest_first, plan_ingest
+    from flows.runtime.stage_processes import run_stage_call, stage_processes
+    from pipeline.ingest.stage import IngestPart, ingest_part, largest_first, plan_ingest
 
     def work() -> int:
         parts = largest_first(plan_ingest([manifest], paths, PART_SIZE_BYTES))

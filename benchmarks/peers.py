@@ -10,7 +10,7 @@ the tree counts once, in shares), and the sum of RSS beside it (which counts a s
   (exact + near); datatrove's four MinHash stages (signatures, buckets, cluster, filter writing the kept
   documents), as in its ``examples/minhash_deduplication.py`` (14 buckets x 8 hashes, 64-bit hashes).
   ``--workers N`` runs both sides' parallel parts on N processes: tokenmill's ingest parts through
-  ``flows.stage_processes`` as ``tokenmill prepare`` does (one per core there), datatrove's stages as
+  ``flows.runtime.stage_processes`` as ``tokenmill prepare`` does (one per core there), datatrove's stages as
   ``LocalPipelineExecutor(tasks=N, workers=N)`` (its buckets stage: 14 tasks on N workers).
   Words for datatrove's shingles come from splitting on whitespace (its default English word tokenizer
   needs NLTK data downloaded at run time; tokenmill splits on ASCII whitespace too).

@@ -43,7 +43,7 @@ def agreement(corpus: Path, ours: set[str], theirs: set[str], threshold: float) 
 
 def documents_with_partner(texts: list[str], docs: list[int], threshold: float) -> set[int]:
     """Those of ``docs`` with another document at exact shingle Jaccard >= ``threshold``."""
-    from pipeline import kernels, minhash
+    from pipeline.dedupe import kernels, minhash
 
     array = pa.array(texts, pa.large_string())
     signatures = np.concatenate([minhash.signatures(array.slice(start, 512), 128, 5)
@@ -61,7 +61,7 @@ def documents_with_partner(texts: list[str], docs: list[int], threshold: float) 
 
 def shingle_set(text: str) -> np.ndarray:
     """Sorted distinct word 5-gram hashes of one text, as tokenmill's MinHash shingles it."""
-    from pipeline import minhash
+    from pipeline.dedupe import minhash
 
     words, offsets = minhash.word_hashes(pa.array([text], pa.large_string()))
     shingles, _ = minhash.shingle_hashes(words, offsets, 5)

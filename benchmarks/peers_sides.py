@@ -43,16 +43,17 @@ def write_corpus(work: Path, documents: list[tuple[str, str]]) -> None:
 def tokenmill_dedupe(work: Path, workers: int) -> None:
     """Ingest (making the near signatures from each row group, as the flow does) then dedupe.
 
-    With several workers, the parts go to ``flows.stage_processes``'s workers as ``tokenmill prepare`` sends them.
+    With several workers, the parts go to ``flows.runtime.stage_processes``'s workers as ``tokenmill prepare`` sends
+    them.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from core.rundir import RunPaths
-    from flows.stage_processes import run_stage_call, stage_processes
+    from flows.runtime.stage_processes import run_stage_call, stage_processes
     from pipeline.config import DedupeConfig, NearDedupeConfig
-    from pipeline.dedupe import dedupe_documents
-    from pipeline.ingest import ingest_part, plan_ingest
-    from pipeline.worker_preload import INGEST_PRELOAD
+    from pipeline.dedupe.stage import dedupe_documents
+    from pipeline.ingest.stage import ingest_part, plan_ingest
+    from pipeline.ingest.worker_preload import INGEST_PRELOAD
 
     paths = RunPaths(work / "tokenmill")
     near = NearDedupeConfig(threshold=THRESHOLD, num_perm=NUM_PERM, ngram=NGRAM)

@@ -29,9 +29,9 @@ from benchmarks.result import print_result
 from core.rundir import RunPaths
 from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
 from flows.run_sql import run_query
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.dedupe.summary import dedupe_stage
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
-from pipeline.stages import dedupe_stage
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
 

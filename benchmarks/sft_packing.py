@@ -40,9 +40,9 @@ from tokenization.chat.masks import MaskedConversation, mask_conversation
 from tokenization.chat.pack import pack_conversations
 from tokenization.chat.records import Conversation, parse_record
 from tokenization.chat.template import ChatTemplate, load_chat_template
-from trainer.data import Batch
-from trainer.model_spec import output_logits
-from trainer.sft_loss import num_loss_tokens, sft_batch, sft_loss
+from trainer.loader.batches import Batch
+from trainer.loader.sft_loss import num_loss_tokens, sft_batch, sft_loss
+from trainer.model.spec import output_logits
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 TRL_VARIANTS = {"trl_padded": {}, "trl_padding_free": {"padding_free": True},
@@ -109,7 +109,7 @@ def masked_corpus(template: ChatTemplate, records: list[dict[str, Any]],
 def tiny_llama(vocab_size: int, seq_len: int, hidden_size: int) -> nn.Module:
     from transformers import AutoConfig
 
-    from trainer.hf_model import build_hf_model
+    from trainer.model.hf_model import build_hf_model
 
     config = AutoConfig.for_model("llama", vocab_size=vocab_size, hidden_size=hidden_size,
                                   intermediate_size=hidden_size * 2, num_hidden_layers=2,

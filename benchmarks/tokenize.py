@@ -145,7 +145,7 @@ def _best_of(sides: dict[str, Callable[[], int]], rounds: int) -> dict[str, tupl
 
 def _packer_speed(tokenizer, texts: list[str], config) -> float:
     """Tokens/s of the Packer alone (add + take_rows + finish) on the encoded documents."""
-    from core.shards import token_dtype_for_vocab
+    from core.shards.store import token_dtype_for_vocab
     from tokenization.encode import encode_texts
     from tokenization.pack import Packer
 

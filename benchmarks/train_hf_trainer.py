@@ -3,7 +3,7 @@
 ``ours`` is what a user runs: ``tokenmill train RECIPE`` as a subprocess, so Prefect (a temporary server and
 the flow), ``accelerate launch`` and the launched trainer with its thread settings all count. ``baseline`` is
 what the same user would otherwise pick: ``transformers.Trainer`` on ``LlamaForCausalLM`` with the built-in
-model's dims (``trainer.export.hf_llama_config``), on the very rows the run packed (its train shards), with
+model's dims (``trainer.model.export.hf_llama_config``), on the very rows the run packed (its train shards), with
 the same micro-batch, steps, learning rate, warm-up, weight decay, clipping and precision (fp32), also as a
 subprocess of its own. The ratio is steady-state tokens/s (the median step time over the steps after the
 first ``--warmup`` of each side: ours from ``train_metrics``, the Trainer's from a step callback); each side's
@@ -139,10 +139,10 @@ def _hf_trainer_side(run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-    from core.shards import ShardTokens, read_shard_index
+    from core.shards.store import ShardTokens, read_shard_index
     from trainer.config import MODEL_PRESETS
-    from trainer.export import hf_llama_config
-    from trainer.model import ModelShape
+    from trainer.model.export import hf_llama_config
+    from trainer.model.llama import ModelShape
 
     infos = [info for info in read_shard_index(run_dir) if info.split == "train"]
     shards = [ShardTokens(run_dir / info.path) for info in infos]

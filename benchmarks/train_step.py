@@ -9,7 +9,7 @@ measured against transformers' own. Rounds alternate between the variants so mac
 tokens/s comes from the median step time. The last line printed is JSON for the results table.
 
 Both run where the trainer would: on the GPU when CUDA is available (``build_accelerator`` decides),
-else on the CPU; MFU divides by that device's peak (``trainer.telemetry.device_peak``: the data sheet
+else on the CPU; MFU divides by that device's peak (``trainer.metrics.telemetry.device_peak``: the data sheet
 of a known GPU, else a matmul probe).
 
     python -m benchmarks.train_step --quick     # from the repo root; < 2 minutes on a 2-core CPU
@@ -32,18 +32,18 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from benchmarks.result import print_result
 from core.rundir import RunPaths
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import MODEL_PRESETS, TrainConfig
-from trainer.data import PAD_ID, ArrayRows, BatchLayout, TrainLoader, make_batch
-from trainer.evaluate import Evaluator
-from trainer.export import hf_llama_config
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import PAD_ID, ArrayRows, BatchLayout, TrainLoader, make_batch
 from trainer.loop import LoopCounters, TrainingLoop, seed_everything
-from trainer.metrics import MetricsSink
-from trainer.model import ModelShape, build_model, flops_per_token
-from trainer.model_spec import BuiltinSpec, HuggingFaceSpec, ModelSpec
+from trainer.metrics.sink import MetricsSink
+from trainer.metrics.telemetry import device_peak
+from trainer.model.export import hf_llama_config
+from trainer.model.llama import ModelShape, build_model, flops_per_token
+from trainer.model.spec import BuiltinSpec, HuggingFaceSpec, ModelSpec
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import apply_model_options, build_accelerator
-from trainer.telemetry import device_peak
+from trainer.parallel.accelerator import apply_model_options, build_accelerator
 
 HF_VARIANT = "tokenmill TrainingLoop, HF LlamaForCausalLM"
 

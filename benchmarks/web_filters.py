@@ -1,5 +1,5 @@
-"""Web-grade quality filters: tokenmill's (``pipeline.web_filters``) against datatrove 0.10's classes, and ingest's
-speed with all four on.
+"""Web-grade quality filters: tokenmill's (``pipeline.filters.web_filters``) against datatrove 0.10's classes, and
+ingest's speed with all four on.
 
 The documents are Debian's package documentation (read-me, news, change logs, licences), English manual pages and
 the standard library's docstrings, each cut to ``--max-chars`` and normalised. Costs are CPU seconds per filter,
@@ -25,11 +25,11 @@ import yaml
 from benchmarks.corpus import debian_doc_texts, man_page_texts, stdlib_docstring_texts
 from benchmarks.result import print_result
 from core.rundir import RunPaths
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.normalisation import normalise_text
-from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
-from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
-from pipeline.words import split_words
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
+from pipeline.filters.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
+from pipeline.filters.words import split_words
+from pipeline.ingest.stage import ingest_part, plan_ingest
 
 FILTERS = ("gopher_repetition", "gopher_quality", "c4", "fineweb")
 

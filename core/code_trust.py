@@ -2,7 +2,7 @@
 
 A run dir is data from whoever made it (SECURITY.md). Some settings make tokenmill execute code: an lm-eval
 task folder (``!function`` modules, Python task classes and hooks, Jinja templates, see
-:mod:`trainer.task_folder_code`) and a model folder's own Python (``auto_map`` with
+:mod:`trainer.eval.task_folder_code`) and a model folder's own Python (``auto_map`` with
 ``model.trust_remote_code``). They count only when they come from the recipe the user passed on this command
 line, or that a Python caller passed explicitly. ``tokenmill eval RUN_DIR`` takes its settings from
 ``run.yaml``, which is data: its trust is :data:`NO_CODE`. The processes a command launches get its decision
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TRUST_REMOTE_CODE_FLAG = "--trust-remote-code"
-"""Argument of ``trainer.train`` and ``trainer.eval_checkpoint``: the launching command allows model code."""
+"""Argument of ``trainer.train`` and ``trainer.eval.checkpoint``: the launching command allows model code."""
 HOW_TO_RUN_CODE = ("to run it deliberately, name the folder in eval.include of a recipe you pass (`tokenmill eval "
                    "RUN_DIR --recipe RECIPE`, `tokenmill train RECIPE`); a run dir's run.yaml never counts")
 """The end of every refusal: the one way to run such code on purpose."""

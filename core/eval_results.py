@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from core.atomic import read_json, sha256_file
+from core.files.atomic import read_json, sha256_file
 from core.layout import CHECKPOINT_MANIFEST, EVAL_RESULT_FILES, RELATIVE, run_key
 from core.numbers import rounded
 from core.rundir import RunPaths, fingerprint
@@ -61,7 +61,7 @@ def write_result(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task
 
 
 def val_split_rows(scores: dict[str, float]) -> list[dict[str, Any]]:
-    """An :class:`trainer.evaluate.Evaluator` result over the whole split as result rows (source None = all)."""
+    """An :class:`trainer.eval.evaluate.Evaluator` result over the whole split as result rows (source None = all)."""
     rows = [_row("loss", scores["val_loss"], scores["val_rows"], None),
             _row("perplexity", scores["val_ppl"], scores["val_rows"], None),
             _row("bits_per_byte", scores["val_bpb"], scores["val_rows"], None),

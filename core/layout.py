@@ -20,7 +20,7 @@ HF_CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 """A Hugging Face ``tokenizers`` file: ``tokenizer/tokenizer.json`` and the one in every model folder."""
 CHECKPOINT_MANIFEST = "manifest.json"
-"""Written last into a checkpoint folder (trainer.checkpoint_layout): a folder without it is incomplete."""
+"""Written last into a checkpoint folder (trainer.checkpoint.layout): a folder without it is incomplete."""
 
 # Names other modules (and tests) use on their own, beside the paths built from them.
 DUPLICATES_FILE = "duplicates.parquet"
@@ -54,10 +54,10 @@ PACK_STATE_FILES = f"split=*/source=*/{PACK_STATE_FILE}"
 """Glob under ``shards/`` of every (split, source) folder's pack state."""
 
 SYNC_STATE_SUFFIX = ".sync.json"
-"""``<copy>.sync.json`` beside a bucket run's working copy (core.bucket_run), never inside the run dir."""
+"""``<copy>.sync.json`` beside a bucket run's working copy (core.bucket.run_dir), never inside the run dir."""
 MIRROR_STATE_SUFFIX = ".mirror.json"
-"""``<mirror>.mirror.json`` beside a bucket run's read-only mirror (pipeline.run_mirror): the longest suffix any
-run dir's name gets (core.path_limits)."""
+"""``<mirror>.mirror.json`` beside a bucket run's read-only mirror (pipeline.sql.run_mirror): the longest suffix any
+run dir's name gets (core.files.path_limits)."""
 UNMIRRORED_FOLDERS = ("checkpoints/", "model/", "eval/models/")
 """Key prefixes of weights a mirror leaves out (their small JSON files are mirrored)."""
 PUBLISH_TIERS = (("shards/index.parquet",), ("checkpoints/step-", f"/{CHECKPOINT_MANIFEST}"), ("checkpoints/latest",),
@@ -139,7 +139,7 @@ class RunLayout:
 
     @property
     def lock_file(self) -> Path:
-        """``.lock``: see :meth:`core.rundir.RunPaths.lock` (and, in a bucket, core.bucket_lock's key)."""
+        """``.lock``: see :meth:`core.rundir.RunPaths.lock` (and, in a bucket, core.bucket.lock's key)."""
         return self.root / ".lock"
 
     # ---- data: ingest, filters, dedupe ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Progress lines: how a process tokenmill launches (the whole-split evaluation) tells the flow how far it got.
 
 The launched process prints ``tokenmill-progress {"done": 1200, "total": 5000, "unit": "rows"}`` on stdout; the
-flow reads its output line by line anyway (:func:`flows.subprocess_log.run_streaming`), turns such a line into a
+flow reads its output line by line anyway (:func:`flows.runtime.subprocess_log.run_streaming`), turns such a line into a
 bar update on a terminal and leaves it out of the log (a log gets the process's finishing line instead). The
 numbers are parsed as JSON numbers, never run or formatted into anything.
 """

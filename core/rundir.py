@@ -11,7 +11,8 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from core.atomic import (
+from core.errors import ConfigError, RunDirError
+from core.files.atomic import (
     atomic_path,
     out_of_space,
     read_json,
@@ -24,11 +25,10 @@ from core.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
-from core.errors import ConfigError, RunDirError
-from core.fence import check_fence
+from core.files.fence import check_fence
+from core.files.path_limits import run_dir_problem
 from core.layout import PART_FILES, RunLayout
 from core.layout import TASK_FILE_NAME as TASK_FILE_NAME  # re-exported: trainer.config, flows.cli
-from core.path_limits import run_dir_problem
 from core.runlock import RunLock
 
 CODE_VERSION = "0.1.0"
@@ -70,7 +70,8 @@ class RunPaths(RunLayout):
     # ---- writes: every file of a run is written through these --------------------------------------------
 
     def atomic_write(self, path: Path, size_hint_bytes: int | None = None) -> AbstractContextManager[Path]:
-        """A temporary path beside ``path``, renamed over it when the block succeeds (:func:`core.atomic.atomic_path`).
+        """A temporary path beside ``path``, renamed over it when the block succeeds
+        (:func:`core.files.atomic.atomic_path`).
 
         ``size_hint_bytes``: the room the writer expects to need, named in an OutOfSpaceError.
         """

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from core.atomic import remove_stale_temps, unwritable
 from core.errors import RunLockedError
-from core.fence import fence_on, is_ancestor, lift_fence
+from core.files.atomic import remove_stale_temps, unwritable
+from core.files.fence import fence_on, is_ancestor, lift_fence
 
 
 def _read_holder(fd: int, patience_s: float = 2.0) -> str:
@@ -82,7 +82,7 @@ class RunLock:
     ``launched_by`` is for a process started by the lock holder to work in the run dir on its behalf (the
     trainer that a flow launches through ``accelerate launch``): when the lock is held by exactly that
     process, and it is an ancestor of this one on this host, the lock is shared instead of refused, and every
-    write of this process is fenced on the launcher being alive (:mod:`core.fence`). A launcher passes its lock's
+    write of this process is fenced on the launcher being alive (:mod:`core.files.fence`). A launcher passes its lock's
     file descriptor (:meth:`held_fd`) to what it launches, so the kernel keeps the lock held until the last of
     them is gone: a re-run never writes beside a launched process that outlived its launcher.
     """

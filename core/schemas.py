@@ -29,7 +29,7 @@ REJECTS_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("source_id", pa.string()),
         pa.field("uri", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),  # one of pipeline.filters.REJECT_REASONS
+        pa.field("reason", pa.string(), nullable=False),  # one of pipeline.filters.screen.REJECT_REASONS
         pa.field("detail", pa.string(), nullable=False),
         pa.field("raw", pa.large_binary()),  # original bytes, so a fixed record can be re-ingested
         # the normalised text a quality filter rejected (null for a broken record): a relaxed threshold brings it back
@@ -76,8 +76,8 @@ ATTRIBUTE_VALUE_FIELDS = (
     pa.field("fineweb_new_line_ratio", pa.float64()),
     pa.field("quality_score", pa.float64()),  # the quality classifier's probability of its label, 0..1
 )
-"""One nullable column per measured value of the quality filters (``pipeline.filters.QUALITY_FILTERS``): null when
-that filter is off, or when it was never needed: ingest stops at the first failing filter, and within a web-grade
+"""One nullable column per measured value of the quality filters (``pipeline.filters.screen.QUALITY_FILTERS``): null
+when that filter is off, or when it was never needed: ingest stops at the first failing filter, and within a web-grade
 filter at its first failing rule, so later values are not measured."""
 
 ATTRIBUTES_SCHEMA = pa.schema(
@@ -136,15 +136,15 @@ NON_FILTER_REJECT_REASONS: dict[str, str] = {
 }
 """The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
 document that is contaminated), with their meaning; later stages may add reasons, never rename them. Each
-quality filter's reason is a row of ``pipeline.filters.QUALITY_FILTERS``; ``pipeline.filters.REJECT_REASONS``
-holds them all."""
+quality filter's reason is a row of ``pipeline.filters.screen.QUALITY_FILTERS``;
+``pipeline.filters.screen.REJECT_REASONS`` holds them all."""
 
 
 CONSUMED_SCHEMA = pa.schema([
     ("step", pa.int64()), ("micro_step", pa.int32()), ("rank", pa.int32()), ("batch_row", pa.int32()),
     ("sample", pa.int64()), ("shard_path", pa.string()), ("row_in_shard", pa.int64()), ("source", pa.string()),
     ("segment", pa.int32()), ("spike", pa.bool_()), ("rolled_back", pa.bool_())])
-"""The ``consumed`` view (derived by :mod:`trainer.consumed`): one row per training row per step. ``rank`` is
+"""The ``consumed`` view (derived by :mod:`trainer.metrics.consumed`): one row per training row per step. ``rank`` is
 the data-parallel rank (a TP group is one), ``micro_step`` the micro-batch within the rank's step, ``batch_row``
 the row within it, ``sample`` the global sample number, ``segment`` the launch (train_segments), ``spike`` the
 step's update was skipped as a loss spike, ``rolled_back`` a later rollback undid it."""

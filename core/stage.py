@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from core.atomic import read_json
 from core.errors import RunDirError
+from core.files.atomic import read_json
 from core.rundir import CODE_VERSION, RunPaths
 
 MARKER_FORMAT = 2

@@ -2,7 +2,7 @@
 lm-eval-free.
 
 Each (checkpoint, val split), export and (checkpoint, downstream task) is a unit of the stages in
-:mod:`trainer.eval_stages`, skipped by its marker. ``tokenmill eval`` asks the same stages' status before
+:mod:`trainer.eval.stages`, skipped by its marker. ``tokenmill eval`` asks the same stages' status before
 starting a Prefect server (~10 s of a cached call went there): when every unit asked for is done and the task
 folders are as the eval-tasks stage last checked them, it answers from the results. The checkpoints are
 compared as steps, not as the words naming them: ``--checkpoint last`` after a run that evaluated
@@ -19,9 +19,9 @@ from core.eval_results import VAL_SPLIT_TASK, failed_results
 from core.stage import read_marker, stage_status
 from flows.recipe import ResolvedRun
 from flows.run_code import eval_task_folders
-from trainer.checkpoint_layout import chosen_checkpoints
-from trainer.eval_stages import DownstreamStage, EvalScope, EvalStage, ExportStage, ValSplitStage
-from trainer.eval_tasks import EvalTasksStage
+from trainer.checkpoint.layout import chosen_checkpoints
+from trainer.eval.stages import DownstreamStage, EvalScope, EvalStage, ExportStage, ValSplitStage
+from trainer.eval.tasks import EvalTasksStage
 
 
 def evaluation_stages(run: ResolvedRun, checkpoint: str | None, task: str | None, task_fps: Mapping[str, str],
@@ -70,8 +70,8 @@ def cached_evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None
     """
     if not evaluation_is_cached(run, checkpoint, task):
         return None
-    from flows.report import write_report  # DuckDB, pandas (~1 s): only for a cached evaluation
-    from pipeline.query import eval_results_table  # DuckDB (~0.9 s): as above
+    from flows.report.stage import write_report  # DuckDB, pandas (~1 s): only for a cached evaluation
+    from pipeline.sql.query import eval_results_table  # DuckDB (~0.9 s): as above
 
     report = str(write_report(run.paths))
     return {"results": eval_results_table(run.paths.root), "failed": failed_results(run.paths), "report": report}

@@ -13,24 +13,24 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from core.errors import ShardFormatError
 from core.eval_results import VAL_SPLIT_TASK
 from core.rundir import RunPaths
-from core.shards import read_shard_index, verify_shards
+from core.shards.store import read_shard_index, verify_shards
 from core.stage import StageResult, stage_status
-from flows.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.evaluation_state import evaluation_stages
 from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_config
 from flows.recipe_flow import recipe_flow
-from flows.report_plots import import_in_background as import_plotting_in_background
+from flows.report.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
+from flows.report.plots import import_in_background as import_plotting_in_background
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code
+from flows.runtime.stage_processes import stage_processes
 from flows.stage_launch import in_flow
 from flows.stage_list import PREPARE_STAGES, build_stages
-from flows.stage_processes import stage_processes
 from flows.stage_task import stage_results, stage_task, submit_stage, submit_stages
 from flows.tasks import report_task
-from pipeline.ingest import INGEST_PRELOAD, IngestStage, parts_to_ingest
-from trainer.downstream import check_tasks
-from trainer.eval_stages import EvalStage
-from trainer.eval_tasks import prepare_eval_tasks, write_builtin_task
-from trainer.next_line_task import TASK_NAME as NEXT_LINE_TASK
+from pipeline.ingest.stage import INGEST_PRELOAD, IngestStage, parts_to_ingest
+from trainer.eval.downstream import check_tasks
+from trainer.eval.next_line_task import TASK_NAME as NEXT_LINE_TASK
+from trainer.eval.stages import EvalStage
+from trainer.eval.tasks import prepare_eval_tasks, write_builtin_task
 from trainer.train_stage import TrainStage
 
 
@@ -140,7 +140,7 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
 
     ``checkpoint``: ``last``, ``all`` or a step (default the recipe's ``eval.checkpoints``); ``task``: only this
     task (``val_split`` or a downstream task name; default the whole split and every ``eval.tasks``). Every
-    (checkpoint, task) and export is a unit of a stage (:mod:`trainer.eval_stages`): a re-run evaluates only the
+    (checkpoint, task) and export is a unit of a stage (:mod:`trainer.eval.stages`): a re-run evaluates only the
     units whose inputs changed or whose result is missing or failed.
     """
     return _evaluation(as_resolved(recipe, run_dir), checkpoint, task)

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from core.bucket_run import working_copy_root
+from core.bucket.run_dir import working_copy_root
 from core.code_trust import NO_CODE, CodeTrust
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.documents import document_part_files
 from core.errors import ConfigError
-from core.path_limits import checked_name
+from core.files.path_limits import checked_name
 from core.rundir import CODE_VERSION, RunPaths
 from pipeline.config import DataConfig, DedupeConfig
 from pipeline.manifest import (
@@ -29,7 +29,7 @@ from pipeline.manifest import (
 from pipeline.objects import check_url, is_remote
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
-from trainer.mixture_config import MixtureScheduleConfig
+from trainer.loader.mixture_config import MixtureScheduleConfig
 from trainer.run_config import TrainerSections
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
@@ -118,7 +118,7 @@ def model_source(recipe: RunRecipe, base: Path) -> Path | None:
 def resolve_run_dir(recipe: RunRecipe, run_dir: str | Path | None) -> Path:
     """The run dir: the CLI/flow argument, else the recipe's ``run_dir``, else ``runs/<name>``.
 
-    A bucket URL (``s3://bucket/runs/NAME``) resolves to its local working copy (:mod:`core.bucket_run`),
+    A bucket URL (``s3://bucket/runs/NAME``) resolves to its local working copy (:mod:`core.bucket.run_dir`),
     which the ``tokenmill`` command pulls before and publishes after the flow.
     """
     url = run_dir_url(recipe, run_dir)
@@ -373,7 +373,7 @@ def record_run(run: ResolvedRun) -> None:
     and shards were made with the old settings. ``train``, ``model`` and the sources' ``weight`` and
     ``license`` may change (the trainer reads the mixture from run.yaml and checks its checkpoints); new files
     in a source folder are the refresh's business, not a change. So may a filter's thresholds
-    (:data:`pipeline.thresholds.THRESHOLD_KEYS`): ingest re-decides its parts from their stored attributes, and
+    (:data:`pipeline.filters.thresholds.THRESHOLD_KEYS`): ingest re-decides its parts from their stored attributes, and
     run.yaml records the new manifests. To start over, the user deletes the run dir (or its ``run.yaml``), as the
     error says. Compared with ``run.yaml`` as the command found it (``run.record``): read once, not again here.
     """

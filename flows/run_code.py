@@ -3,7 +3,8 @@
 ``tokenmill eval RUN_DIR`` reads its settings from the run dir: a task folder it records, its ``eval/tasks/``,
 a ``base_model/`` whose config.json names Python files (``auto_map``). :func:`refuse_untrusted_code` checks
 them before a Prefect server starts or anything is imported from them; the same checks run again where the
-code would be loaded (:func:`trainer.lm_eval_tasks.task_manager`, :func:`trainer.hf_model.load_causal_lm_config`).
+code would be loaded (:func:`trainer.eval.lm_eval_tasks.task_manager`,
+:func:`trainer.model.hf_model.load_causal_lm_config`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 from core.errors import ConfigError
 from core.eval_results import VAL_SPLIT_TASK
 from flows.recipe import ResolvedRun, model_source
-from trainer.eval_tasks import include_dirs, recorded_include
-from trainer.task_folder_code import refuse_code_in_task_folders
+from trainer.eval.task_folder_code import refuse_code_in_task_folders
+from trainer.eval.tasks import include_dirs, recorded_include
 
 
 def eval_task_folders(run: ResolvedRun) -> list[Path]:
@@ -50,12 +51,12 @@ def refuse_untrusted_model_code(run: ResolvedRun) -> None:
     base_model_config = run.paths.base_model_config
     if not (run.recipe.model.is_hugging_face and base_model_config.is_file()):
         return
-    from trainer.hf_model import refuse_model_code  # imports torch: only for a Hugging Face model
+    from trainer.model.hf_model import refuse_model_code  # imports torch: only for a Hugging Face model
 
     refuse_model_code(base_model_config, run.trust.model_code)
     source = model_source(run.recipe, run.base)
     if run.trust.model_code and source is not None:
-        from trainer.base_model import code_differences  # imports torch: only for remote code
+        from trainer.model.base_model import code_differences  # imports torch: only for remote code
 
         if differing := code_differences(source, run.paths.base_model):
             raise ConfigError(f"{run.paths.base_model / differing[0]}: not the file of the model folder the recipe "

@@ -2,8 +2,8 @@
 
 ``connect`` (notebooks) and ``run_query`` (``tokenmill query``, the report, the Prefect artifacts) are the only
 public ways to open a run for SQL. They live here because only ``flows`` sees every package: the data views are
-built by :mod:`pipeline.query`, and ``consumed`` and ``row_losses`` are the trainer's own data order replayed
-(:mod:`trainer.consumed`), which pipeline cannot import (the layering rule), so they are handed in from here.
+built by :mod:`pipeline.sql.query`, and ``consumed`` and ``row_losses`` are the trainer's own data order replayed
+(:mod:`trainer.metrics.consumed`), which pipeline cannot import (the layering rule), so they are handed in from here.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import duckdb
 import pyarrow as pa
 
 from core.schemas import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA
-from pipeline import query
+from pipeline.sql import query
 
 
 def consumed_table(run_dir: Path) -> pa.Table:
-    """:func:`trainer.consumed.consumed_table`, imported when a statement names the view (it imports torch)."""
-    from trainer.consumed import consumed_table  # imports torch: only for the consumed view
+    """:func:`trainer.metrics.consumed.consumed_table`, imported when a statement names the view (it imports torch)."""
+    from trainer.metrics.consumed import consumed_table  # imports torch: only for the consumed view
 
     return consumed_table(run_dir)
 
 
 def row_losses_table(run_dir: Path) -> pa.Table:
-    """:func:`trainer.consumed.row_losses_table`, imported when a statement names the view."""
-    from trainer.consumed import row_losses_table  # imports torch: only for row_losses
+    """:func:`trainer.metrics.consumed.row_losses_table`, imported when a statement names the view."""
+    from trainer.metrics.consumed import row_losses_table  # imports torch: only for row_losses
 
     return row_losses_table(run_dir)
 
@@ -54,7 +54,7 @@ def connect(run_dir: str | Path, sql: str | None = None, *,
 
     For notebooks: ``connect("runs/tiny").sql("SELECT ...").df()``. ``run_dir`` may be a URL
     (``s3://bucket/runs/NAME``). ``sql``, when given, is the one statement the connection is for: views it does
-    not name and that are not read straight from Parquet are left empty (see :func:`pipeline.query.open_views`).
+    not name and that are not read straight from Parquet are left empty (see :func:`pipeline.sql.query.open_views`).
     ``trainer_views=False`` leaves ``consumed`` and ``row_losses`` empty whatever is asked: they replay every
     training step through the trainer's loader (importing torch: seconds), and the report reads neither.
     Raises QueryError naming the folder or file when the run dir holds what tokenmill would not write.

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.stage import Progress, Stage
-from flows.progress import stage_logger, stage_meter
-from flows.subprocess_log import run_streaming
-from flows.training_progress import training_progress
-from trainer.eval_stages import EvalStage
-from trainer.launch import launched_env, launched_fds
+from flows.progress.bars import stage_logger, stage_meter
+from flows.progress.training import training_progress
+from flows.runtime.subprocess_log import run_streaming
+from trainer.eval.stages import EvalStage
+from trainer.parallel.launch import launched_env, launched_fds
 from trainer.train_stage import TrainStage
 
 

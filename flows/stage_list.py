@@ -11,16 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from core.stage import Stage
-from flows.report import ReportStage
-from pipeline.decontaminate import DecontaminateStage
-from pipeline.dedupe import DedupeStage
-from pipeline.ingest import IngestStage
+from flows.report.stage import ReportStage
+from pipeline.dedupe.decontaminate import DecontaminateStage
+from pipeline.dedupe.stage import DedupeStage
+from pipeline.ingest.stage import IngestStage
 from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
-from trainer.base_model import BaseModelStage
-from trainer.eval_stages import DownstreamStage, ExportStage, ValSplitStage
-from trainer.eval_tasks import EvalTasksStage
+from trainer.eval.stages import DownstreamStage, ExportStage, ValSplitStage
+from trainer.eval.tasks import EvalTasksStage
+from trainer.model.base_model import BaseModelStage
 from trainer.train_stage import TrainStage
 
 PREPARE_STAGES: tuple[type[Stage], ...] = (

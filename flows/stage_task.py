@@ -18,9 +18,9 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import task_run
 
 from core.stage import Stage, StageResult, run_stage
-from flows.progress import describe_rates, stage_logger, stage_meter
-from flows.settings import QUIET_ENV, retry_unless_user_error
-from flows.stage_processes import run_stage_call
+from flows.progress.bars import describe_rates, stage_logger, stage_meter
+from flows.runtime.settings import QUIET_ENV, retry_unless_user_error
+from flows.runtime.stage_processes import run_stage_call
 from flows.stage_times import record_stage_time
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from prefect import task
 
 from core.rundir import RunPaths
-from flows.progress import reports_progress, shows_bar
-from flows.report import write_report
+from flows.progress.bars import reports_progress, shows_bar
+from flows.report.stage import write_report
 
 
 @task(name="report")

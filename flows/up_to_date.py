@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.atomic import read_json
 from core.errors import TokenmillError
+from core.files.atomic import read_json
 from core.rundir import fingerprint, path_inside_run
 from core.stage import Stage
 from flows.recipe import ResolvedRun
-from flows.report import ReportStage
+from flows.report.stage import ReportStage
 from flows.stage_list import ALL_STAGES, EVAL_STAGES, PREPARE_STAGES, TRAIN_STAGES, build_stages
 from flows.status import RunStatus, run_status
 

@@ -53,4 +53,4 @@ class DedupeConfig(FrozenConfig):
     """Remove documents whose normalised text was already seen (in this or an earlier run)."""
     near: NearDedupeConfig = NearDedupeConfig()
     decontaminate: DecontaminateConfig = DecontaminateConfig()
-    """Train/eval decontamination, run by ``pipeline.decontaminate.decontaminate_documents`` after dedupe."""
+    """Train/eval decontamination, run by ``pipeline.dedupe.decontaminate.decontaminate_documents`` after dedupe."""

@@ -13,14 +13,14 @@ from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_
 
 from core.config import FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError, ManifestError
-from core.path_limits import checked_name
+from core.files.path_limits import checked_name
 from core.schemas import NAME_PATTERN
+from pipeline.filters.language import LANGUAGE_CODES
+from pipeline.filters.quality_classifier import check_model_file, label_names
+from pipeline.filters.thresholds import decision_settings, measurement_settings
+from pipeline.filters.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from pipeline.globs import checked_glob
-from pipeline.language import LANGUAGE_CODES
 from pipeline.objects import ObjectPath, check_storage_options, check_url, is_remote
-from pipeline.quality_classifier import check_model_file, label_names
-from pipeline.thresholds import decision_settings, measurement_settings
-from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
 SourceFormat = Literal["jsonl", "parquet", "text", "hf_disk", "hf_local"]
 HF_FORMATS = ("hf_disk", "hf_local")
@@ -32,7 +32,7 @@ PATH_PLACEHOLDERS = {"${PYTHON_STDLIB}": lambda: sysconfig.get_paths()["stdlib"]
 
 class LanguageFilterConfig(FrozenConfig):
     """A manifest's ``filters.language``: keep documents identified as one of ``allowed`` with at least
-    ``min_score`` (fastText's ``lid.176``, :mod:`pipeline.language`); others are rejected as ``language``."""
+    ``min_score`` (fastText's ``lid.176``, :mod:`pipeline.filters.language`); others are rejected as ``language``."""
 
     allowed: list[str] = Field(min_length=1)
     """ISO 639 codes of the languages to keep, as ``lid.176`` names them (``en``, ``de``, ``zh``, ``ceb``, ...)."""
@@ -52,7 +52,8 @@ class LanguageFilterConfig(FrozenConfig):
 
 class QualityClassifierConfig(FrozenConfig):
     """A manifest's ``filters.quality_classifier``: keep documents a fastText classifier gives at least
-    ``min_score`` for ``label`` (:mod:`pipeline.quality_classifier`); others are rejected as ``quality_classifier``."""
+    ``min_score`` for ``label`` (:mod:`pipeline.filters.quality_classifier`); others are rejected as
+    ``quality_classifier``."""
 
     path: str
     """The model file (fastText ``.bin``/``.ftz``), relative to the manifest's folder; e.g. one written by
@@ -77,7 +78,8 @@ class QualityClassifierConfig(FrozenConfig):
 
 class FilterConfig(FrozenConfig):
     """A manifest's ``filters:``: the thresholds of the quality filters, each read by one row of
-    ``pipeline.filters.QUALITY_FILTERS`` (whose reason its docstring names), and PII redaction, which never rejects."""
+    ``pipeline.filters.screen.QUALITY_FILTERS`` (whose reason its docstring names), and PII redaction, which never
+    rejects."""
 
     min_chars: int = Field(default=1, ge=1)
     """Documents shorter than this (after normalisation) are rejected as ``too_short``."""
@@ -370,7 +372,7 @@ def _source_thresholds(manifests: list[CorpusManifest]) -> dict[str, tuple[str, 
 
 def _source_settings(manifests: list[CorpusManifest]) -> dict[str, tuple[str, dict[str, object]]]:
     """``{source name: (corpus name, {key: value})}``: what decides how the source is read and measured (its
-    filters' thresholds are left out: :mod:`pipeline.thresholds`)."""
+    filters' thresholds are left out: :mod:`pipeline.filters.thresholds`)."""
     settings = {}
     for manifest in manifests:
         filters = {f"filters.{key}": value for key, value in measurement_settings(manifest.filters).items()}

@@ -22,13 +22,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from core.bucket_url import check_bucket_url
-from core.errors import ConfigError, ObjectStoreError, StoreUnavailableError
-from core.object_errors import (  # also imported from here (tests)
+from core.bucket.object_errors import (  # also imported from here (tests)
     _one_line,
     object_errors,
     object_store_error,
 )
+from core.bucket.url import check_bucket_url
+from core.errors import ConfigError, ObjectStoreError, StoreUnavailableError
 
 URL_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 ALLOWED_STORAGE_OPTIONS = frozenset({"endpoint_url", "region_name", "anon", "requester_pays", "use_ssl",
@@ -87,7 +87,7 @@ def _check_option(key: str, allowed: frozenset[str] | set[str]) -> None:
 
 def check_url(url: str) -> str:
     """``url`` when it carries no credentials (``s3://KEY:SECRET@bucket/…``) and its bucket and key follow the
-    store's rules (:func:`core.bucket_url.check_bucket_url`); ValueError naming the URL otherwise."""
+    store's rules (:func:`core.bucket.url.check_bucket_url`); ValueError naming the URL otherwise."""
     return check_bucket_url(_check_no_credentials(url))
 
 

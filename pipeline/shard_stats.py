@@ -22,8 +22,8 @@ import pyarrow.ipc as ipc
 
 from core.errors import ConfigError, ShardFormatError
 from core.rundir import RunPaths
-from core.shard_check import open_checked_shard
-from core.shards import ShardInfo, read_shard_index
+from core.shards.check import open_checked_shard
+from core.shards.store import ShardInfo, read_shard_index
 
 EOS_TOKEN, PAD_TOKEN = "<|endoftext|>", "<|pad|>"
 """Names of the special tokens (as in ``tokenization.config.SPECIAL_TOKENS``; ``pipeline`` does not import it)."""
@@ -73,8 +73,8 @@ class _PairTotals:
 
 def shard_stats(run_dir: str | Path, histogram: str = "text") -> list[dict[str, Any]]:
     """One flat dict per (split, source), in index order; raises ShardFormatError without a shard index, when
-    an index row names a path outside the shard layout or the run dir (:func:`core.shards.read_shard_index`), or
-    when a shard's bytes differ from the index (:func:`core.shard_check.open_checked_shard`).
+    an index row names a path outside the shard layout or the run dir (:func:`core.shards.store.read_shard_index`), or
+    when a shard's bytes differ from the index (:func:`core.shards.check.open_checked_shard`).
 
     Keys: ``split, source, num_shards, size_bytes, num_rows, num_tokens`` (real tokens, padding excluded),
     ``num_documents`` (documents that start in the pair), ``eos_share`` (EOS tokens / real tokens),

@@ -17,7 +17,7 @@ import pytest
 
 from core.rundir import RunPaths
 from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, DUPLICATES_SCHEMA, REJECTS_SCHEMA
-from core.shards import ShardRows, write_shard, write_shard_index
+from core.shards.store import ShardRows, write_shard, write_shard_index
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -23,7 +23,7 @@ measure where they measure it)."""
 
 
 def module_name(path: Path, root: Path = REPO) -> str:
-    """``pipeline/ingest.py`` -> ``pipeline.ingest``; ``pipeline/__init__.py`` -> ``pipeline``."""
+    """``pipeline/ingest/stage.py`` -> ``pipeline.ingest.stage``; ``pipeline/__init__.py`` -> ``pipeline``."""
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -59,13 +59,13 @@ def test_only_flows_imports_prefect(package: str) -> None:
 def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
     """The walk finds imports inside functions too (tokenization importing pipeline lazily would break the rule)."""
     module = tmp_path / "lazy.py"
-    module.write_text("def f():\n    from pipeline.ingest import plan_ingest\n    import flows.cli\n")
-    assert imported_modules(module) == {"pipeline.ingest", "flows.cli"}
+    module.write_text("def f():\n    from pipeline.ingest.stage import plan_ingest\n    import flows.cli.commands\n")
+    assert imported_modules(module) == {"pipeline.ingest.stage", "flows.cli.commands"}
 
 
 def test_no_flows_module_shares_a_name_with_a_stage_module() -> None:
     """Prefect loads ``flows/pipeline.py`` by path for a deployment, and ``pipeline.X`` then found ``flows/X.py``
-    first: a ``flows/query.py`` crashed every served and deployed run (ImportError from ``pipeline.query``)."""
+    first: a ``flows/query.py`` crashed every served and deployed run (ImportError from ``pipeline.sql.query``)."""
     stage_modules = {path.stem for package in ("pipeline", "tokenization", "trainer", "core")
                      for path in (REPO / package).glob("*.py")} - {"__init__"}
     assert not stage_modules & {path.stem for path in (REPO / "flows").glob("*.py")}

@@ -48,7 +48,7 @@ import pytest
 import yaml
 
 from flows.run_sql import run_query
-from pipeline.filters import REJECT_REASONS
+from pipeline.filters.screen import REJECT_REASONS
 from tests.flows.prefect_server import background, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ README_PORT = 4200
 QUICK_START_TIMEOUT_S = 1500
 """A limit, not a speed check (a hang still fails here): the quick start took 6.5 min in session 5 and passed
 600 s in session 6, on a slower host whose flow-launched trainer ran on one thread (accelerate's default; it now
-gets the machine's cores, see trainer.launch.cpu_threads_per_process)."""
+gets the machine's cores, see trainer.parallel.launch.cpu_threads_per_process)."""
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(QUICK_START_TIMEOUT_S + 300)]
 """pytest's own 900 s limit (pyproject) would otherwise cut the quick start, which runs in the first test's setup."""
 

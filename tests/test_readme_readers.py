@@ -13,7 +13,7 @@ import datasets
 import pyarrow as pa
 import pytest
 
-from core.shards import read_shard_index
+from core.shards.store import read_shard_index
 from tests.test_readme_sql import build_small_run, fenced_blocks, readme_section
 
 SECTION = readme_section("Reading the shards with pyarrow, polars, datasets or DuckDB")

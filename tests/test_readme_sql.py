@@ -19,9 +19,9 @@ from accelerate.state import AcceleratorState, GradientState
 from core.rundir import RunPaths
 from flows.recipe import load_recipe, manifest_paths, record_recipe
 from flows.run_sql import run_query
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.query import near_duplicate_pairs, token_mix
-from pipeline.stages import dedupe_stage
+from pipeline.dedupe.summary import dedupe_stage
+from pipeline.ingest.stage import ingest_part, plan_ingest
+from pipeline.sql.query import near_duplicate_pairs, token_mix
 from tests.flows.conftest import write_small_recipe
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer
@@ -81,7 +81,7 @@ def build_small_run(root: Path, *, train_steps: int = 0, packages: tuple[str, ..
         train(paths.root)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-        from trainer.eval_checkpoint import evaluate_checkpoint
+        from trainer.eval.checkpoint import evaluate_checkpoint
 
         evaluate_checkpoint(paths.root, train_steps, score=True, export=False)  # the eval_results view has rows
         AcceleratorState._reset_state(reset_partial_state=True)

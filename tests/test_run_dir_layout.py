@@ -205,8 +205,8 @@ def test_no_module_spells_a_run_dir_name(package: str) -> None:
 
 WRITE_HELPERS = {"atomic_path", "write_bytes_atomic", "write_text_atomic", "write_json_atomic", "remove_stale_temps",
                  "RunLock"}
-"""core.atomic's writers and core.runlock's lock: RunPaths's methods call them; nothing outside core/ does."""
-HELPER_MODULES = {"atomic", "core.atomic", "runlock", "core.runlock"}
+"""core.files.atomic's writers and core.runlock's lock: RunPaths's methods call them; nothing outside core/ does."""
+HELPER_MODULES = {"atomic", "core.files.atomic", "runlock", "core.runlock"}
 
 
 def _calls_a_write_helper(node: ast.AST) -> bool:
@@ -229,7 +229,7 @@ def test_the_write_check_finds_each_helper_call() -> None:
     assert [line for line, _ in direct_writes(code)] == [1, 2, 4, 5, 9]
 
 
-WRITES_OUTSIDE_A_RUN_DIR = {("pipeline/quality_classifier.py", "atomic_path(out)")}
+WRITES_OUTSIDE_A_RUN_DIR = {("pipeline/filters/quality_classifier.py", "atomic_path(out)")}
 """(module, call) of the atomic writes of files that are no run dir's: ``tokenmill classifier train --out``'s model."""
 
 

@@ -13,7 +13,7 @@ from collections import deque
 import numpy as np
 
 from core.errors import ConfigError
-from core.shards import ShardRows
+from core.shards.store import ShardRows
 
 
 class Packer:

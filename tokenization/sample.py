@@ -19,8 +19,8 @@ import pyarrow.ipc as ipc
 from core.documents import document_part_files
 from core.errors import ConfigError
 from core.rundir import RunPaths
-from core.shard_check import open_checked_shard
-from core.shards import ShardInfo, read_shard_index
+from core.shards.check import open_checked_shard
+from core.shards.store import ShardInfo, read_shard_index
 from tokenization.train_tokenizer import PAD_TOKEN, load_tokenizer
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from core.atomic import read_json
 from core.errors import ConfigError
+from core.files.atomic import read_json
 from core.layout import HF_CONFIG_FILE
 from core.rundir import RunPaths
 from tokenization.config import SPECIAL_TOKENS

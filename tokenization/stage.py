@@ -15,14 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.atomic import read_json, sha256_file
 from core.documents import document_part_files, document_part_fingerprint, iter_documents
 from core.errors import ConfigError, StageMismatchError
+from core.files.atomic import read_json, sha256_file
 from core.layout import PACK_STATE_FILE as STATE_FILE
 from core.layout import PACK_STATE_FILES, SHARD_FILES, TOKENIZER_FILE, pack_unit, pack_unit_pair, shard_part_number
 from core.rundir import RunPaths
-from core.shard_check import shard_intact
-from core.shards import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
+from core.shards.check import shard_intact
+from core.shards.store import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab, write_shard, write_shard_index
 from core.stage import Inputs, Progress, Stage, run_stage
 from tokenization.config import PackConfig
 from tokenization.encode import encode_texts
@@ -131,7 +131,7 @@ def _pack_inputs(paths: RunPaths, split: str, source: str,
 
 def part_fingerprints(paths: RunPaths, parts: list[Path]) -> dict[str, str]:
     """``{part file name: its kept documents' fingerprint}``: a part re-decided with other kept documents (new
-    thresholds, :mod:`pipeline.redecide`) gets a new one."""
+    thresholds, :mod:`pipeline.ingest.redecide`) gets a new one."""
     return {part.name: document_part_fingerprint(paths, part) for part in parts}
 
 
@@ -150,7 +150,7 @@ def _repacked_if_parts_changed(folder: Path, state: dict[str, Any], fingerprints
 def _damaged_shards(paths: RunPaths, state: dict[str, Any]) -> set[int]:
     """Numbers of the recorded shards that are missing or whose sha256 differs from the one recorded.
 
-    Each file is hashed once per version (:func:`core.file_digests.file_sha256`: in this process, or cached by
+    Each file is hashed once per version (:func:`core.files.digests.file_sha256`: in this process, or cached by
     device, inode, size, mtime and ctime outside the run dir), so a skipped pair costs a ``stat`` per shard.
     """
     return {number for number, info in enumerate(state["shards"]) if not shard_intact(paths.root, ShardInfo(**info))}

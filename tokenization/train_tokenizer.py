@@ -16,9 +16,9 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from core.atomic import read_json, sha256_file
 from core.documents import iter_documents
 from core.errors import ConfigError
+from core.files.atomic import read_json, sha256_file
 from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths
 from core.stage import Inputs, Progress, Stage, read_marker, run_stage

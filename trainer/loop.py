@@ -23,19 +23,19 @@ from torch import nn
 
 from core.errors import CheckpointError
 from trainer.callbacks import Callback
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.config import TrainConfig
-from trainer.data import Batch, TrainLoader
-from trainer.evaluate import Evaluator
+from trainer.eval.evaluate import Evaluator
 from trainer.guard import NonFiniteGuard, state_counts
-from trainer.metrics import MetricsSink
-from trainer.model import next_token_loss
-from trainer.model_spec import ModelSpec, output_logits
-from trainer.parallel import sync_data_parallel_gradients
+from trainer.loader.batches import Batch, TrainLoader
+from trainer.metrics.segments import RowLossLog, row_mean_losses
+from trainer.metrics.sink import MetricsSink
+from trainer.metrics.telemetry import PhaseTimer, Telemetry
+from trainer.model.llama import next_token_loss
+from trainer.model.spec import ModelSpec, output_logits
+from trainer.parallel.accelerator import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
-from trainer.segments import RowLossLog, row_mean_losses
 from trainer.spike_guard import SpikeGuard
-from trainer.telemetry import PhaseTimer, Telemetry
 
 
 def seed_everything(seed: int) -> None:

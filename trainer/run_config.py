@@ -13,13 +13,13 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from core.atomic import read_json
 from core.config import RUN_YAML_FIX, FrozenConfig, describe_validation_error, load_yaml_mapping
 from core.errors import ConfigError
+from core.files.atomic import read_json
 from core.rundir import RunPaths
 from trainer.config import ModelConfig, TrainConfig, check_tensor_parallel_dims
-from trainer.launch import LAUNCH_CONFIG_FLAG
-from trainer.mixture_config import MixtureScheduleConfig
+from trainer.loader.mixture_config import MixtureScheduleConfig
+from trainer.parallel.launch import LAUNCH_CONFIG_FLAG
 
 SECTIONS = ("model", "train", "mixture", "mixture_schedule")
 """The keys of a recipe (``run.yaml``) the trainer reads; the rest belongs to other stages."""

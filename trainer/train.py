@@ -2,7 +2,7 @@
 
 ``python -m trainer.train --run-dir RUN [--until-step N]`` trains to N (default train.max_steps) optimizer
 steps, resuming from the newest valid checkpoint, then exports ``RUN/model``. Use
-:func:`trainer.launch.launch_command` to build the ``accelerate launch`` argv for several processes.
+:func:`trainer.parallel.launch.launch_command` to build the ``accelerate launch`` argv for several processes.
 """
 
 from __future__ import annotations
@@ -18,26 +18,29 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
-from core.atomic import sha256_file
-from core.bucket_run import publish_working_copy, trainer_working_copy
+from core.bucket.run_dir import publish_working_copy, trainer_working_copy
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.errors import ConfigError, ShardFormatError, TokenmillError
+from core.files.atomic import sha256_file
 from core.rundir import RunPaths
 from tokenization.special_tokens import read_special_tokens
 from trainer.callbacks import Callback, ProfilerCallback
-from trainer.checkpoint import Checkpointer, list_checkpoints
+from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints
+from trainer.checkpoint.tensor_parallel import TensorParallelShards
 from trainer.config import TrainConfig
-from trainer.data import BatchLayout, SplitRows, TrainLoader
-from trainer.evaluate import Evaluator
-from trainer.export import export_model, exported_step
-from trainer.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import BatchLayout, SplitRows, TrainLoader
+from trainer.loader.mixture import MixtureOrder, MixtureStage, resolve_weights
+from trainer.loader.mixture_config import MixtureScheduleConfig
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
-from trainer.metrics import MetricsSink
-from trainer.mixture import MixtureOrder, MixtureStage, resolve_weights
-from trainer.mixture_config import MixtureScheduleConfig
-from trainer.model_spec import ModelSpec, model_spec
+from trainer.metrics.segments import RowLossLog, append_segment, segment_record
+from trainer.metrics.sink import MetricsSink
+from trainer.metrics.telemetry import DevicePeak, Telemetry, device_peak
+from trainer.metrics.trackers import Trackers, start_trackers
+from trainer.model.export import export_model, exported_step
+from trainer.model.spec import ModelSpec, model_spec
 from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import (
+from trainer.parallel.accelerator import (
     apply_model_options,
     build_accelerator,
     data_parallel_coordinates,
@@ -47,12 +50,9 @@ from trainer.parallel import (
     tensor_parallel_mesh,
     tensor_parallel_rank,
 )
+from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision
 from trainer.run_config import TrainerSections, read_trainer_config
-from trainer.segments import RowLossLog, append_segment, segment_record
-from trainer.telemetry import DevicePeak, Telemetry, device_peak
-from trainer.tensor_parallel_checkpoint import TensorParallelShards
-from trainer.trackers import Trackers, start_trackers
 
 
 def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
@@ -189,13 +189,13 @@ def train(run_dir: Path | str, until_step: int | None = None, allow_data_change:
     """Train (resuming when a checkpoint exists) to ``until_step`` (default max_steps), export model/; returns the step.
 
     ``run_dir`` may be a bucket's URL (``s3://bucket/runs/NAME``): training then runs on its working copy, pulled
-    on each machine, and rank 0 publishes checkpoints and the export (:func:`core.bucket_run.trainer_working_copy`).
+    on each machine, and rank 0 publishes checkpoints and the export (:func:`core.bucket.run_dir.trainer_working_copy`).
 
     ``until_step`` may pass ``max_steps``: an incremental refresh keeps training on new data, and the
     learning rate stays at its cosine floor past ``max_steps``.
 
     Raises TrainingDivergedError (a TokenmillError) after ``train.max_nonfinite_steps`` bad steps in a row, and
-    RunLockedError when another process holds the run dir (see :func:`trainer.launch.run_dir_lock`).
+    RunLockedError when another process holds the run dir (see :func:`trainer.parallel.launch.run_dir_lock`).
     ``trust_remote_code``: run the model folder's own Python (``auto_map``); never taken from run.yaml.
     ``resolved``: read the configuration the launching flow resolved and wrote (``stages/launch.json``), not
     run.yaml (:mod:`trainer.run_config`).
@@ -247,7 +247,8 @@ def finish_background_save(loop: TrainingLoop) -> None:
 
 
 MIXTURE_SECTIONS = ("mixture", "mixture_schedule")
-"""The recipe sections that decide the data order besides the seed: each launch records them (trainer.consumed)."""
+"""The recipe sections that decide the data order besides the seed: each launch records them
+(trainer.metrics.consumed)."""
 
 
 def record_launch(loop: TrainingLoop, paths: RunPaths, config: TrainerSections) -> None:

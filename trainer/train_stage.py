@@ -9,7 +9,7 @@ restores the newest complete checkpoint and says "nothing to train" when it is t
 
 Prefect-free and torch-free at import (``tokenmill status`` builds every stage). How the child's lines and the
 training progress are shown is the launcher's business: a flow sets :attr:`TrainStage.launcher` to one that
-streams the lines to the task run's log and follows the metrics files (:mod:`flows.training_progress`).
+streams the lines to the task run's log and follows the metrics files (:mod:`flows.progress.training`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.atomic import read_json
 from core.errors import ChildProcessFailed
+from core.files.atomic import read_json
 from core.rundir import RunPaths, file_stats
 from core.stage import Inputs, Progress, Stage
-from trainer.checkpoint_layout import MANIFEST_NAME, export_state_file, list_checkpoints, manifest_file
-from trainer.launch import launch_command, launched_env, launched_fds
+from trainer.checkpoint.layout import MANIFEST_NAME, export_state_file, list_checkpoints, manifest_file
+from trainer.parallel.launch import launch_command, launched_env, launched_fds
 
 Launcher = Callable[[Sequence[str], "TrainStage", Progress], None]
 """``launcher(argv, stage, on_progress)``: runs the trainer's argv to its end; raises when it fails."""

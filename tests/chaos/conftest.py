@@ -22,14 +22,14 @@ import psutil
 import pytest
 import yaml
 
-from core.atomic import TEMP_PREFIX
+from core.files.atomic import TEMP_PREFIX
 from core.rundir import RunPaths
-from core.shards import ShardInfo
+from core.shards.store import ShardInfo
 from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
 from flows.run_sql import run_query
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.dedupe.summary import dedupe_stage
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
-from pipeline.stages import dedupe_stage
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import prefect_server
 from tokenization.stage import pack_split_source, write_index

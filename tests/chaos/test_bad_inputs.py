@@ -29,12 +29,12 @@ import zstandard
 
 from core.errors import ConfigError, ManifestError, SourceReadError
 from core.rundir import RunPaths
-from core.shards import read_shard_index
+from core.shards.store import read_shard_index
 from flows.recipe import load_recipe, record_recipe
 from flows.run_sql import run_query
 from pipeline.config import DedupeConfig
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.stages import dedupe_stage
+from pipeline.dedupe.summary import dedupe_stage
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from tests.chaos.conftest import (
     build_chaos_corpus,
     record_text,
@@ -44,7 +44,7 @@ from tests.chaos.conftest import (
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index
 from tokenization.train_tokenizer import prepare_tokenizer, train_tokenizer
-from trainer.checkpoint import list_checkpoints
+from trainer.checkpoint.checkpointer import list_checkpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RNG_SEED = 11
@@ -318,7 +318,7 @@ def test_vocab_above_65536_selects_uint32_shards(tmp_path: Path) -> None:
             schema = ipc.open_file(source).schema
         assert schema.field("input_ids").type.value_type == pa.uint32()
         assert schema.metadata[b"dtype"] == b"uint32"
-    from core.shards import verify_shards
+    from core.shards.store import verify_shards
 
     assert verify_shards(run_dir) == []
 

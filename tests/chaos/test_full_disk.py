@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from core.shards import verify_shards
+from core.shards.store import verify_shards
 from tests.chaos.conftest import (
     DATA_ARTIFACTS,
     build_chaos_corpus,
@@ -28,8 +28,8 @@ from tests.chaos.conftest import (
     write_chaos_recipe,
 )
 from tests.conftest import copy_stdlib_slice
-from trainer.checkpoint import list_checkpoints, verify_checkpoint
-from trainer.metrics import read_metric_rows
+from trainer.checkpoint.checkpointer import list_checkpoints, verify_checkpoint
+from trainer.metrics.sink import read_metric_rows
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +113,8 @@ def run_data_stages_without_pack(recipe: Path, run_dir: Path) -> None:
     """run.yaml, ingest, dedupe and tokenizer of the data stages (the pack runs under the limit)."""
     from core.rundir import RunPaths
     from flows.recipe import load_recipe, manifest_paths, record_recipe, tokenizer_file
-    from pipeline.ingest import ingest_part, plan_ingest
-    from pipeline.stages import dedupe_stage
+    from pipeline.dedupe.summary import dedupe_stage
+    from pipeline.ingest.stage import ingest_part, plan_ingest
     from tokenization.train_tokenizer import prepare_tokenizer
 
     loaded, base = load_recipe(recipe)
@@ -173,9 +173,9 @@ import sys
 from core.errors import TokenmillError
 from core.rundir import RunPaths
 from tests.trainer.conftest import TEST_DIMS
-from trainer.export import export_model, hf_llama_config
-from trainer.metrics import MetricsSink
-from trainer.model import LlamaForCausalLM, ModelDims, ModelShape
+from trainer.model.export import export_model, hf_llama_config
+from trainer.metrics.sink import MetricsSink
+from trainer.model.llama import LlamaForCausalLM, ModelDims, ModelShape
 
 paths = RunPaths(sys.argv[2])
 try:

@@ -32,11 +32,11 @@ import zstandard
 
 from core.errors import ManifestError
 from core.rundir import RunPaths
-from pipeline.filters import REJECT_REASONS
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.filters.screen import REJECT_REASONS
+from pipeline.ingest.readers import Record, Reject, read_file
+from pipeline.ingest.stage import ingest_part, plan_ingest
+from pipeline.ingest.streams import iter_lines, record_byte_limit
 from pipeline.manifest import SourceConfig
-from pipeline.readers import Record, Reject, read_file
-from pipeline.streams import iter_lines, record_byte_limit
 from tests.chaos.conftest import record_text, tokenmill
 from tests.conftest import copy_stdlib_slice
 
@@ -370,7 +370,7 @@ def write_bombs(folder: Path) -> dict[str, int]:
 CHILD = """
 import json, sys
 from pathlib import Path
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from core.rundir import RunPaths
 paths = RunPaths(Path(sys.argv[2]))
 summaries = [ingest_part(part, 0.0, paths) for part in plan_ingest([Path(sys.argv[1])], paths, 1 << 20)]

@@ -24,14 +24,14 @@ from core.documents import document_part_files
 from core.errors import QueryError, RunDirError, ShardFormatError
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
-from core.shards import ShardRows, read_shard_index, verify_shards, write_shard, write_shard_index
-from flows.report import write_report
+from core.shards.store import ShardRows, read_shard_index, verify_shards, write_shard, write_shard_index
+from flows.report.stage import write_report
 from flows.run_sql import connect
 from pipeline.shard_stats import shard_stats
 from tests.chaos.conftest import tokenmill
 from tests.conftest import build_query_run
 from tokenization.sample import sample_rows
-from trainer.data import PAD_ID, SplitRows
+from trainer.loader.batches import PAD_ID, SplitRows
 
 SHARD = "shards/split=train/source=a/part-00000.arrow"
 """The one shard :func:`build_query_run` writes."""

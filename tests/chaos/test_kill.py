@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.shards import verify_shards
+from core.shards.store import verify_shards
 from tests.chaos.conftest import (
     DATA_ARTIFACTS,
     LiveCommand,
@@ -31,13 +31,13 @@ from tests.chaos.conftest import (
     wait_gone,
     write_chaos_recipe,
 )
-from trainer.checkpoint import list_checkpoints, verify_checkpoint
-from trainer.metrics import read_metric_rows
+from trainer.checkpoint.checkpointer import list_checkpoints, verify_checkpoint
+from trainer.metrics.sink import read_metric_rows
 
 pytestmark = pytest.mark.slow
 
 PROGRESS = re.compile(r"Task run '[^']+' - [a-z-]+: ")
-"""A stage call finished (flows.progress): the moments a prepare run can be killed after."""
+"""A stage call finished (flows.progress.bars): the moments a prepare run can be killed after."""
 STEP_LINE = re.compile(r" - step (\d+)/\d+ \|")
 METRIC_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_seen", "epoch", "skipped_steps")
 """Deterministic columns of a train metrics row (timings and throughput are not)."""

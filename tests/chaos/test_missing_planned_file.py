@@ -15,7 +15,7 @@ import pytest
 
 from core.rundir import RunPaths
 from flows.run_sql import run_query
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from tests.chaos.conftest import build_chaos_corpus, tokenmill, write_chaos_recipe
 from tests.chaos.test_bad_inputs import assert_one_line_error
 from tests.chaos.test_hostile_inputs import (

@@ -31,8 +31,8 @@ from tests.chaos.conftest import (
     tokenmill,
     write_chaos_recipe,
 )
-from trainer.launch import PARENT_PID_ENV, launch_command
-from trainer.metrics import read_metric_rows
+from trainer.metrics.sink import read_metric_rows
+from trainer.parallel.launch import PARENT_PID_ENV, launch_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_MARK = "prefect.server.api.server:create_app"
@@ -280,8 +280,8 @@ def own_server_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     """``tokenmill`` with no server configured, so a temporary one starts.
 
     In tokenmill's own Prefect home (no PREFECT_HOME) tokenmill starts it before importing Prefect
-    (flows.server.start_temporary_server); in a home of the user's, whose profile might name a server,
-    Prefect starts it and tokenmill guards it (flows.server.guard_temporary_server).
+    (flows.runtime.server.start_temporary_server); in a home of the user's, whose profile might name a server,
+    Prefect starts it and tokenmill guards it (flows.runtime.server.guard_temporary_server).
     """
     unset = ("PREFECT_API_URL", "PREFECT_HOME", "TOKENMILL_PREFECT_HOME")
     env = {key: value for key, value in os.environ.items() if key not in unset} | {"PYTHONUNBUFFERED": "1"}

@@ -22,7 +22,7 @@ from core.errors import ConfigError
 from core.rundir import RunPaths
 from flows.pipeline import evaluation_tasks
 from flows.recipe import resolve_recorded_run, resolve_run
-from flows.report import write_report
+from flows.report.stage import write_report
 from flows.run_code import refuse_untrusted_code
 from tests.chaos.conftest import tokenmill
 from tests.chaos.test_bad_inputs import assert_one_line_error
@@ -130,8 +130,8 @@ def test_the_same_folder_named_in_a_recipe_the_user_passes_runs(tmp_path: Path) 
 
 
 def test_the_built_in_task_tokenmill_writes_passes_as_data(tmp_path: Path) -> None:
-    from trainer.downstream import check_tasks
-    from trainer.next_line_task import TASK_NAME, write_next_line_task
+    from trainer.eval.downstream import check_tasks
+    from trainer.eval.next_line_task import TASK_NAME, write_next_line_task
 
     folder = tmp_path / "received" / "eval" / "tasks"
     folder.mkdir(parents=True)

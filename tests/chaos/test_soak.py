@@ -15,11 +15,11 @@ import psutil
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
-from core.shards import verify_shards
+from core.shards.store import verify_shards
 from tests.chaos.conftest import funnel_total, record_text, temp_leftovers, write_chaos_recipe
 from tests.conftest import STDLIB
-from trainer.checkpoint import list_checkpoints
-from trainer.metrics import read_metric_rows
+from trainer.checkpoint.checkpointer import list_checkpoints
+from trainer.metrics.sink import read_metric_rows
 from trainer.train import train
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from core.atomic import write_text_atomic
 from core.errors import UnwritableError
+from core.files.atomic import write_text_atomic
 from core.rundir import RunPaths
 from tests.chaos.conftest import tokenmill
 from tests.chaos.test_bad_inputs import MANIFEST, RECIPE, assert_one_line_error

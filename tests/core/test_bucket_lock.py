@@ -18,7 +18,7 @@ LEASE_S = 2.0
 RACER = """
 import sys, time
 from pathlib import Path
-from core.bucket_lock import BucketLock
+from core.bucket.lock import BucketLock
 from core.errors import RunLockedError
 lock = BucketLock(sys.argv[1], "racer")
 go = Path(sys.argv[2])
@@ -89,7 +89,7 @@ def test_racing_processes_one_proceeds_a_dead_holder_is_taken_over_after_the_lea
 
 
 def test_wrong_credentials_are_one_line_naming_the_lock(s3_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from core.bucket_lock import BucketLock
+    from core.bucket.lock import BucketLock
     from core.errors import ObjectStoreError
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
@@ -119,7 +119,7 @@ def test_a_holder_killed_on_this_machine_is_taken_over_at_once(s3_prefix: str, t
 
 def hand_written_lock(url: str, **changes: object) -> dict[str, object]:
     """Put a lock object as a live holder of this process's machine would write it, with ``changes``; return it."""
-    from core.bucket_lock import LOCK_KEY, s3_client, split_url, this_process
+    from core.bucket.lock import LOCK_KEY, s3_client, split_url, this_process
 
     bucket, prefix = split_url(url)
     record = {"owner": "someone", "host": socket.gethostname(), "pid": os.getpid(), "command": "tokenmill train",
@@ -131,7 +131,7 @@ def hand_written_lock(url: str, **changes: object) -> dict[str, object]:
 @pytest.mark.parametrize("holder", ["pid reused", "alive here", "gone elsewhere", "no start time"])
 def test_only_a_holder_known_dead_on_this_machine_is_taken_over_before_the_lease(s3_prefix: str,
                                                                                 holder: str) -> None:
-    from core.bucket_lock import BucketLock
+    from core.bucket.lock import BucketLock
     from core.errors import RunLockedError
 
     url = f"{s3_prefix}/runs/{holder.replace(' ', '-')}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.bucket_run import BucketRun
+from core.bucket.run_dir import BucketRun
 from core.errors import ObjectStoreError
 from tests.conftest import build_query_run
 

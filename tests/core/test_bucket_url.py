@@ -1,10 +1,10 @@
-"""core/bucket_url.py: S3's bucket-naming rules and the key rules, checked before any request (issue #34, class 3)."""
+"""core/bucket/url.py: S3's bucket-naming rules and the key rules, checked before any request (issue #34, class 3)."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.bucket_url import check_bucket_url, object_and_folder
+from core.bucket.url import check_bucket_url, object_and_folder
 
 
 @pytest.mark.parametrize(("url", "says"), [

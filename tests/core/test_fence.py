@@ -1,5 +1,5 @@
 """A process working under the run-dir lock its launcher lends it writes nothing once the launcher is gone, and the
-run dir stays locked until that process is gone too (core.fence, core.runlock)."""
+run dir stays locked until that process is gone too (core.files.fence, core.runlock)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ LIVENESS_S = 30
 LAUNCHER = """
 import os, subprocess, sys
 from core.rundir import RunPaths
-from trainer.launch import launched_env, launched_fds
+from trainer.parallel.launch import launched_env, launched_fds
 paths = RunPaths(sys.argv[1])
 with paths.lock():  # what a flow does around `accelerate launch`: the same environment, the same descriptors
     child = subprocess.Popen([sys.executable, "-c", sys.argv[2], *sys.argv[1:]], env={**os.environ, **launched_env()},

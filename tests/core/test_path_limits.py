@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from core.errors import ConfigError, ManifestError, UnwritableError
-from core.path_limits import LAYOUT_DEPTH_BYTES, MAX_NAME_BYTES, NAME_MAX_BYTES, PATH_MAX_BYTES
+from core.files.path_limits import LAYOUT_DEPTH_BYTES, MAX_NAME_BYTES, NAME_MAX_BYTES, PATH_MAX_BYTES
 from core.rundir import RunPaths
 from flows.recipe import load_recipe
 from pipeline.manifest import load_manifest

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.atomic import read_json, write_json_atomic
 from core.errors import RunDirError, RunLockedError
+from core.files.atomic import read_json, write_json_atomic
 from core.rundir import RunPaths, fingerprint
 
 HOLD_LOCK = "import sys, time; from core.rundir import RunPaths; RunPaths(sys.argv[1]).lock().acquire(); " \
@@ -105,7 +105,7 @@ def test_a_run_dir_of_before_stage_markers_is_refused_in_one_line_not_migrated(t
     from core.documents import document_part_files
     from core.stage import run_stage
     from pipeline.config import DedupeConfig
-    from pipeline.dedupe import DedupeStage
+    from pipeline.dedupe.stage import DedupeStage
 
     paths = RunPaths(tmp_path)
     write_json_atomic(paths.docs / "part-00000.json", {"fingerprint": "f" * 64, "part": {"part_id": 0}, "summary": {}})

@@ -1,4 +1,4 @@
-"""core/shard_dataset.py: the shards as a ``datasets.Dataset``, row for row, without copying the tokens."""
+"""core/shards/dataset.py: the shards as a ``datasets.Dataset``, row for row, without copying the tokens."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from core.errors import ConfigError, ShardFormatError
-from core.shard_dataset import shards_as_dataset
-from core.shards import ShardRows, ShardTokens, read_shard_index, shard_relpath, write_shard, write_shard_index
+from core.shards.dataset import shards_as_dataset
+from core.shards.store import ShardRows, ShardTokens, read_shard_index, shard_relpath, write_shard, write_shard_index
 
 SEQ_LEN = 512
 VOCAB_SIZE = 50_000

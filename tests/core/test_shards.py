@@ -1,4 +1,4 @@
-"""core/shards.py: the shard writer is atomic and deterministic; verify_shards finds every kind of fault."""
+"""core/shards/store.py: the shard writer is atomic and deterministic; verify_shards finds every kind of fault."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from core.atomic import TEMP_PREFIX, remove_stale_temps, sha256_file
 from core.errors import ShardFormatError
-from core.shards import (
+from core.files.atomic import TEMP_PREFIX, remove_stale_temps, sha256_file
+from core.shards.store import (
     ShardInfo,
     ShardRows,
     ShardTokens,
@@ -99,7 +99,7 @@ def test_writes_leave_no_temp_file_and_a_failed_write_keeps_the_old_shard(tmp_pa
     def failing_replace(src: str, dst: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("core.atomic.os.replace", failing_replace)
+    monkeypatch.setattr("core.files.atomic.os.replace", failing_replace)
     with pytest.raises(OSError, match="No space left"):
         write_shard(tmp_path, relpath, make_rows(4, seed=1), split="train", source="lib",
                     tokenizer_sha256=TOKENIZER_SHA, vocab_size=VOCAB_SIZE)
@@ -115,13 +115,13 @@ KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import numpy as np
-    import core.atomic
-    from core.shards import ShardRows, write_shard
+    import core.files.atomic
+    from core.shards.store import ShardRows, write_shard
 
     def kill_before_rename(fd):  # the new shard is fully written to its temp file, not yet renamed
         os.kill(os.getpid(), signal.SIGKILL)
 
-    core.atomic.os.fsync = kill_before_rename
+    core.files.atomic.os.fsync = kill_before_rename
     ids = np.full((4, 16), 7, dtype=np.int64)
     rows = ShardRows(ids, [[1]] * 4, [[0]] * 4, [0] * 4, [16] * 4)
     write_shard(Path(sys.argv[1]), sys.argv[2], rows, split="train", source="lib", tokenizer_sha256="a" * 64,

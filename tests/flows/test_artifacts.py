@@ -1,4 +1,5 @@
-"""flows.artifacts and flows.artifact_keys: keys Prefect accepts, one per run, and tables that say "none"."""
+"""flows.report.artifacts and flows.report.artifact_keys: keys Prefect accepts, one per run, and tables that say
+"none"."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 import pytest
 from prefect.client.schemas.actions import ArtifactCreate
 
-from flows.artifact_keys import artifact_key, run_key_prefix
-from flows.artifacts import NO_REJECTS, rejects_table
+from flows.report.artifact_keys import artifact_key, run_key_prefix
+from flows.report.artifacts import NO_REJECTS, rejects_table
 
 
 @pytest.mark.parametrize(("run_dir", "prefix"), [

@@ -17,7 +17,7 @@ TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
 
 
 def bucket_objects(url: str) -> dict[str, tuple[int, str]]:
-    from core.bucket_run import BucketRun
+    from core.bucket.run_dir import BucketRun
 
     return BucketRun(url, Path("/nonexistent"))._list()
 

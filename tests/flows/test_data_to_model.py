@@ -13,11 +13,11 @@ import pytest
 
 from core.numbers import rounded_floats
 from core.rundir import RunPaths
-from core.shards import verify_shards
+from core.shards.store import verify_shards
 from core.stage import read_marker, stage_status
-from flows.artifact_keys import artifact_key
 from flows.recipe import resolve_recorded_run
-from flows.report import report_inputs_fingerprint
+from flows.report.artifact_keys import artifact_key
+from flows.report.stage import report_inputs_fingerprint
 from flows.run_sql import run_query
 from tests.flows.conftest import write_small_recipe
 from trainer.train_stage import TrainStage
@@ -70,7 +70,7 @@ def test_the_full_evaluation_runs_after_training_and_a_rerun_recomputes_nothing(
 
 
 def test_training_progress_artifact_follows_the_metrics_file(finished_run: tuple[Path, dict, dict]) -> None:
-    # The artifact follows metrics/train.jsonl as the real trainer writes it (flows/training_progress.py).
+    # The artifact follows metrics/train.jsonl as the real trainer writes it (flows/progress/training.py).
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -162,7 +162,7 @@ def test_report_headline_reads_the_finished_run(finished_run: tuple[Path, dict, 
     import pyarrow.ipc as ipc
 
     from flows.stage_times import stage_wall_times
-    from trainer.sample_generation import read_sample
+    from trainer.model.sample_generation import read_sample
 
     run_dir, _, _ = finished_run
     paths = RunPaths(run_dir)

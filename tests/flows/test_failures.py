@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import OutOfSpaceError, UnwritableError
-from flows.failures import user_error
+from flows.cli.failures import user_error
 from tests.chaos.test_bad_inputs import MANIFEST, RECIPE, assert_one_line_error
 from tests.conftest import build_query_run
 
@@ -73,7 +73,7 @@ def test_a_folder_where_run_yaml_must_be_is_one_line_for_prepare_and_eval(tmp_pa
 
 
 def test_an_os_error_no_writer_mapped_is_one_line_naming_its_path() -> None:
-    """The CLI's last resort (flows.failures.user_error): an OSError on a path anywhere in the chain of causes."""
+    """The CLI's last resort (flows.cli.failures.user_error): an OSError on a path anywhere in the chain of causes."""
     folder = Path("/tmp")
     try:
         folder.read_text()

@@ -1,10 +1,10 @@
-"""flows/settings.py: flow runs send heartbeats to a configured Prefect server, none to the temporary one."""
+"""flows/runtime/settings.py: flow runs send heartbeats to a configured Prefect server, none to the temporary one."""
 
 from __future__ import annotations
 
 from prefect.settings import get_current_settings
 
-from flows.settings import heartbeats_unless_temporary
+from flows.runtime.settings import heartbeats_unless_temporary
 
 
 def heartbeat_seconds() -> int | None:

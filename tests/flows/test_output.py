@@ -1,4 +1,4 @@
-"""flows/output.py and flows/sample_view.py: the values printed are the data, in every format.
+"""flows/cli/output.py and flows/cli/sample_view.py: the values printed are the data, in every format.
 
 The CLI tests run the console script as a user does (stdout a pipe, ``COLUMNS=80``): that is where click's
 ANSI stripping and rich's squeezing happened.
@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.schemas import DOCUMENTS_SCHEMA
-from flows.output import blob_text, emit_rows, table_fits, terminal_text
-from flows.sample_view import sample_block
+from flows.cli.output import blob_text, emit_rows, table_fits, terminal_text
+from flows.cli.sample_view import sample_block
 from tests.conftest import build_query_run
 from tests.flows.test_cli import TOKENMILL
 

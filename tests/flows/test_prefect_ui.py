@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from flows.artifact_keys import artifact_key
-from pipeline.query import data_funnel
+from flows.report.artifact_keys import artifact_key
 from pipeline.shard_stats import shard_stats
+from pipeline.sql.query import data_funnel
 from tests.flows.conftest import write_small_recipe
 
 pytestmark = pytest.mark.slow

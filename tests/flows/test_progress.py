@@ -1,4 +1,4 @@
-"""flows.progress and flows.training_progress: one line per finished stage call, live bars on a terminal, and
+"""flows.progress.bars and flows.progress.training: one line per finished stage call, live bars on a terminal, and
 the training bar and artifact that follow the metrics files."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from core.rundir import RunPaths
-from core.shards import ShardInfo
-from flows import training_progress
-from flows.progress import (
+from core.shards.store import ShardInfo
+from flows.progress import training as training_progress
+from flows.progress.bars import (
     QUIET_ENV,
     Meter,
     describe_rates,
@@ -30,11 +30,11 @@ from flows.progress import (
     reports_progress,
     stage_meter,
 )
-from flows.subprocess_log import run_streaming
-from flows.training_progress import MetricsTail, TrainingArtifact, TrainingBar, TrainingFollower, follow_training
+from flows.progress.training import MetricsTail, TrainingArtifact, TrainingBar, TrainingFollower, follow_training
+from flows.runtime.subprocess_log import run_streaming
 from tests.flows.conftest import write_small_recipe
 from tests.flows.test_cli import TOKENMILL
-from trainer.metrics import MetricsSink
+from trainer.metrics.sink import MetricsSink
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 BAR = "━"
@@ -290,7 +290,7 @@ class RecordingMeter(Meter):
 FAKE_TRAINER = """
 import sys, time
 from core.rundir import RunPaths
-from trainer.metrics import MetricsSink
+from trainer.metrics.sink import MetricsSink
 sink = MetricsSink(RunPaths(sys.argv[1]))
 sink.drop_rows_after(None)
 print("step 150/200 | loss 1.0000 | lr 1.00e-03 | grad_norm 0.100 | 9,999 tokens/s", flush=True)  # not in the file

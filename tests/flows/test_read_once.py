@@ -28,7 +28,7 @@ Counts = collections.Counter[str]
 
 def count_yaml_reads(monkeypatch: pytest.MonkeyPatch) -> Counts:
     """``{file name: reads}`` of every YAML file read from now on in this process."""
-    import flows.cli
+    import flows.cli.commands
     import flows.pipeline  # imported now: its modules' names are wrapped below
 
     counts: Counts = collections.Counter()
@@ -41,13 +41,13 @@ def count_yaml_reads(monkeypatch: pytest.MonkeyPatch) -> Counts:
     for module in list(sys.modules.values()):
         if getattr(module, "load_yaml_mapping", None) is original:
             monkeypatch.setattr(module, "load_yaml_mapping", counting)
-    monkeypatch.setattr(flows.cli, "_print_summary", lambda summary: None)
+    monkeypatch.setattr(flows.cli.commands, "_print_summary", lambda summary: None)
     return counts
 
 
 def tokenmill(*args: str) -> None:
     """The ``tokenmill`` command, in this process."""
-    from flows.cli import app
+    from flows.cli.commands import app
 
     typer.main.get_command(app)(list(args), standalone_mode=False)
 
@@ -55,10 +55,10 @@ def tokenmill(*args: str) -> None:
 @pytest.fixture
 def in_process_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The command in this process on one core (its ingest part too), its state and console filters undone after."""
-    import flows.cli
+    import flows.cli.commands
 
     monkeypatch.setattr("os.cpu_count", lambda: 1)
-    monkeypatch.setattr(flows.cli, "STATE", dict(flows.cli.STATE))
+    monkeypatch.setattr(flows.cli.commands, "STATE", dict(flows.cli.commands.STATE))
     filters = {handler: list(handler.filters) for handler in logging.getLogger().handlers}
     yield
     for handler, kept in filters.items():
@@ -82,7 +82,7 @@ def count_reads(monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...]) -> Coun
 def test_the_command_reads_the_recipe_each_manifest_and_run_yaml_once_and_a_launched_process_its_file_once(
         tmp_path: Path, prefect_server: None, in_process_cli: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tokenmill prepare`` on a new run dir, then again through its flow; then what ``python -m trainer.train`` and
-    ``python -m trainer.eval_checkpoint`` do when the flow launches them (its flag, and the file the flow wrote, as
+    ``python -m trainer.eval.checkpoint`` do when the flow launches them (its flag, and the file the flow wrote, as
     ``train-model`` does before it launches), run in this process."""
     recipe = write_small_recipe(tmp_path, packages=("json",))
     with monkeypatch.context() as patch:
@@ -98,8 +98,9 @@ def test_the_command_reads_the_recipe_each_manifest_and_run_yaml_once_and_a_laun
     from accelerate.state import AcceleratorState, GradientState
 
     from flows.recipe import resolve_run, write_launch_config
-    from trainer import eval_checkpoint, train
-    from trainer.launch import LAUNCH_CONFIG_FLAG, eval_launch_command, launch_command
+    from trainer import train
+    from trainer.eval import checkpoint as eval_checkpoint
+    from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, eval_launch_command, launch_command
 
     write_launch_config(resolve_run(recipe))
     run_dir = str(tmp_path / "run")

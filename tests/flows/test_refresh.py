@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.shards import read_shard_index, verify_shards
+from core.shards.store import read_shard_index, verify_shards
 from flows.run_sql import run_query
 from tests.conftest import STDLIB, copy_stdlib_slice
 from tests.flows.conftest import write_small_recipe

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from core.rundir import RunPaths
-from flows.report import collect_report_data, write_report
-from flows.report_plots import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, drawn_figure
-from pipeline.query import realised_mix
+from flows.report.plots import MAX_REASONS, PLOT_FUNCTIONS, PLOTS, drawn_figure
+from flows.report.stage import collect_report_data, write_report
+from pipeline.sql.query import realised_mix
 from tests.conftest import build_query_run
 
 CHECK_IMAGES = """<script>

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from core.rundir import RunPaths
-from flows.report import report_is_current, write_report
+from flows.report.stage import report_is_current, write_report
 from tests.conftest import STDLIB, build_query_run
-from trainer.sample_generation import SAMPLE_SETTINGS
+from trainer.model.sample_generation import SAMPLE_SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_ROWS = [{"step": 1, "loss": 5.0, "lr": 0.1, "tokens_seen": 64, "tokens_per_s": 900.0},
@@ -23,8 +23,8 @@ TRAIN_ROWS = [{"step": 1, "loss": 5.0, "lr": 0.1, "tokens_seen": 64, "tokens_per
 def export(run: Path, seed: int) -> int:
     """Export a built-in model (random weights from ``seed``) with the run's tokenizer; returns its parameters."""
     from trainer.config import ModelDims
-    from trainer.export import export_model, hf_llama_config
-    from trainer.model import ModelShape, build_model
+    from trainer.model.export import export_model, hf_llama_config
+    from trainer.model.llama import ModelShape, build_model
 
     paths = RunPaths(run)
     shape = ModelShape(ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64),
@@ -76,7 +76,7 @@ def test_headline_shows_the_runs_own_figures(run: Path) -> None:
 
 
 def test_the_sample_is_generated_once_per_export_and_shown(run: Path) -> None:
-    from trainer.generate import generate_text, load_exported_model
+    from trainer.model.generate import generate_text, load_exported_model
 
     paths = RunPaths(run)
     export(run, seed=3)
@@ -123,7 +123,7 @@ def test_a_truncated_export_is_said_in_the_report(run: Path) -> None:
 NO_TORCH_CHECK = """
 import sys
 from core.rundir import RunPaths
-from flows.report import write_report
+from flows.report.stage import write_report
 write_report(RunPaths(sys.argv[1]))
 print("torch imported" if "torch" in sys.modules else "no torch")
 """

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from core.errors import ChildProcessFailed
-from flows.artifact_keys import artifact_key
+from flows.report.artifact_keys import artifact_key
 from tests.flows.conftest import Recorder, write_small_recipe
 
 pytestmark = pytest.mark.slow

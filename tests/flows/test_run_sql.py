@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("opener", OPENERS)
 def test_there_is_one_way_to_open_a_run_and_it_has_every_view(run_dir: Path, opener: str) -> None:
     """Each ``connect``/``run_query`` in the project answers over every view, the trainer's included (there were
-    two ``connect``: ``pipeline.query``'s lacked ``consumed`` and ``row_losses``)."""
+    two ``connect``: ``pipeline.sql.query``'s lacked ``consumed`` and ``row_losses``)."""
     assert {"consumed", "row_losses", "attributes", "sequences"} <= set(view_names())
     modules = modules_defining(opener)
     assert modules == ["flows.run_sql"]
@@ -70,7 +70,7 @@ def test_query_help_lists_every_view_connect_opens(run_dir: Path) -> None:
 def test_a_query_over_documents_imports_neither_pandas_nor_torch(run_dir: Path) -> None:
     """What ``tokenmill query`` pays at start-up: pandas (pyarrow.dataset imports it, and so does ``pa.array``
     of Python values) and torch (the trainer's views) are imported only by a statement that needs them."""
-    program = ("import sys\nfrom flows.cli import main\nsys.argv = ['tokenmill', 'query', sys.argv[1], "
+    program = ("import sys\nfrom flows.cli.commands import main\nsys.argv = ['tokenmill', 'query', sys.argv[1], "
                "'SELECT source, count(*) FROM documents GROUP BY ALL']\ntry:\n    main()\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\nprint(sorted({'pandas', 'torch'} & set(sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", program, str(run_dir)], capture_output=True, text=True,
@@ -104,7 +104,7 @@ def test_sql_reads_no_file_of_the_run_dir_but_its_checked_parquet(run_dir: Path)
 def test_the_report_reads_every_view_but_replays_no_training_step(run_dir: Path) -> None:
     """The report opens the run with the one ``connect``, without the trainer's views: replaying every step
     imports torch (seconds) for views the report never shows."""
-    program = ("import sys\nfrom pathlib import Path\nfrom flows.report import collect_report_data\n"
+    program = ("import sys\nfrom pathlib import Path\nfrom flows.report.stage import collect_report_data\n"
                "collect_report_data(Path(sys.argv[1]))\nprint('torch' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", program, str(run_dir)], capture_output=True, text=True,
                             timeout=120, cwd=REPO)

@@ -1,4 +1,4 @@
-"""flows/settings.py: the environment every process tokenmill starts runs in (other libraries' bars off)."""
+"""flows/runtime/settings.py: the environment every process tokenmill starts runs in (other libraries' bars off)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 # What the CLI does first (configure_environment), then the libraries' own bars, as a launched process meets them.
 LIBRARIES_DRAW_BARS = textwrap.dedent("""
     import sys
-    from flows.settings import configure_environment, show_library_progress
+    from flows.runtime.settings import configure_environment, show_library_progress
     configure_environment()
     if "--debug" in sys.argv:
         show_library_progress()
@@ -27,7 +27,7 @@ LIBRARIES_DRAW_BARS = textwrap.dedent("""
 """)
 BARS = ("a tqdm bar", "a datasets bar", "a transformers bar")
 SWITCHES = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
-"""The libraries' own switches (flows.settings.LIBRARY_PROGRESS_OFF): the child starts without any of them."""
+"""The libraries' own switches (flows.runtime.settings.LIBRARY_PROGRESS_OFF): the child starts without any of them."""
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["default", "--debug"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from core.rundir import SMALL_FILE_BYTES, RunPaths, file_stats
 from core.stage import run_stage, stage_status
-from flows.report import REPORT_STAGE, report_inputs_fingerprint, report_is_current, write_report
+from flows.report.stage import REPORT_STAGE, report_inputs_fingerprint, report_is_current, write_report
 from tests.conftest import build_query_run
 from trainer.train_stage import TrainStage
 

@@ -1,4 +1,4 @@
-"""flows/stage_processes.py: stage calls in forked workers, with their progress, errors and lifetime."""
+"""flows/runtime/stage_processes.py: stage calls in forked workers, with their progress, errors and lifetime."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from core.errors import SourceReadError
-from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
+from flows.runtime.stage_processes import run_stage_call, stage_processes, start_fork_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_workers_exit_when_the_flow_process_is_killed(tmp_path: Path) -> None:
     """kill -9 of the flow's process mid-call: no orphan worker goes on running (and writing into the run dir)."""
     started = tmp_path / "worker.pid"
     script = textwrap.dedent(f"""
-        from flows.stage_processes import run_stage_call, stage_processes, start_fork_server
+        from flows.runtime.stage_processes import run_stage_call, stage_processes, start_fork_server
         from tests.flows.test_stage_processes import sleep_long
 
         with stage_processes(2):

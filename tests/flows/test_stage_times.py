@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.rundir import RunPaths
-from flows.report import report_is_current, write_report
+from flows.report.stage import report_is_current, write_report
 from flows.stage_times import merged_seconds, read_versions, stage_wall_times, times_stage
 from tests.conftest import build_query_run
 

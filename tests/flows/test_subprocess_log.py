@@ -1,4 +1,4 @@
-"""flows/subprocess_log.py: streamed lines, a failing child's tail, and a deadline that kills the whole tree."""
+"""flows/runtime/subprocess_log.py: streamed lines, a failing child's tail, and a deadline that kills the whole tree."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import ChildProcessFailed
 from core.progress_lines import PRINT_EVERY_S, ProgressLine, ProgressPrinter, parse_progress_line
-from flows.subprocess_log import run_streaming
+from flows.runtime.subprocess_log import run_streaming
 
 # A launcher stand-in: like torchrun, it starts its "rank" in a session of its own; the rank ignores SIGTERM.
 LAUNCHER = textwrap.dedent("""

@@ -20,7 +20,7 @@ from core.stage import run_stage
 from flows.recipe import ResolvedRun, record_run, resolve_run
 from flows.stage_list import PREPARE_STAGES, build_stages
 from flows.up_to_date import as_skipped, command_status, sealed_summary, write_seal
-from pipeline.ingest import IngestStage
+from pipeline.ingest.stage import IngestStage
 from tests.flows.conftest import write_small_recipe
 
 SUMMARY = {"run_dir": "r", "parts_ingested": 3, "dedupe": {"skipped": False, "num_near_duplicates": 2, "b": 1, "a": 0},

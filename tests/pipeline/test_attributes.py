@@ -18,12 +18,12 @@ from benchmarks.corpus import debian_doc_texts, man_page_texts
 from core.rundir import RunPaths
 from core.schemas import ATTRIBUTE_VALUE_FIELDS, ATTRIBUTES_SCHEMA
 from flows.run_sql import run_query
-from pipeline.filters import UNMEASURED, check_filters, measure_text, redecide
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.screen import UNMEASURED, check_filters, measure_text, redecide
+from pipeline.filters.thresholds import measurement_settings
+from pipeline.filters.web_filters import storable_statistics
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from pipeline.manifest import FilterConfig
-from pipeline.normalisation import normalise_text
-from pipeline.thresholds import measurement_settings
-from pipeline.web_filters import storable_statistics
 from tests.test_readme_sql import QUERIES
 
 PAGES = 8

@@ -1,4 +1,5 @@
-"""pipeline/decontaminate.py on real stdlib files with planted val and eval quotations, against a pure-Python oracle."""
+"""pipeline/dedupe/decontaminate.py on real stdlib files with planted val and eval quotations, against a pure-Python
+oracle."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from core.errors import ConfigError
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from pipeline.config import DecontaminateConfig, DedupeConfig
-from pipeline.decontaminate import decontaminate_documents
-from pipeline.dedupe import dedupe_documents
-from pipeline.filters import REJECT_REASONS, content_hash, split_for
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.normalisation import normalise_text
+from pipeline.dedupe.decontaminate import decontaminate_documents
+from pipeline.dedupe.stage import dedupe_documents
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.screen import REJECT_REASONS, content_hash, split_for
+from pipeline.ingest.stage import ingest_part, plan_ingest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 VAL_FRACTION = 0.2

@@ -1,4 +1,4 @@
-"""pipeline/dedupe.py and pipeline/minhash.py on real stdlib files with planted exact and near copies."""
+"""pipeline/dedupe/stage.py and pipeline/dedupe/minhash.py on real stdlib files with planted exact and near copies."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from benchmarks.dedupe import normalised_words
 from core.documents import DUPLICATES_FILE, iter_documents
 from core.rundir import RunPaths
 from core.schemas import DUPLICATES_SCHEMA
-from pipeline import minhash, near_dedupe
 from pipeline.config import DedupeConfig, NearDedupeConfig
-from pipeline.dedupe import BANDS_DIR, CLUSTERS_FILE, MINHASH_DIR, dedupe_documents
-from pipeline.ingest import ingest_part, part_marker, plan_ingest
+from pipeline.dedupe import minhash, near_dedupe
+from pipeline.dedupe.stage import BANDS_DIR, CLUSTERS_FILE, MINHASH_DIR, dedupe_documents
+from pipeline.ingest.stage import ingest_part, part_marker, plan_ingest
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 PART_BYTES = 128 * 1024
@@ -339,8 +339,8 @@ def test_read_rows_reads_only_the_row_groups_it_needs(tmp_path: Path) -> None:
 def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Band keys are made one signature row group at a time, and a candidate's signature comes from the one
     row group that holds it: the stage never holds a whole part's signatures (0.5 KB a document)."""
-    from pipeline import part_files
-    from pipeline.dedupe import finished_parts
+    from pipeline.dedupe.stage import finished_parts
+    from pipeline.ingest import part_files
     from tests.pipeline.test_ingest import write_manifest as write_sources
     from tests.pipeline.test_ingest import write_short_docs
 
@@ -374,7 +374,7 @@ def test_dedupe_reads_a_parts_signatures_one_block_at_a_time(tmp_path: Path, mon
 
 def test_changing_the_words_changes_the_dedupe_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run deduped on other words (an older WORDS_VERSION) is deduped again, not skipped."""
-    from pipeline.dedupe import dedupe_fingerprint
+    from pipeline.dedupe.stage import dedupe_fingerprint
 
     parts = [near_dedupe.DocsPart(0, Path("part-00000.parquet"), "abc")]
     now = dedupe_fingerprint(parts, DedupeConfig())

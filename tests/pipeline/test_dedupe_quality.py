@@ -38,8 +38,8 @@ from benchmarks.dedupe import (
 from core.documents import document_part_files, iter_documents
 from core.rundir import RunPaths
 from pipeline.config import DedupeConfig, NearDedupeConfig
-from pipeline.dedupe import CLUSTERS_FILE, dedupe_documents
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.dedupe.stage import CLUSTERS_FILE, dedupe_documents
+from pipeline.ingest.stage import ingest_part, plan_ingest
 
 NUM_FAMILIES = 60
 NUM_PROSE_FAMILIES = 30

@@ -18,7 +18,7 @@ import pytest
 
 from core.rundir import RunPaths
 from flows.recipe import DEFAULT_RECIPE, load_recipe, manifest_paths
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.ingest.stage import ingest_part, plan_ingest
 
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "**The default corpus's rejects**"

@@ -1,4 +1,4 @@
-"""pipeline/filters.py: normalisation, exact-dedupe hash, quality filters and the train/val split."""
+"""pipeline/filters/screen.py: normalisation, exact-dedupe hash, quality filters and the train/val split."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from core.schemas import NON_FILTER_REJECT_REASONS
-from pipeline.filters import (
+from pipeline.filters.language import model_path
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.screen import (
     QUALITY_FILTERS,
     REJECT_REASONS,
     MeasuredText,
@@ -24,9 +26,7 @@ from pipeline.filters import (
     redact_pii,
     split_for,
 )
-from pipeline.language import model_path
 from pipeline.manifest import FilterConfig, QualityClassifierConfig, checked_classifier, load_manifest
-from pipeline.normalisation import normalise_text
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 """Generated data is data (issue 35, item 7): spaCy's English special cases and datatrove's punctuation sets live in
-``pipeline/data/`` as JSON, read once by ``pipeline/english_exceptions.py`` and ``pipeline/punctuation.py``. What is
-read must be what the filters were generated from, and the files must ship in a wheel."""
+``pipeline/data/`` as JSON, read once by ``pipeline/filters/english_exceptions.py`` and
+``pipeline/filters/punctuation.py``. What is read must be what the filters were generated from, and the files must ship
+in a wheel."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import spacy
 from datatrove.utils import text as datatrove_text
 from spacy.symbols import ORTH
 
-from pipeline.english_exceptions import SPECIAL_CASES
-from pipeline.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
+from pipeline.filters.english_exceptions import SPECIAL_CASES
+from pipeline.filters.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,8 @@ import importlib.util, sys
 spec = importlib.util.spec_from_loader("pipeline", None, is_package=True)
 spec.submodule_search_locations = [sys.argv[1], sys.argv[2]]
 sys.modules["pipeline"] = importlib.util.module_from_spec(spec)
-from pipeline.english_exceptions import SPECIAL_CASES
-from pipeline.punctuation import PUNCTUATION
+from pipeline.filters.english_exceptions import SPECIAL_CASES
+from pipeline.filters.punctuation import PUNCTUATION
 print(len(SPECIAL_CASES), len(PUNCTUATION))
 """
 

@@ -1,4 +1,4 @@
-"""pipeline/ingest.py on a slice of the real standard library plus planted broken files."""
+"""pipeline/ingest/stage.py on a slice of the real standard library plus planted broken files."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from core.documents import doc_id_for
 from core.errors import ManifestError, SourceReadError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA, REJECTS_SCHEMA
-from pipeline.filters import content_hash
-from pipeline.ingest import (
+from pipeline.filters.screen import content_hash
+from pipeline.ingest.stage import (
     IngestPart,
     SourceFile,
     glob_regex,
@@ -310,8 +310,9 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file bigger than a part is a part of its own: held until the part ends, its signatures (512 bytes a
     document at 128 permutations, several times short documents' text) made memory grow with the file."""
-    from pipeline import minhash, near_dedupe, part_files
     from pipeline.config import NearDedupeConfig
+    from pipeline.dedupe import minhash, near_dedupe
+    from pipeline.ingest import part_files
 
     near = NearDedupeConfig(num_perm=16)
     monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
@@ -337,8 +338,9 @@ def test_near_signatures_go_to_disk_in_bounded_blocks_while_a_big_file_is_read(
 
 
 def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import near_dedupe, part_files
     from pipeline.config import NearDedupeConfig
+    from pipeline.dedupe import near_dedupe
+    from pipeline.ingest import part_files
 
     near = NearDedupeConfig(num_perm=16)
     monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
@@ -361,7 +363,7 @@ def test_a_failed_part_leaves_no_partial_signature_cache(tmp_path: Path, monkeyp
 def test_each_split_lands_in_row_groups_of_its_own_in_record_order(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """So the pack of one split skips the other's row groups undecompressed (core.documents.iter_documents)."""
-    from pipeline import part_files
+    from pipeline.ingest import part_files
 
     monkeypatch.setattr(part_files, "ROW_GROUP_ROWS", 300)
     write_short_docs(tmp_path / "docs.jsonl", 2_000)

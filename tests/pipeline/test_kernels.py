@@ -1,4 +1,4 @@
-"""pipeline/kernels.py against plain-Python references, on real stdlib text and on generated edge cases."""
+"""pipeline/dedupe/kernels.py against plain-Python references, on real stdlib text and on generated edge cases."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-from pipeline import kernels, minhash
-from pipeline.filters import COMPILED_COLLAPSE_MIN_CHARS, content_hash
+from pipeline.dedupe import kernels, minhash
+from pipeline.filters.screen import COMPILED_COLLAPSE_MIN_CHARS, content_hash
 
 MASK = 2**64 - 1
 UNICODE_WHITESPACE = [chr(code) for code in range(0x110000) if chr(code).isspace()]

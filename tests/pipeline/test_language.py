@@ -1,4 +1,4 @@
-"""pipeline/language.py and the ``language`` filter on real text: Debian's translated manual pages.
+"""pipeline/filters/language.py and the ``language`` filter on real text: Debian's translated manual pages.
 
 ``.ci/run`` installs ``manpages-de manpages-fr manpages-es manpages-ja``; English pages are in every image's
 ``/usr/share/man/man*``.
@@ -19,8 +19,8 @@ from benchmarks.corpus import man_page_texts
 from core.errors import ManifestError
 from core.rundir import RunPaths
 from flows.run_sql import run_query
-from pipeline.ingest import ingest_part, plan_ingest
-from pipeline.language import LANGUAGE_CODES, detect_language
+from pipeline.filters.language import LANGUAGE_CODES, detect_language
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
 
 LANGUAGES = ("en", "de", "fr", "es", "ja")
@@ -50,7 +50,7 @@ def test_detector_loads_offline_without_downloading(tmp_path: Path) -> None:
     script = ("import socket\n"
               "def refuse(*args, **kwargs):\n    raise OSError('network used')\n"
               "socket.socket = refuse\nsocket.create_connection = refuse\n"
-              "from pipeline.language import detect_language\n"
+              "from pipeline.filters.language import detect_language\n"
               "print(*detect_language('The quick brown fox jumps over the lazy dog near the river bank.'))\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FTLANG_CACHE": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
@@ -122,7 +122,7 @@ def test_bad_language_settings_are_one_line_naming_the_key(tmp_path: Path, langu
 
 
 def test_language_codes_are_the_models_labels() -> None:
-    from pipeline.language import detector
+    from pipeline.filters.language import detector
 
     labels, _ = detector()._model.predict("hello world", k=-1, threshold=0.0)
     assert {re.sub("^__label__", "", label) for label in labels} <= LANGUAGE_CODES

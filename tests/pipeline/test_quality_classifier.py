@@ -1,4 +1,5 @@
-"""pipeline/quality_classifier.py, pipeline/fasttext_file.py and the ``quality_classifier`` filter on real text.
+"""pipeline/filters/quality_classifier.py, pipeline/filters/fasttext_file.py and the ``quality_classifier`` filter on
+real text.
 
 Two kinds of local text a classifier can tell apart: English manual pages (``/usr/share/man/man*``, the kind to
 keep) and Python standard-library source files (the kind to drop). A model is trained once through the
@@ -26,17 +27,17 @@ from core.rundir import RunPaths
 from flows.recipe import refuse_changed_recipe, resolve_run
 from flows.run_sql import run_query
 from flows.up_to_date import sealed_summary, write_seal
-from pipeline.fasttext_file import NotAFastTextModel, read_model_info
-from pipeline.ingest import ingest_part, parts_to_ingest, plan_ingest
-from pipeline.language import model_path
-from pipeline.manifest import load_manifest, portable_manifest
-from pipeline.quality_classifier import (
+from pipeline.filters.fasttext_file import NotAFastTextModel, read_model_info
+from pipeline.filters.language import model_path
+from pipeline.filters.quality_classifier import (
     ClassifierTrainingConfig,
     QualityClassifier,
     classifier_text,
     read_examples,
     train_classifier,
 )
+from pipeline.ingest.stage import ingest_part, parts_to_ingest, plan_ingest
+from pipeline.manifest import load_manifest, portable_manifest
 from tests.flows.conftest import write_small_recipe
 from tests.flows.test_up_to_date import prepare_in_process
 

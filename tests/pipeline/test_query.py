@@ -1,4 +1,4 @@
-"""pipeline.query: every view over a hand-built run dir; statements that could write are refused."""
+"""pipeline.sql.query: every view over a hand-built run dir; statements that could write are refused."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from core.errors import QueryError
 from flows.run_sql import connect, run_query
-from pipeline.query import VIEWS
+from pipeline.sql.query import VIEWS
 from tests.conftest import build_query_run
 
 

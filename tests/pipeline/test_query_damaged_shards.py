@@ -16,18 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import file_digests
-from core.atomic import sha256_file
 from core.errors import QueryError, ShardFormatError
-from core.file_digests import forget_digests
-from core.shard_dataset import shards_as_dataset
-from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
+from core.files import digests as file_digests
+from core.files.atomic import sha256_file
+from core.files.digests import forget_digests
+from core.shards.dataset import shards_as_dataset
+from core.shards.store import ShardRows, read_shard_index, write_shard, write_shard_index
 from flows.run_sql import connect, run_query
-from pipeline.query import data_funnel, token_mix
 from pipeline.shard_stats import shard_stats
+from pipeline.sql.query import data_funnel, token_mix
 from tests.conftest import build_query_run
 from tokenization.sample import sample_rows
-from trainer.data import SplitRows
+from trainer.loader.batches import SplitRows
 
 SHARD = "shards/split=train/source=a/part-00000.arrow"
 TOKENMILL = str(Path(sys.executable).parent / "tokenmill")

@@ -1,4 +1,4 @@
-"""pipeline/readers.py on real and deliberately broken files: every record becomes a Record or a Reject."""
+"""pipeline/ingest/readers.py on real and deliberately broken files: every record becomes a Record or a Reject."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import zstandard
 
 from core.errors import SourceReadError
-from pipeline.filters import REJECT_REASONS
+from pipeline.filters.screen import REJECT_REASONS
+from pipeline.ingest.readers import Record, Reject, read_file
 from pipeline.manifest import SourceConfig
-from pipeline.readers import Record, Reject, read_file
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

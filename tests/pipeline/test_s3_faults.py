@@ -16,12 +16,12 @@ import pytest
 import s3fs
 import yaml
 
-from core.atomic import TEMP_PREFIX
 from core.errors import ObjectStoreError, StoreUnavailableError
+from core.files.atomic import TEMP_PREFIX
 from core.rundir import RunPaths
-from pipeline.ingest import ingest_part, part_finished, plan_ingest
+from pipeline.ingest.stage import ingest_part, part_finished, plan_ingest
 from pipeline.objects import object_store_error
-from pipeline.run_mirror import mirror_root, mirror_run
+from pipeline.sql.run_mirror import mirror_root, mirror_run
 from tests.conftest import STDLIB, build_query_run
 from tests.s3_server import SeaweedServer, clear_instance_cache, s3_environment
 

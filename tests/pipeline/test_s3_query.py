@@ -13,7 +13,7 @@ import s3fs
 
 from core.errors import QueryError
 from flows.run_sql import run_query
-from pipeline.run_mirror import mirror_root
+from pipeline.sql.run_mirror import mirror_root
 from tests.conftest import build_query_run
 
 VIEW_QUERIES = {
@@ -95,7 +95,7 @@ def test_shards_and_report_commands_on_a_bucket_answer_as_on_the_local_run(
         uploaded_run: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.commands import app
 
     run, url = uploaded_run
     fs = s3fs.S3FileSystem()

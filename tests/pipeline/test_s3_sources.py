@@ -17,7 +17,7 @@ import zstandard
 
 from core.errors import ManifestError, ObjectStoreError
 from core.rundir import RunPaths
-from pipeline.ingest import ingest_part, plan_ingest
+from pipeline.ingest.stage import ingest_part, plan_ingest
 from pipeline.manifest import load_manifest
 from tests.conftest import STDLIB
 

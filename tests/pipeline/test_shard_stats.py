@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import ConfigError, ShardFormatError
 from core.rundir import RunPaths
-from core.shards import read_shard_index, shard_relpath, write_shard, write_shard_index
+from core.shards.store import read_shard_index, shard_relpath, write_shard, write_shard_index
 from flows.run_sql import run_query
 from pipeline.shard_stats import doc_length_histogram, format_histogram, histogram_bucket_labels, shard_stats
 from tests.test_readme_sql import build_small_run

@@ -12,7 +12,7 @@ import pytest
 from core.errors import RunDirError
 from core.rundir import RunPaths
 from pipeline.config import DecontaminateConfig
-from pipeline.decontaminate import decontaminate_documents
+from pipeline.dedupe.decontaminate import decontaminate_documents
 from tests.chaos.conftest import build_chaos_corpus, run_data_stages, write_chaos_recipe
 
 DATA_OUTPUTS = ("docs/*.parquet", "rejects/*.parquet", "dedupe/*.parquet", "dedupe/*/*.parquet",

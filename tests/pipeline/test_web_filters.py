@@ -1,4 +1,5 @@
-"""pipeline/web_filters.py and pipeline/words.py against datatrove 0.10's own filter classes on real text.
+"""pipeline/filters/web_filters.py and pipeline/filters/words.py against datatrove 0.10's own filter classes on real
+text.
 
 The corpus: Debian's package documentation (read-me, news, change logs, licences; gzipped ones too), English manual
 pages and the standard library's docstrings, each cut to its first ``MAX_CHARS`` characters (datatrove's words come
@@ -17,13 +18,13 @@ from benchmarks.corpus import debian_doc_texts, man_page_texts, stdlib_docstring
 from core.errors import ManifestError
 from core.rundir import RunPaths
 from flows.run_sql import run_query
-from pipeline.filters import check_filters, content_hash
-from pipeline.ingest import IngestPart, ingest_part, parts_to_ingest, plan_ingest
+from pipeline.filters.normalisation import normalise_text
+from pipeline.filters.screen import check_filters, content_hash
+from pipeline.filters.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
+from pipeline.filters.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
+from pipeline.filters.words import split_words
+from pipeline.ingest.stage import IngestPart, ingest_part, parts_to_ingest, plan_ingest
 from pipeline.manifest import FilterConfig, changed_manifest_keys, changed_threshold_keys, load_manifest
-from pipeline.normalisation import normalise_text
-from pipeline.web_filter_config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
-from pipeline.web_filters import c4_failure, fineweb_failure, gopher_quality_failure, gopher_repetition_failure
-from pipeline.words import split_words
 
 MAX_CHARS = 3000
 NUM_DEBIAN_DOCS = 900
@@ -177,7 +178,7 @@ def test_filters_off_leave_documents_as_before(tmp_path: Path) -> None:
 def test_c4_without_removing_lines_stores_the_text_unchanged() -> None:
     text = normalise_text("Home | About\n" + PROSE)
     assert check_filters(text, FilterConfig(c4={"remove_lines": False})) is None
-    from pipeline.filters import screen_text
+    from pipeline.filters.screen import screen_text
 
     assert screen_text(text, FilterConfig(c4={"remove_lines": False}))[0] == text
     assert screen_text(text, FilterConfig(c4={}))[0] == PROSE.strip()

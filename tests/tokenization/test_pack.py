@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from core.shards import ShardRows
+from core.shards.store import ShardRows
 from tokenization.pack import Packer
 
 EOS, PAD = 0, 1

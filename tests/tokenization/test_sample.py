@@ -10,7 +10,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from core.errors import ConfigError
-from core.shards import read_shard_index
+from core.shards.store import read_shard_index
 from flows.run_sql import run_query
 from tests.test_readme_sql import build_small_run
 from tokenization.sample import sample_rows

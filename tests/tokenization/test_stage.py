@@ -14,11 +14,11 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from core.atomic import read_json
 from core.errors import StageMismatchError
+from core.files.atomic import read_json
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
-from core.shards import ShardTokens, read_shard_index, shard_metadata, verify_shards
+from core.shards.store import ShardTokens, read_shard_index, shard_metadata, verify_shards
 from tests.conftest import finish_docs_part
 from tokenization.config import PackConfig, TokenizerConfig
 from tokenization.stage import pack_split_source, write_index

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.atomic import sha256_file
 from core.errors import ConfigError
+from core.files.atomic import sha256_file
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
 from tests.conftest import finish_docs_part

@@ -16,12 +16,12 @@ from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from core.atomic import sha256_file
-from core.shards import ShardRows, shard_relpath, write_shard, write_shard_index
+from core.files.atomic import sha256_file
+from core.shards.store import ShardRows, shard_relpath, write_shard, write_shard_index
 from trainer.config import TrainConfig
-from trainer.data import EOS_ID, PAD_ID
-from trainer.metrics import read_metric_rows
-from trainer.parallel import build_accelerator
+from trainer.loader.batches import EOS_ID, PAD_ID
+from trainer.metrics.sink import read_metric_rows
+from trainer.parallel.accelerator import build_accelerator
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = {"email": ("email",), "web": ("json", "http")}

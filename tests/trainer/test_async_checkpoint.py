@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from core.atomic import TEMP_PREFIX
+from core.files.atomic import TEMP_PREFIX
 from tests.trainer.conftest import MakeRunDir, metric_steps
-from trainer.checkpoint import list_checkpoints, verify_checkpoint
-from trainer.checkpoint_writer import WRITE_DELAY_ENV
+from trainer.checkpoint.checkpointer import list_checkpoints, verify_checkpoint
+from trainer.checkpoint.writer import WRITE_DELAY_ENV
 from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,8 @@ def test_sigkill_during_a_background_save_keeps_the_previous_checkpoint_and_resu
 
 def checkpoint_hashes(checkpoints: Path, step: int) -> dict[str, str]:
     """sha256 by file of a checkpoint, but the RNG pickles: they record Accelerate's micro-step counter, which
-    a resume restarts at 0 (trainer.checkpoint resets it), so they differ between a resumed and a straight run."""
+    a resume restarts at 0 (trainer.checkpoint.checkpointer resets it), so they differ between a resumed and a straight
+    run."""
     manifest = json.loads((checkpoints / f"step-{step:07d}" / "manifest.json").read_text())
     return {name: entry["sha256"] for name, entry in manifest["files"].items()
             if not name.startswith("random_states_")}

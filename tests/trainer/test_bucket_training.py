@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from core import bucket_run
-from core.bucket_run import BUCKET_RUN_ENV, BucketRun
+from core.bucket import run_dir as bucket_run
+from core.bucket.run_dir import BUCKET_RUN_ENV, BucketRun
 from tests.pipeline.test_s3_faults import BUCKET, restartable_s3  # noqa: F401 - a store this module may kill
 from tests.s3_server import SeaweedServer
 from tests.trainer.conftest import MakeRunDir
@@ -74,7 +74,7 @@ def test_killed_trainer_with_its_cache_deleted_resumes_from_the_bucket_bitwise(
 def test_two_machines_with_separate_caches_train_together_from_one_bucket_run_dir(
         make_run_dir: MakeRunDir, s3_prefix: str, tmp_path: Path) -> None:
     from tests.trainer.test_multinode import clean_environment, free_port
-    from trainer.launch import launch_command
+    from trainer.parallel.launch import launch_command
 
     url = f"{s3_prefix}/runs/two-machines"
     prepared = make_run_dir("prepared", train={"max_steps": 4, "checkpoint_every": 2, "eval_every": 2})

@@ -1,4 +1,5 @@
-"""trainer/checkpoint.py: layout, manifest written last, newest *valid* checkpoint restored, pruning, pointer."""
+"""trainer/checkpoint/checkpointer.py: layout, manifest written last, newest *valid* checkpoint restored, pruning,
+pointer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from safetensors.torch import load_file
 from core.errors import CheckpointError
 from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, fresh_accelerator
-from trainer.checkpoint import Checkpointer, list_checkpoints, verify_checkpoint
-from trainer.checkpoint_writer import snapshot_state
+from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints, verify_checkpoint
+from trainer.checkpoint.writer import snapshot_state
 from trainer.config import ModelDims, TrainConfig
 from trainer.loop import LoopCounters
-from trainer.model import ModelShape, build_model
+from trainer.model.llama import ModelShape, build_model
 from trainer.optim import build_lr_scheduler, build_optimizer
 
 SHAPE = ModelShape(ModelDims(**TEST_DIMS), vocab_size=64, max_seq_len=SEQ_LEN)

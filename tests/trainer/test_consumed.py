@@ -1,5 +1,5 @@
-"""trainer/consumed.py, segments.py: the ``consumed`` view equals the rows the loader yielded, across a kill -9 and a
-2 -> 1 process resume; ``row_losses`` covers the same rows and leaves training bitwise unchanged.
+"""trainer/metrics/consumed.py, segments.py: the ``consumed`` view equals the rows the loader yielded, across a kill -9
+and a 2 -> 1 process resume; ``row_losses`` covers the same rows and leaves training bitwise unchanged.
 
 What was yielded comes from the loader's test hook (``TOKENMILL_TEST_YIELDED_ROWS``): each rank appends the row
 numbers it loaded, per step. The expected step of each record is worked out here from the launch's batch size and
@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from core.errors import QueryError
-from core.shards import read_shard_index
+from core.shards.store import read_shard_index
 from flows.run_sql import run_query
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights
 from tests.trainer.test_resume import wait_for_step
-from trainer.data import YIELDED_ROWS_HOOK
-from trainer.launch import launch_command
-from trainer.metrics import read_metric_rows
+from trainer.loader.batches import YIELDED_ROWS_HOOK
+from trainer.metrics.sink import read_metric_rows
+from trainer.parallel.launch import launch_command
 from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""trainer/data.py: deterministic global order, disjoint ranks, O(1) JSON state, world-size change on resume."""
+"""trainer/loader/batches.py: deterministic global order, disjoint ranks, O(1) JSON state, world-size change on
+resume."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 import torch
 
 from core.errors import CheckpointError, ShardFormatError
-from core.shards import ShardTokens, read_shard_index
+from core.shards.store import ShardTokens, read_shard_index
 from tests.trainer.conftest import SEQ_LEN, Corpus, write_corpus_shards
-from trainer.data import PAD_ID, ArrayRows, Batch, BatchLayout, SplitRows, TrainLoader, make_batch
-from trainer.model import IGNORE_INDEX
+from trainer.loader.batches import PAD_ID, ArrayRows, Batch, BatchLayout, SplitRows, TrainLoader, make_batch
+from trainer.model.llama import IGNORE_INDEX
 
 
 @pytest.fixture

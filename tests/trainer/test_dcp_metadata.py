@@ -1,4 +1,5 @@
-"""trainer/dcp_metadata.py: a DCP index unpickles only with the globals torch.distributed.checkpoint writes."""
+"""trainer/checkpoint/dcp_metadata.py: a DCP index unpickles only with the globals torch.distributed.checkpoint
+writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer.dcp_metadata import unsafe_metadata
+from trainer.checkpoint.dcp_metadata import unsafe_metadata
 
 
 class _WritesAFileWhenUnpickled:

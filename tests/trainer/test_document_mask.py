@@ -1,4 +1,4 @@
-"""trainer/document_mask.py and ``train.document_masking``: packed documents are scored as if each were alone.
+"""trainer/loader/document_mask.py and ``train.document_masking``: packed documents are scored as if each were alone.
 
 The run dirs here hold short documents (the paragraphs of standard-library files), so most rows pack several.
 """
@@ -15,17 +15,17 @@ from tokenizers import Tokenizer
 
 from core.errors import ConfigError, ShardFormatError
 from core.rundir import RunPaths
-from core.shards import ShardRows, shard_relpath, write_shard
+from core.shards.store import ShardRows, shard_relpath, write_shard
 from tests.trainer.conftest import STDLIB, TEST_DIMS, VOCAB_SIZE, Corpus, MakeRunDir, edit_recipe, exported_weights
 from tests.trainer.test_hf_models import save_tiny_model, use_hf_model
 from trainer.config import ModelDims
-from trainer.data import EOS_ID, PAD_ID, SplitRows, make_batch
-from trainer.document_mask import ShardDocStarts, document_attention_mask, position_ids
-from trainer.eval_checkpoint import val_split_task_fingerprint
-from trainer.hf_model import build_hf_model, check_document_masking
-from trainer.metrics import read_metric_rows
-from trainer.model import ModelShape, build_model
-from trainer.model_spec import output_logits
+from trainer.eval.checkpoint import val_split_task_fingerprint
+from trainer.loader.batches import EOS_ID, PAD_ID, SplitRows, make_batch
+from trainer.loader.document_mask import ShardDocStarts, document_attention_mask, position_ids
+from trainer.metrics.sink import read_metric_rows
+from trainer.model.hf_model import build_hf_model, check_document_masking
+from trainer.model.llama import ModelShape, build_model
+from trainer.model.spec import output_logits
 from trainer.train import main
 
 SEQ_LEN = 64

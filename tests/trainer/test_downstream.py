@@ -1,4 +1,5 @@
-"""trainer/downstream.py against the real lm-eval: its numbers equal the ``lm_eval`` command's; bad tasks are refused.
+"""trainer/eval/downstream.py against the real lm-eval: its numbers equal the ``lm_eval`` command's; bad tasks are
+refused.
 
 A tiny local Llama (random weights, a 512-token BPE trained on standard-library source) and the built-in
 next-line task made from standard-library files: nothing is downloaded.
@@ -19,10 +20,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from core.atomic import write_text_atomic
 from core.errors import ConfigError
-from trainer.downstream import TaskResult, check_tasks, run_task, task_texts
-from trainer.next_line_task import TASK_NAME, next_line_items, write_next_line_task
+from core.files.atomic import write_text_atomic
+from trainer.eval.downstream import TaskResult, check_tasks, run_task, task_texts
+from trainer.eval.next_line_task import TASK_NAME, next_line_items, write_next_line_task
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 NUM_ITEMS = 40
@@ -76,7 +77,7 @@ def lm_eval_command_results(model_dir: Path, include_dir: Path, output_dir: Path
 
 
 def as_task_results(results: dict) -> list[TaskResult]:
-    """The command's numbers, read from its JSON by hand (not through trainer.downstream)."""
+    """The command's numbers, read from its JSON by hand (not through trainer.eval.downstream)."""
     metrics, num_samples = results["results"][TASK_NAME], results["n-samples"][TASK_NAME]["effective"]
     return [TaskResult(TASK_NAME, metric, metrics[f"{metric},none"], metrics[f"{metric}_stderr,none"], num_samples)
             for metric in ("acc", "acc_norm")]
@@ -299,10 +300,10 @@ def test_a_group_of_local_tasks_is_checked_member_by_member(next_line_folder: Pa
 
 def test_the_eval_tasks_stage_builds_the_tasks_again_only_when_a_file_they_read_changed(
         next_line_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.downstream as downstream
+    import trainer.eval.downstream as downstream
     from core.rundir import RunPaths
     from trainer.config import EvalConfig
-    from trainer.eval_tasks import prepare_eval_tasks
+    from trainer.eval.tasks import prepare_eval_tasks
 
     folder = tmp_path / "tasks"
     data = copy_task(next_line_folder, folder)

@@ -11,7 +11,7 @@ from core.eval_results import VAL_SPLIT_TASK, read_result
 from core.rundir import RunPaths
 from core.stage import read_marker, run_stage, stage_status
 from trainer.config import EvalConfig
-from trainer.eval_stages import DownstreamStage, EvalScope, EvaluationFailed, ExportStage, ValSplitStage
+from trainer.eval.stages import DownstreamStage, EvalScope, EvaluationFailed, ExportStage, ValSplitStage
 
 UNIT = "step-0000004"
 

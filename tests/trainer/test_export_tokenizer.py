@@ -19,8 +19,8 @@ from tests.conftest import STDLIB
 from tests.trainer.test_hf_models import save_tiny_model
 from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN, train_tokenizer
 from trainer.config import ModelDims
-from trainer.export import export_model, hf_llama_config
-from trainer.model import ModelShape, build_model
+from trainer.model.export import export_model, hf_llama_config
+from trainer.model.llama import ModelShape, build_model
 
 DIMS = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 

@@ -1,4 +1,4 @@
-"""The full evaluation of checkpoints (trainer/eval_checkpoint.py, eval_plan.py, core/eval_results.py).
+"""The full evaluation of checkpoints (trainer/eval/checkpoint.py, plan.py, core/eval_results.py).
 
 On a real trained run dir: the whole val split is scored (every row), per source, in bits per byte, and the
 numbers equal an independent computation with ``transformers`` on the export and the tokenizer's own decoding;
@@ -28,13 +28,13 @@ from core.eval_results import VAL_SPLIT_TASK, all_rows, read_result
 from core.rundir import RunPaths
 from flows.run_sql import run_query
 from tests.trainer.conftest import MakeRunDir, edit_recipe, fresh_accelerator
-from trainer.checkpoint_layout import chosen_checkpoints
-from trainer.data import PAD_ID, SplitRows, make_batch
-from trainer.eval_checkpoint import evaluate_checkpoint, val_split_task_fingerprint
-from trainer.eval_plan import plan_evaluation
-from trainer.evaluate import Evaluator, bits_per_byte
-from trainer.launch import eval_launch_command
-from trainer.model import IGNORE_INDEX, ModelShape, build_model
+from trainer.checkpoint.layout import chosen_checkpoints
+from trainer.eval.checkpoint import evaluate_checkpoint, val_split_task_fingerprint
+from trainer.eval.evaluate import Evaluator, bits_per_byte
+from trainer.eval.plan import plan_evaluation
+from trainer.loader.batches import PAD_ID, SplitRows, make_batch
+from trainer.model.llama import IGNORE_INDEX, ModelShape, build_model
+from trainer.parallel.launch import eval_launch_command
 from trainer.train import main as train_main
 from trainer.train import read_trainer_config
 

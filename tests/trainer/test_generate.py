@@ -1,4 +1,4 @@
-"""trainer.generate: an export (built-in Llama or a HF architecture) loads back and samples deterministically."""
+"""trainer.model.generate: an export (built-in Llama or a HF architecture) loads back and samples deterministically."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from core.rundir import RunPaths
 from tests.conftest import STDLIB
 from tokenization.train_tokenizer import train_tokenizer
 from trainer.config import ModelDims
-from trainer.export import export_model, hf_llama_config
-from trainer.generate import generate_text, load_exported_model
-from trainer.model import ModelShape, build_model
+from trainer.model.export import export_model, hf_llama_config
+from trainer.model.generate import generate_text, load_exported_model
+from trainer.model.llama import ModelShape, build_model
 
 DIMS = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 

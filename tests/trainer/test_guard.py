@@ -12,8 +12,8 @@ import torch
 from tests.trainer.conftest import MakeRunDir, exported_weights, metric_steps
 from trainer.guard import NonFiniteGuard
 from trainer.loop import LoopCounters
-from trainer.metrics import read_metric_rows
-from trainer.model import LlamaForCausalLM
+from trainer.metrics.sink import read_metric_rows
+from trainer.model.llama import LlamaForCausalLM
 from trainer.train import main
 
 

@@ -22,10 +22,10 @@ from tests.trainer.test_hf_models import ARCHITECTURES, save_tiny_model, use_hf_
 from tests.trainer.test_parallel import FP32_ATOL, launch, max_weight_difference
 from tests.trainer.test_precision import build_loop, weights
 from tests.trainer.test_resume import start_training, wait_for_step
-from trainer.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights
 from trainer.loop import TrainingLoop
-from trainer.metrics import read_metric_rows
-from trainer.model_spec import HuggingFaceSpec
+from trainer.metrics.sink import read_metric_rows
+from trainer.model.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights
+from trainer.model.spec import HuggingFaceSpec
 from trainer.train import main
 
 

@@ -19,12 +19,12 @@ from safetensors.torch import load_file
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from tests.trainer.conftest import VOCAB_SIZE, MakeRunDir, exported_weights, metric_steps
-from trainer.base_model import import_base_model
 from trainer.config import ModelConfig
-from trainer.data import PAD_ID, SplitRows, make_batch
-from trainer.evaluate import fixed_subset
-from trainer.hf_model import load_causal_lm_config
-from trainer.model_spec import HuggingFaceSpec
+from trainer.eval.evaluate import fixed_subset
+from trainer.loader.batches import PAD_ID, SplitRows, make_batch
+from trainer.model.base_model import import_base_model
+from trainer.model.hf_model import load_causal_lm_config
+from trainer.model.spec import HuggingFaceSpec
 from trainer.train import main
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}

@@ -11,9 +11,9 @@ from core.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir
 from tests.trainer.test_hf_models import save_tiny_model, use_hf_model
 from tests.trainer.test_parallel import FP32_ATOL, launch, max_weight_difference
-from trainer.checkpoint import verify_checkpoint
-from trainer.hf_model import load_causal_lm_config
-from trainer.model_spec import HuggingFaceSpec
+from trainer.checkpoint.checkpointer import verify_checkpoint
+from trainer.model.hf_model import load_causal_lm_config
+from trainer.model.spec import HuggingFaceSpec
 from trainer.train import main
 
 SETTINGS = {"max_steps": 4, "checkpoint_every": 2, "eval_every": 2, "eval_batches": 3}

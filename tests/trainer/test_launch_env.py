@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.atomic import TEMP_PREFIX
+from core.files.atomic import TEMP_PREFIX
 from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir
-from trainer.checkpoint_writer import PUBLISH_GATE_ENV
-from trainer.launch import PARENT_PID_ENV, launched_env, launched_fds
+from trainer.checkpoint.writer import PUBLISH_GATE_ENV
+from trainer.parallel.launch import PARENT_PID_ENV, launched_env, launched_fds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_a_trainer_package_in_the_working_folder_is_not_imported_by_the_launched
     decoy = tmp_path / "trainer"
     decoy.mkdir()
     (decoy / "__init__.py").write_text('raise SystemExit("decoy: the working folder\'s trainer package")\n')
-    argv = [sys.executable, "-m", "trainer.checkpoint_layout"]  # what `accelerate launch -m trainer.train` runs
+    argv = [sys.executable, "-m", "trainer.checkpoint.layout"]  # what `accelerate launch -m trainer.train` runs
     plain = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ), check=False)
     assert plain.returncode == 1 and "decoy: the working folder's trainer" in plain.stderr  # the hazard is real
     launched = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, check=False,
@@ -39,8 +39,8 @@ def test_a_trainer_package_in_the_working_folder_is_not_imported_by_the_launched
 LAUNCHER = """
 import logging, sys
 from core.rundir import RunPaths
-from flows.subprocess_log import run_streaming
-from trainer.launch import launch_command, launched_env, launched_fds
+from flows.runtime.subprocess_log import run_streaming
+from trainer.parallel.launch import launch_command, launched_env, launched_fds
 paths = RunPaths(sys.argv[1])
 with paths.lock():  # what the flow's train task does, minus Prefect
     run_streaming(launch_command(paths.root, 1), logging.getLogger("launcher"), deadline_s=None, env=launched_env(),
@@ -90,7 +90,7 @@ def test_the_lock_a_launched_process_inherits_goes_no_further(tmp_path: Path) ->
     paths = RunPaths(tmp_path / "run")
     with paths.lock():
         (fd,) = launched_fds(paths)
-        probe = ("import subprocess, sys; from trainer.launch import exit_with_parent\n"
+        probe = ("import subprocess, sys; from trainer.parallel.launch import exit_with_parent\n"
                  "if sys.argv[1] == 'launched': exit_with_parent()\n"
                  f"sys.exit(subprocess.run(['test', '-e', '/proc/self/fd/{fd}'], close_fds=False).returncode)")
         codes = {how: subprocess.run([sys.executable, "-c", probe, how], cwd=REPO_ROOT, pass_fds=(fd,),

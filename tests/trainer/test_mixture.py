@@ -1,4 +1,5 @@
-"""trainer/mixture.py: weighted source interleave — shares follow the weights, O(1) JSON resume, any world size."""
+"""trainer/loader/mixture.py: weighted source interleave — shares follow the weights, O(1) JSON resume, any world
+size."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import yaml
 from core.errors import CheckpointError, ConfigError
 from flows.run_sql import run_query
 from tests.trainer.conftest import SEQ_LEN, Corpus, MakeRunDir, write_corpus_shards
-from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
-from trainer.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights
+from trainer.loader.batches import PAD_ID, BatchLayout, SplitRows, TrainLoader
+from trainer.loader.mixture import BLOCK_SAMPLES, MixtureOrder, block_counts, resolve_weights
 from trainer.train import build_mixture, main, read_trainer_config
 
 

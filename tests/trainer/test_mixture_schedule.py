@@ -1,4 +1,5 @@
-"""trainer/mixture.py schedules: stages switch at the exact step, shares per stage, max_repetition, exact resume."""
+"""trainer/loader/mixture.py schedules: stages switch at the exact step, shares per stage, max_repetition, exact
+resume."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import yaml
 
 from core.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir
-from trainer.data import PAD_ID, SplitRows
-from trainer.mixture import BLOCK_SAMPLES, MixtureExhaustedError, MixtureOrder, MixtureStage
+from trainer.loader.batches import PAD_ID, SplitRows
+from trainer.loader.mixture import BLOCK_SAMPLES, MixtureExhaustedError, MixtureOrder, MixtureStage
 from trainer.train import build_mixture, read_trainer_config
 
 ROWS = {"email": np.arange(0, 3000), "web": np.arange(3000, 3500)}

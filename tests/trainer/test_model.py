@@ -1,4 +1,5 @@
-"""trainer/model.py and trainer/export.py: HF names, float64 gradient checks, deterministic init, HF-loadable export."""
+"""trainer/model/llama.py and trainer/model/export.py: HF names, float64 gradient checks, deterministic init,
+HF-loadable export."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from safetensors.torch import load_file
 from core.rundir import RunPaths
 from tests.trainer.conftest import SEQ_LEN, TEST_DIMS, VOCAB_SIZE, Corpus, write_corpus_shards
 from trainer.config import ModelDims, TrainConfig
-from trainer.data import PAD_ID, SplitRows, make_batch
-from trainer.export import export_model, exported_step, hf_llama_config
-from trainer.model import IGNORE_INDEX, ModelShape, RMSNorm, build_model, next_token_loss, rotary_cos_sin
-from trainer.model_spec import BuiltinSpec
-from trainer.parallel import apply_model_options
+from trainer.loader.batches import PAD_ID, SplitRows, make_batch
+from trainer.model.export import export_model, exported_step, hf_llama_config
+from trainer.model.llama import IGNORE_INDEX, ModelShape, RMSNorm, build_model, next_token_loss, rotary_cos_sin
+from trainer.model.spec import BuiltinSpec
+from trainer.parallel.accelerator import apply_model_options
 
 
 def shape_for(tied: bool = True) -> ModelShape:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.trainer.conftest import MakeRunDir, metric_steps
-from trainer.launch import launch_command
+from trainer.parallel.launch import launch_command
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""trainer/next_line_task.py on real standard-library files: true next lines, foreign distractors, lm-eval reads it."""
+"""trainer/eval/next_line_task.py on real standard-library files: true next lines, foreign distractors, lm-eval reads
+it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.atomic import write_text_atomic
 from core.errors import ConfigError
-from trainer.next_line_task import (
+from core.files.atomic import write_text_atomic
+from trainer.eval.next_line_task import (
     MAX_CONTEXT_CHARS,
     MAX_CONTEXT_LINES,
     MIN_CONTEXT_LINES,

@@ -1,4 +1,5 @@
-"""trainer/parallel.py, launch.py: 2 processes via a real ``accelerate launch`` (DDP, FSDP2) = 1 process, same math."""
+"""trainer/parallel/accelerator.py, launch.py: 2 processes via a real ``accelerate launch`` (DDP, FSDP2) = 1 process,
+same math."""
 
 from __future__ import annotations
 
@@ -15,20 +16,20 @@ import psutil
 import pytest
 import torch
 
-from core.atomic import sha256_file
 from core.errors import ConfigError
+from core.files.atomic import sha256_file
 from flows.run_sql import run_query
-from pipeline.query import realised_mix
+from pipeline.sql.query import realised_mix
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights, fresh_accelerator, metric_steps
 from tests.trainer.test_resume import wait_for_step
-from trainer.checkpoint import verify_checkpoint
+from trainer.checkpoint.checkpointer import verify_checkpoint
 from trainer.config import TrainConfig
-from trainer.data import PAD_ID, SplitRows
-from trainer.evaluate import Evaluator
-from trainer.launch import launch_command
-from trainer.metrics import read_metric_rows
-from trainer.model import ModelShape, build_model
-from trainer.parallel import build_accelerator
+from trainer.eval.evaluate import Evaluator
+from trainer.loader.batches import PAD_ID, SplitRows
+from trainer.metrics.sink import read_metric_rows
+from trainer.model.llama import ModelShape, build_model
+from trainer.parallel.accelerator import build_accelerator
+from trainer.parallel.launch import launch_command
 from trainer.train import main, read_trainer_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

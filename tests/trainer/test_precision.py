@@ -13,7 +13,7 @@ from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir, exported_weights, fresh_accelerator
 from trainer import precision
 from trainer.loop import TrainingLoop
-from trainer.metrics import read_metric_rows
+from trainer.metrics.sink import read_metric_rows
 from trainer.train import build_training_loop, main, read_trainer_config
 
 

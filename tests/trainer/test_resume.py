@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import MakeRunDir
-from trainer.metrics import read_metric_rows
+from trainer.metrics.sink import read_metric_rows
 from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from tests.chaos.conftest import tokenmill
 from tests.chaos.test_bad_inputs import assert_one_line_error
 from tests.chaos.test_run_dir_code import plant_model_code
 from tests.trainer.conftest import MakeRunDir
-from trainer.base_model import import_base_model
-from trainer.eval_checkpoint import main as evaluator_main
-from trainer.launch import eval_launch_command, launch_command
+from trainer.eval.checkpoint import main as evaluator_main
+from trainer.model.base_model import import_base_model
+from trainer.parallel.launch import eval_launch_command, launch_command
 from trainer.train import main as trainer_main
 from trainer.train import read_trainer_config
 

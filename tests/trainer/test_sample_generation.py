@@ -1,4 +1,4 @@
-"""trainer.sample_generation: the prompt comes from the run's own validation text; no export, nothing to do."""
+"""trainer.model.sample_generation: the prompt comes from the run's own validation text; no export, nothing to do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from core.errors import TokenmillError
 from core.rundir import RunPaths
 from core.schemas import DOCUMENTS_SCHEMA
-from trainer.sample_generation import PROMPT_CHARS, sample_is_current, sample_prompt, write_sample_generation
+from trainer.model.sample_generation import PROMPT_CHARS, sample_is_current, sample_prompt, write_sample_generation
 
 
 def write_documents(run: Path, texts_and_splits: list[tuple[str, str]]) -> RunPaths:

@@ -18,12 +18,12 @@ import pyarrow.ipc as ipc
 import pytest
 import torch
 
-from core.shards import ShardRows, read_shard_index, write_shard, write_shard_index
+from core.shards.store import ShardRows, read_shard_index, write_shard, write_shard_index
 from flows.run_sql import run_query
 from tests.trainer.conftest import VOCAB_SIZE, MakeRunDir, exported_weights
-from trainer.data import PAD_ID, BatchLayout, SplitRows, TrainLoader
+from trainer.loader.batches import PAD_ID, BatchLayout, SplitRows, TrainLoader
 from trainer.loop import LoopCounters
-from trainer.metrics import read_metric_rows
+from trainer.metrics.sink import read_metric_rows
 from trainer.spike_guard import SpikeGuard
 from trainer.train import main
 

@@ -1,4 +1,5 @@
-"""trainer/telemetry.py, callbacks.py, metrics.py: the train_metrics columns, TensorBoard events, profiler traces."""
+"""trainer/metrics/telemetry.py, trainer/callbacks.py, trainer/metrics/sink.py: the train_metrics columns, TensorBoard
+events, profiler traces."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import torch
 
 from core.rundir import RunPaths
 from tests.trainer.conftest import MakeRunDir
-from trainer.metrics import read_metric_rows
-from trainer.model import ModelShape, flops_per_token
-from trainer.telemetry import (
+from trainer.metrics.sink import read_metric_rows
+from trainer.metrics.telemetry import (
     EnergyMeter,
     device_peak,
     energy_unavailable_message,
@@ -22,6 +22,7 @@ from trainer.telemetry import (
     peak_memory_bytes,
     warn_once,
 )
+from trainer.model.llama import ModelShape, flops_per_token
 from trainer.train import main
 
 TELEMETRY_COLUMNS = {"step", "loss", "lr", "grad_norm", "tokens_seen", "tokens_per_s", "step_time_s", "data_wait_s",

@@ -1,4 +1,5 @@
-"""trainer/parallel.py, checkpoint.py: tensor parallelism on CPU processes (gloo) via a real ``accelerate launch``."""
+"""trainer/parallel/accelerator.py, trainer/checkpoint/checkpointer.py: tensor parallelism on CPU processes (gloo) via a
+real ``accelerate launch``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pydantic import ValidationError
 from core.errors import ConfigError
 from tests.trainer.conftest import MakeRunDir, edit_recipe, exported_weights
 from tests.trainer.test_parallel import FP32_ATOL, launch, max_weight_difference, one_process_reference
-from trainer.checkpoint import verify_checkpoint
+from trainer.checkpoint.checkpointer import verify_checkpoint
 from trainer.config import TrainConfig
-from trainer.metrics import read_metric_rows
-from trainer.parallel import build_accelerator
+from trainer.metrics.sink import read_metric_rows
+from trainer.parallel.accelerator import build_accelerator
 from trainer.train import main, read_trainer_config
 
 SETTINGS = {"max_steps": 4, "checkpoint_every": 2, "eval_every": 2, "eval_batches": 3, "log_every": 1}

@@ -1,4 +1,5 @@
-"""trainer/trackers.py: every tracker's real local backend holds train_metrics' loss per step; a broken one warns."""
+"""trainer/metrics/trackers.py: every tracker's real local backend holds train_metrics' loss per step; a broken one
+warns."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import MakeRunDir
-from trainer.metrics import read_metric_rows
+from trainer.metrics.sink import read_metric_rows
 from trainer.train import main
 
 TRACKER_ENV = ("WANDB_MODE", "WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID",

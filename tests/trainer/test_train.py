@@ -1,4 +1,5 @@
-"""trainer/train.py, loop.py, evaluate.py, metrics.py, launch.py: whole runs on real shards, resume, 2 processes."""
+"""trainer/train.py, loop.py, trainer/eval/evaluate.py, trainer/metrics/sink.py, trainer/parallel/launch.py: whole runs
+on real shards, resume, 2 processes."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import torch
 from core.errors import ConfigError
 from tests.trainer.conftest import VOCAB_SIZE, Corpus, MakeRunDir, edit_recipe, exported_weights, metric_steps
 from trainer import precision
-from trainer.data import EOS_ID, PAD_ID
-from trainer.launch import launch_command
-from trainer.metrics import read_metric_rows
+from trainer.loader.batches import EOS_ID, PAD_ID
+from trainer.metrics.sink import read_metric_rows
 from trainer.optim import lr_factor
+from trainer.parallel.launch import launch_command
 from trainer.precision import check_precision
 from trainer.train import main, read_trainer_config
 
@@ -117,9 +118,10 @@ def test_changed_model_is_refused_on_resume(make_run_dir: MakeRunDir, capsys: py
 def test_launch_command_forms() -> None:
     one = launch_command(Path("runs/x"), 1)
     two = launch_command(Path("runs/x"), 2, until_step=7)
-    assert one[:3] == [sys.executable, "-m", "trainer.launch_one"] and "--multi_gpu" not in one
+    assert one[:3] == [sys.executable, "-m", "trainer.parallel.launch_one"] and "--multi_gpu" not in one
     assert one[-4:] == ["-m", "trainer.train", "--run-dir", "runs/x"]
-    assert two[:3] == [sys.executable, "-m", "trainer.launch_one"]  # hands several processes to accelerate launch
+    # hands several processes to accelerate launch
+    assert two[:3] == [sys.executable, "-m", "trainer.parallel.launch_one"]
     assert two[two.index("--num_processes") + 1] == "2" and "--multi_gpu" in two
     assert two[-2:] == ["--until-step", "7"]
     machines = launch_command(Path("runs/x"), 1, num_machines=1)
@@ -136,13 +138,13 @@ sys.exit(3)
 
 def test_one_process_launch_gives_the_module_what_accelerate_launch_gives(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """trainer.launch_one runs the module in its own process with the environment, thread count and arguments
+    """trainer.parallel.launch_one runs the module in its own process with the environment, thread count and arguments
     `accelerate launch` gives the child it starts; the module's exit status comes back as it is."""
     (tmp_path / "probe_launch.py").write_text(PROBE)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the argv then names the cores: 2 threads here
     ours = launch_command(Path("runs/x"), 1, module="probe_launch", module_args=["--extra"])
     theirs = [sys.executable, "-m", "accelerate.commands.launch", *ours[3:]]
-    # The launching process's own 1 thread, as torch in trainer.launch_one reads it at import: overridden
+    # The launching process's own 1 thread, as torch in trainer.parallel.launch_one reads it at import: overridden
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     seen = [subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120) for argv in (ours, theirs)]
     assert seen[0].returncode == 3, seen[0].stderr[-2000:]  # accelerate's own launcher turns 3 into 1

@@ -5,11 +5,11 @@ conversation is never split across rows: the tokens it trains on need its whole 
 are placed whole into rows by best-fit decreasing (TRL's ``packing_strategy="bfd"``: longest first, each into
 the open row with the least room that still holds it), so rows are nearly full and padding is left only at row
 ends. Each row's ``doc_starts`` are the conversations' starts: with ``train.document_masking`` the trainer builds
-from them positions restarting at 0 and attention within each conversation (:mod:`trainer.document_mask`), so a
+from them positions restarting at 0 and attention within each conversation (:mod:`trainer.loader.document_mask`), so a
 conversation's logits in a packed row are its logits alone. ``packed=False`` is the fallback for a model whose
 attention cannot take that mask: one conversation per row, padded.
 
-The loss mask is stored beside the tokens (:mod:`core.chat_shards`): a conversation's own mask, except its first
+The loss mask is stored beside the tokens (:mod:`core.shards.chat`): a conversation's own mask, except its first
 token, which is never a target (the logits before it belong to the previous conversation); padding carries none.
 No EOS is added: the template's end-of-turn tokens end each conversation, as the model will see it in chat.
 """
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.chat_shards import ChatRows
-from core.shards import ShardRows
+from core.shards.chat import ChatRows
+from core.shards.store import ShardRows
 from tokenization.chat.masks import MaskedConversation
 
 

@@ -16,8 +16,8 @@ from tokenization.chat.masks import MaskedConversation, mask_conversation
 from tokenization.chat.records import Conversation, parse_record
 from tokenization.chat.template import ChatTemplate
 from trainer.config import ModelDims
-from trainer.hf_model import build_hf_model
-from trainer.model import ModelShape, build_model
+from trainer.model.hf_model import build_hf_model
+from trainer.model.llama import ModelShape, build_model
 
 
 def user(content: str) -> dict[str, str]:

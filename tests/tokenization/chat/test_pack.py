@@ -1,4 +1,4 @@
-"""tokenization/chat/pack.py and core/chat_shards.py: conversations packed whole into rows with their loss masks,
+"""tokenization/chat/pack.py and core/shards/chat.py: conversations packed whole into rows with their loss masks,
 stored as data the existing shard readers read, and no conversation seeing another in the trainer's forward."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import pyarrow.ipc as ipc
 import pytest
 import torch
 
-from core.chat_shards import ShardLossMask, write_chat_shard
 from core.errors import ShardFormatError
 from core.schemas import shard_schema
-from core.shards import ShardTokens, shard_relpath, write_shard
+from core.shards.chat import ShardLossMask, write_chat_shard
+from core.shards.store import ShardTokens, shard_relpath, write_shard
 from tests.tokenization.chat.sft_data import masked_records, tiny_hf_llama, tiny_tokenmill_llama
 from tokenization.chat.masks import MaskedConversation
 from tokenization.chat.pack import best_fit_decreasing, pack_conversations
 from tokenization.chat.template import load_chat_template
-from trainer.document_mask import ShardDocStarts
-from trainer.model_spec import output_logits
-from trainer.sft_loss import sft_batch
+from trainer.loader.document_mask import ShardDocStarts
+from trainer.loader.sft_loss import sft_batch
+from trainer.model.spec import output_logits
 
 SEQ_LEN = 256
 PAD_ID = 0

@@ -1,5 +1,5 @@
-"""trainer/sft_loss.py: the SFT loss of tokenmill's packed rows equals TRL 1.16 ``SFTTrainer``'s on the same model,
-records and batch, to 1e-5 in fp32; TRL's loss is its own ``compute_loss`` on its own collated batch (padded or
+"""trainer/loader/sft_loss.py: the SFT loss of tokenmill's packed rows equals TRL 1.16 ``SFTTrainer``'s on the same
+model, records and batch, to 1e-5 in fp32; TRL's loss is its own ``compute_loss`` on its own collated batch (padded or
 packed), with the ``num_items_in_batch`` its ``get_batch_samples`` counts, as its training step passes it."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from trl import SFTConfig, SFTTrainer
 from tests.tokenization.chat.sft_data import RECORDS, masked_records, tiny_hf_llama
 from tokenization.chat.pack import pack_conversations
 from tokenization.chat.template import ChatTemplate, load_chat_template
-from trainer.data import Batch
-from trainer.model_spec import output_logits
-from trainer.sft_loss import num_loss_tokens, sft_batch, sft_loss
+from trainer.loader.batches import Batch
+from trainer.loader.sft_loss import num_loss_tokens, sft_batch, sft_loss
+from trainer.model.spec import output_logits
 
 SEQ_LEN = 256
 CPU = torch.device("cpu")

@@ -1,0 +1,1 @@
+"""Dedupe stage (exact, then MinHash + LSH near-dedupe) and decontamination against the eval tasks."""

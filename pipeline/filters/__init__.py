@@ -1,0 +1,1 @@
+"""Filter stage: normalisation, rule and web-grade quality filters, language id, quality classifier."""

@@ -1,0 +1,1 @@
+"""What training records: the metrics sink, telemetry, trackers, segments and consumed rows."""
