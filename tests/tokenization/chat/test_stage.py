@@ -106,6 +106,21 @@ def test_bad_records_are_rejected_with_their_reason(stage: SftDataStage) -> None
     assert result.summary["rejects_by_reason"] == {reason: 1 for reason in sorted(bad.values())}
 
 
+def test_truncation_keeps_a_long_reply_and_rejects_a_prompt_that_leaves_no_loss(tmp_path: Path,
+                                                                                model_dir: Path) -> None:
+    chat_file = tmp_path / "long.jsonl"
+    chat_file.write_text(json.dumps({"messages": [user("Tell me more."), assistant("word " * 400)]}) + "\n"
+                         + json.dumps({"messages": [user("word " * 400), assistant("Too late.")]}) + "\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = SftDataConfig(model_dir=model_dir, train_files=(chat_file,), seq_len=SEQ_LEN, truncation="truncate")
+    stage = SftDataStage(RunPaths(run_dir), config)
+    summary = run_stage(stage, "train").summary
+    assert (summary["num_conversations"], summary["rejects_by_reason"]) == (1, {"no_loss_tokens": 1})
+    (row,) = read_rows(stage)
+    assert (row["doc_ids"], row["num_tokens"]) == ([0], SEQ_LEN)
+
+
 def test_rerun_skips_and_a_changed_chat_file_reruns(stage: SftDataStage) -> None:
     first = run_stage(stage, "train")
     assert run_stage(stage, "train").skipped
