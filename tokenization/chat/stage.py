@@ -38,6 +38,7 @@ from tokenization.chat.records import Rejection, parse_record
 
 if TYPE_CHECKING:
     from tokenization.chat.masks import LossMode, MaskedConversation, Truncation
+    from tokenization.chat.template import ChatTemplate
 
 STATE_VERSION = 1
 """Bumped when the same inputs give other shards or another state.json."""
@@ -148,7 +149,7 @@ class SftDataStage(Stage):
                 on_progress(number + 1, None, {"rejects": len(rejects)})
         return self._write(split, template, kept, rejects)
 
-    def _write(self, split: str, template: Any, kept: list[tuple[int, MaskedConversation]],
+    def _write(self, split: str, template: ChatTemplate, kept: list[tuple[int, MaskedConversation]],
                rejects: list[ChatReject]) -> dict[str, Any]:
         """Shards, then rejects, then state.json (what :meth:`changed_since` checks); returns the summary."""
         from tokenization.chat.pack import pack_conversations  # imports transformers (see run)
@@ -160,7 +161,7 @@ class SftDataStage(Stage):
         chat = pack_conversations(kept, self.config.seq_len, _pad_id(template.tokenizer),
                                   token_dtype_for_vocab(vocab_size), packed=self.config.packed)
         infos = _write_shards(self.paths, split, chat, self.config.rows_per_shard,
-                              sha256_file(Path(self.config.model_dir) / TOKENIZER_FILE), vocab_size)
+                              _digest(Path(self.config.model_dir) / TOKENIZER_FILE), vocab_size)
         write_rejects(self.paths, self.paths.sft_rejects(split), rejects)
         summary = {"num_conversations": len(kept), "num_rows": len(chat), "num_shards": len(infos),
                    "num_tokens": int(sum(info.num_tokens for info in infos)),
