@@ -272,6 +272,30 @@ class RunLayout:
         """``shards/split=<split>/source=<source>/state.json``: the packed parts and shards of (split, source)."""
         return self.shard_folder(split, source) / PACK_STATE_FILE
 
+    # ---- supervised fine-tuning data ---------------------------------------------------------------------------
+
+    @property
+    def sft(self) -> Path:
+        """``sft/``: chat shards packed from conversation files (tokenization.chat.stage), one folder per split,
+        apart from ``shards/``: their schema adds ``loss_mask`` (core.shards.chat)."""
+        return self.root / "sft"
+
+    def sft_folder(self, split: str) -> Path:
+        """``sft/split=<split>/``."""
+        return self.sft / f"split={split}"
+
+    def sft_shard(self, split: str, part: int) -> Path:
+        """``sft/split=<split>/part-NNNNN.arrow``: one chat shard."""
+        return self.sft_folder(split) / f"part-{part:05d}.arrow"
+
+    def sft_state(self, split: str) -> Path:
+        """``sft/split=<split>/state.json``: the split's chat shards and counts, written after them."""
+        return self.sft_folder(split) / PACK_STATE_FILE
+
+    def sft_rejects(self, split: str) -> Path:
+        """``rejects/sft-<split>.parquet``: the split's rejected conversation records (rows of REJECTS_SCHEMA)."""
+        return self.rejects / f"sft-{split}.parquet"
+
     # ---- training -------------------------------------------------------------------------------------------
 
     @property

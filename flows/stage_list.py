@@ -15,6 +15,7 @@ from flows.report.stage import ReportStage
 from pipeline.dedupe.decontaminate import DecontaminateStage
 from pipeline.dedupe.stage import DedupeStage
 from pipeline.ingest.stage import IngestStage
+from tokenization.chat.stage import SftDataStage
 from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
@@ -45,6 +46,11 @@ EVAL_STAGES: tuple[type[Stage], ...] = (
     DownstreamStage,  # (checkpoint, task) -> eval/results/step-N/<task>.json: lm-eval
 )
 """``tokenmill eval``'s stages (the recipe's ``eval.checkpoints`` and ``eval.tasks``)."""
+
+SFT_STAGES: tuple[type[Stage], ...] = (
+    SftDataStage,  # conversation files -> sft/split=*/ chat shards, rejects/sft-<split>.parquet (a unit per split)
+)
+"""Supervised fine-tuning's data stages (#37); no flow or recipe section runs them yet (``build`` gives None)."""
 
 ALL_STAGES: tuple[type[Stage], ...] = (*PREPARE_STAGES[:-1], *TRAIN_STAGES, *EVAL_STAGES, ReportStage)
 """Every stage of ``tokenmill run``, in run order: what ``tokenmill status`` reports on."""

@@ -59,7 +59,11 @@ class MaskedConversation:
 
 
 class _Refused(Exception):
-    """Internal: carries a rejection reason out of the span finders (never leaves this module)."""
+    """Internal: carries a rejection (sentence, code) out of the span finders (never leaves this module)."""
+
+    def __init__(self, message: str, code: str = "unmaskable") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def mask_conversation(template: ChatTemplate, conversation: Conversation, mode: LossMode = "assistant",
@@ -75,9 +79,10 @@ def mask_conversation(template: ChatTemplate, conversation: Conversation, mode: 
             masked = _mask_assistant_turns(template, conversation, mode)
         masked = _fit(masked, max_tokens, truncation)
     except _Refused as refused:
-        return Rejection(str(refused))
+        return Rejection(str(refused), refused.code)
     except RENDER_ERRORS as err:
-        return Rejection(f"the chat template ({template.source.name}) refuses the conversation: {_first_line(err)}")
+        return Rejection(f"the chat template ({template.source.name}) refuses the conversation: {_first_line(err)}",
+                         "template_error")
     return _checked(masked, mode)
 
 
@@ -178,7 +183,7 @@ def _refuse_special_tokens_in_messages(template: ChatTemplate, conversation: Con
         found = sorted(token for token in special if token in text)
         if found:
             raise _Refused(f"message {index} ({message.role}) contains the tokenizer's special token(s) "
-                           f"{', '.join(found)}: they would be read as turn boundaries, not text")
+                           f"{', '.join(found)}: they would be read as turn boundaries, not text", "special_tokens")
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -200,7 +205,7 @@ def _fit(masked: MaskedConversation, max_tokens: int | None, truncation: Truncat
         return masked
     if truncation == "error":
         raise _Refused(f"the conversation is {num_tokens} tokens, longer than {max_tokens} (seq_len) with "
-                       "truncation: error")
+                       "truncation: error", "too_long")
     return MaskedConversation(masked.input_ids[:max_tokens], masked.loss_mask[:max_tokens], masked.method)
 
 
@@ -208,10 +213,10 @@ def _checked(masked: MaskedConversation, mode: LossMode) -> MaskedConversation |
     """The never-silent rule: a mask that trains on nothing, or on everything when assistant-only was asked."""
     if masked.num_loss_tokens == 0:
         return Rejection(f"no token carries loss ({mode} loss, {masked.method}): nothing of the assistant's turns "
-                         "is left to train on")
+                         "is left to train on", "no_loss_tokens")
     if mode != "all" and masked.num_loss_tokens == len(masked.input_ids):
         return Rejection(f"every token carries loss although {mode} loss was asked ({masked.method}): the prompt "
-                         "is marked as assistant text")
+                         "is marked as assistant text", "all_tokens_loss")
     return masked
 
 

@@ -69,13 +69,39 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a record cannot be trained on; goes to ``rejects`` with the record's id."""
+    """Why a record cannot be trained on; goes to ``rejects`` with the record's id.
+
+    ``reason``: the sentence naming the message and value (``rejects.detail``); ``code``: its class, one of
+    :data:`CHAT_REJECT_REASONS` (``rejects.reason``), so SQL can count rejects by kind without parsing sentences."""
 
     reason: str
+    code: str = "bad_record"
+
+
+CHAT_REJECT_REASONS: dict[str, str] = {
+    "bad_record": "the record is not a conversation in the 'messages' or 'prompt'/'completion' format",
+    "unknown_key": "a message has a key other than role, content, tool_calls, tool_call_id, name",
+    "unknown_role": "a message's role is not system, user, assistant or tool",
+    "empty_content": "a message has empty content (and no tool calls)",
+    "no_assistant_turn": "no assistant turn to train on (in the completion, for a prompt/completion record)",
+    "no_prompt": "the conversation starts with an assistant turn: there is no prompt before it",
+    "special_tokens": "a message contains the tokenizer's special tokens (they would write turn boundaries)",
+    "template_error": "the chat template refuses the conversation",
+    "unmaskable": "the assistant turns' tokens cannot be told apart from the prompt's with this template",
+    "too_long": "the conversation is longer than seq_len with truncation: error",
+    "no_loss_tokens": "no token carries loss under the asked loss mode",
+    "all_tokens_loss": "every token carries loss although assistant-only loss was asked",
+}
+"""The ``rejects.reason`` values of chat records (:attr:`Rejection.code`), with their meaning; the SFT data stage
+adds the reading reasons of :data:`core.schemas.NON_FILTER_REJECT_REASONS` (``invalid_json``, …)."""
 
 
 class _BadRecord(Exception):
-    """Internal: carries a rejection reason out of the nested checks (never leaves this module)."""
+    """Internal: carries a rejection (code, sentence) out of the nested checks (never leaves this module)."""
+
+    def __init__(self, message: str, code: str = "bad_record") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def parse_record(record: Any) -> Conversation | Rejection:
@@ -83,7 +109,7 @@ def parse_record(record: Any) -> Conversation | Rejection:
     try:
         return _parse(record)
     except _BadRecord as bad:
-        return Rejection(str(bad))
+        return Rejection(str(bad), bad.code)
 
 
 def _parse(record: Any) -> Conversation:
@@ -130,10 +156,11 @@ def _parse_message(message: Any, where: str) -> Message:
         raise _BadRecord(f"{where} must be an object with 'role' and 'content', not {_kind(message)}")
     unknown = sorted(str(key) for key in message if key not in MESSAGE_KEYS)
     if unknown:
-        raise _BadRecord(f"{where} has unknown key(s) {unknown}; a message may have {list(MESSAGE_KEYS)}")
+        raise _BadRecord(f"{where} has unknown key(s) {unknown}; a message may have {list(MESSAGE_KEYS)}",
+                         "unknown_key")
     role = message.get("role")
     if role not in ROLES:
-        raise _BadRecord(f"{where} has unknown role {_show(role)}; roles are {list(ROLES)}")
+        raise _BadRecord(f"{where} has unknown role {_show(role)}; roles are {list(ROLES)}", "unknown_role")
     tool_calls = _tool_calls(message.get("tool_calls"), where)
     if tool_calls is not None and role != "assistant":
         raise _BadRecord(f"{where} ({role}) has 'tool_calls'; only assistant messages call tools")
@@ -143,7 +170,7 @@ def _parse_message(message: Any, where: str) -> Message:
     if not isinstance(content, str):
         raise _BadRecord(f"{where} ({role}) content must be a string, not {_kind(content)}")
     if not content.strip() and not tool_calls:
-        raise _BadRecord(f"{where} ({role}) has empty content")
+        raise _BadRecord(f"{where} ({role}) has empty content", "empty_content")
     optional = {key: message.get(key) for key in ("tool_call_id", "name")}
     for key, value in optional.items():
         if value is not None and not isinstance(value, str):
@@ -164,9 +191,9 @@ def _conversation(messages: list[Message], first_trained_message: int, record_fo
     trained = conversation.trained_assistant_indices()
     if not trained:
         where = "in the completion" if record_format == "prompt_completion" else "in 'messages'"
-        raise _BadRecord(f"no assistant turn {where}: nothing to train on")
+        raise _BadRecord(f"no assistant turn {where}: nothing to train on", "no_assistant_turn")
     if trained[0] == 0:
-        raise _BadRecord("the conversation starts with an assistant turn: there is no prompt before it")
+        raise _BadRecord("the conversation starts with an assistant turn: there is no prompt before it", "no_prompt")
     return conversation
 
 
