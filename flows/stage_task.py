@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import task_run
+from prefect.states import State
 
 from core.stage import Stage, StageResult, run_stage
 from flows.progress.bars import describe_rates, stage_logger, stage_meter
@@ -52,11 +53,24 @@ def stage_task(stage: Stage, unit: str | None = None) -> StageResult:
     return result
 
 
-def submit_stage(stage: Stage, upstream: Sequence[PrefectFuture] = ()) -> list[PrefectFuture]:
-    """Submit every unit of ``stage`` (after ``upstream`` finished: a stage's units may depend on its inputs)."""
-    wait(list(upstream))
+Submitted = PrefectFuture | State
+"""A unit's task run: a future (submitted to the flow's thread pool) or the final state of one run in place."""
+
+
+def submit_stage(stage: Stage, upstream: Sequence[Submitted] = ()) -> list[Submitted]:
+    """Run every unit of ``stage`` after ``upstream`` finished (a stage's units may depend on its inputs).
+
+    Units whose work runs in worker processes (ingest parts) are submitted to the flow's thread pool, which waits
+    on those processes in parallel. Every other unit runs in the flow's own thread, one after another: DuckDB,
+    tokenizers and torch keep native per-thread state, and running them on the pool's fresh threads each flow run
+    grew a long-lived process (tokenmill serve; tests/chaos/test_soak.py: +58 MiB over 15 refresh cycles, against
+    +16 MiB in place). Either way each unit is one task run with its upstream edges.
+    """
+    wait([item for item in upstream if isinstance(item, PrefectFuture)])
     named = stage_task.with_options(name=stage.name, retries=stage.retries, retry_delay_seconds=1)
-    return [named.submit(stage, unit, wait_for=list(upstream)) for unit in stage.units()]
+    if stage.in_worker_process:
+        return [named.submit(stage, unit, wait_for=list(upstream)) for unit in stage.units()]
+    return [named(stage, unit, wait_for=list(upstream), return_state=True) for unit in stage.units()]
 
 
 def run_stages(stages: Sequence[Stage]) -> dict[str, list[StageResult]]:
@@ -67,8 +81,8 @@ def run_stages(stages: Sequence[Stage]) -> dict[str, list[StageResult]]:
     return stage_results(submit_stages(stages))
 
 
-def submit_stages(stages: Sequence[Stage], submitted: Mapping[str, list[PrefectFuture]] | None = None,
-                  ) -> dict[str, list[PrefectFuture]]:
+def submit_stages(stages: Sequence[Stage], submitted: Mapping[str, list[Submitted]] | None = None,
+                  ) -> dict[str, list[Submitted]]:
     """Submit the stages in list order, each unit waiting for every unit of the stages it reads, among these and
     those ``submitted`` before (a flow that runs its first stages in a block of their own: ingest's processes)."""
     futures = dict(submitted or {})
@@ -78,7 +92,7 @@ def submit_stages(stages: Sequence[Stage], submitted: Mapping[str, list[PrefectF
     return futures
 
 
-def stage_results(futures: Mapping[str, list[PrefectFuture]]) -> dict[str, list[StageResult]]:
+def stage_results(futures: Mapping[str, list[Submitted]]) -> dict[str, list[StageResult]]:
     """Each stage's units' results, in submit order; the first failed unit raises."""
     return {name: [future.result() for future in submitted] for name, submitted in futures.items()}
 
