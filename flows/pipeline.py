@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.futures import PrefectFuture, wait
+from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from core.errors import ShardFormatError
@@ -24,7 +24,7 @@ from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untr
 from flows.runtime.stage_processes import stage_processes
 from flows.stage_launch import in_flow
 from flows.stage_list import PREPARE_STAGES, build_stages
-from flows.stage_task import stage_results, stage_task, submit_stage, submit_stages
+from flows.stage_task import Submitted, stage_results, stage_task, submit_stage, submit_stages
 from flows.tasks import report_task
 from pipeline.ingest.stage import INGEST_PRELOAD, IngestStage, parts_to_ingest
 from trainer.eval.downstream import check_tasks
@@ -147,7 +147,7 @@ def evaluate_model(recipe: str | ResolvedRun, run_dir: str | None = None, checkp
 
 
 def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
-                upstream: dict[str, list[PrefectFuture]] | None = None) -> dict[str, Any]:
+                upstream: dict[str, list[Submitted]] | None = None) -> dict[str, Any]:
     """The evaluation's units in the running flow (after ``upstream``: ``{stage: its task runs}``), the report."""
     paths = run.paths
     with paths.lock():
@@ -161,11 +161,11 @@ def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
     return publish_evaluation(paths.root, report)
 
 
-def _evaluate(stages: list[EvalStage], upstream: dict[str, list[PrefectFuture]]) -> None:
+def _evaluate(stages: list[EvalStage], upstream: dict[str, list[Submitted]]) -> None:
     """Run every unit, one at a time (each launch may take every device), each skipped when done; a failed one
     is recorded in its result and logged, the others go on (a downstream task waits only for the exports)."""
     logger = get_run_logger()
-    futures: dict[str, list[PrefectFuture]] = dict(upstream)
+    futures: dict[str, list[Submitted]] = dict(upstream)
     for stage in in_flow(stages):
         upstream = [future for name in stage.reads for future in futures.get(name, [])]
         named = stage_task.with_options(name=stage.name)
