@@ -60,17 +60,18 @@ Submitted = PrefectFuture | State
 def submit_stage(stage: Stage, upstream: Sequence[Submitted] = ()) -> list[Submitted]:
     """Run every unit of ``stage`` after ``upstream`` finished (a stage's units may depend on its inputs).
 
-    Units whose work runs in worker processes (ingest parts) are submitted to the flow's thread pool, which waits
-    on those processes in parallel. Every other unit runs in the flow's own thread, one after another: DuckDB,
-    tokenizers and torch keep native per-thread state, and running them on the pool's fresh threads each flow run
-    grew a long-lived process (tokenmill serve; tests/chaos/test_soak.py: +58 MiB over 15 refresh cycles, against
-    +16 MiB in place). Either way each unit is one task run with its upstream edges.
+    A stage of several units (ingest parts, pack pairs) is submitted to the flow's task runner, which runs them in
+    parallel (threads, or a Dask cluster). A one-unit stage runs in the flow's own thread: DuckDB, tokenizers and
+    torch keep native per-thread state, and running every stage on the pool's fresh threads each flow run grew a
+    long-lived process (tokenmill serve; tests/chaos/test_soak.py: +58 MiB over 15 refresh cycles, against +16 MiB
+    this way). Either way each unit is one task run with its upstream edges.
     """
     wait([item for item in upstream if isinstance(item, PrefectFuture)])
     named = stage_task.with_options(name=stage.name, retries=stage.retries, retry_delay_seconds=1)
-    if stage.in_worker_process:
-        return [named.submit(stage, unit, wait_for=list(upstream)) for unit in stage.units()]
-    return [named(stage, unit, wait_for=list(upstream), return_state=True) for unit in stage.units()]
+    units = stage.units()
+    if stage.in_worker_process or len(units) > 1:
+        return [named.submit(stage, unit, wait_for=list(upstream)) for unit in units]
+    return [named(stage, unit, wait_for=list(upstream), return_state=True) for unit in units]
 
 
 def run_stages(stages: Sequence[Stage]) -> dict[str, list[StageResult]]:
