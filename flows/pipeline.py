@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,12 @@ from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_conf
 from flows.recipe_flow import recipe_flow
 from flows.report.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.report.plots import import_in_background as import_plotting_in_background
+from flows.report.stage import ReportStage
 from flows.run_code import eval_task_folders, refuse_untrusted_code, refuse_untrusted_model_code
 from flows.runtime.stage_processes import stage_processes
 from flows.stage_launch import in_flow
 from flows.stage_list import PREPARE_STAGES, build_stages
 from flows.stage_task import Submitted, stage_results, stage_task, submit_stage, submit_stages
-from flows.tasks import report_task
 from pipeline.ingest.stage import INGEST_PRELOAD, IngestStage, parts_to_ingest
 from trainer.eval.downstream import check_tasks
 from trainer.eval.next_line_task import TASK_NAME as NEXT_LINE_TASK
@@ -106,7 +107,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
             _report_failed_training(paths, failure)
             raise
         if not loaded.eval.enabled:
-            report = report_task(paths)
+            report = _report(paths, {train.name: train_runs})
     # The full evaluation first (it writes the report too): the summary's final val loss is the whole split's.
     # Its units run in this flow run, after the train task run (Prefect's graph draws the edge).
     evaluation = _evaluation(run, None, None, {train.name: train_runs}) if loaded.eval.enabled else None
@@ -157,7 +158,7 @@ def _evaluation(run: ResolvedRun, checkpoint: str | None, task: str | None,
                for unit in stage.units()):
             write_launch_config(run)  # what each launched evaluator reads, in place of run.yaml
         _evaluate(stages, upstream or {})
-        report = report_task(paths)
+        report = _report(paths)
     return publish_evaluation(paths.root, report)
 
 
@@ -206,10 +207,17 @@ def prepare_on(recipe: str | ResolvedRun, run_dir: str | None = None,
     return prepare_data.with_options(task_runner=DaskTaskRunner(address=address))(run)
 
 
+def _report(paths: RunPaths, upstream: Mapping[str, list[Submitted]] | None = None) -> str:
+    """The report stage through the generic task, after the units in ``upstream`` (``{stage: its task runs}``,
+    those that succeeded: Prefect would not start a task after a failed one); returns the page's path."""
+    stage_results(submit_stages([ReportStage(paths)], upstream))
+    return str(paths.report_page)
+
+
 def _report_failed_training(paths: RunPaths, failure: Exception) -> None:
     """Write the report after a failed training run; never raises, so the flow fails with the training error."""
     try:
-        publish_training_failure(paths.root, report_task(paths), failure)
+        publish_training_failure(paths.root, _report(paths), failure)
     except Exception:
         get_run_logger().exception("Could not write the report of the failed training run in %s; the training "
                                    "error follows", paths.root)

@@ -8,7 +8,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from core.rundir import TASK_FILE_NAME, RunPaths
 from core.seeds import MAX_SEED
 from flows.cli.failures import user_error
 from flows.cli.output import OutputFormat, emit_rows
+from flows.cli.query_command import run_query_command
 from flows.cli.sample_view import write_sample_rows
 from flows.runtime.server import guard_temporary_server, start_temporary_server
 from flows.runtime.settings import (
@@ -212,40 +212,7 @@ def query(run_dir: RunDirArg,
     Example: tokenmill query runs/tiny "SELECT source, count(*) FROM documents GROUP BY source"
     (or s3://bucket/runs/tiny, with the AWS variables set: docs/object-storage.md).
     """
-    from flows.run_sql import run_query  # DuckDB, pandas (~0.8 s)
-    from pipeline.objects import is_remote  # logging (~13 ms): with the query
-
-    if not is_remote(run_dir):
-        RunPaths(run_dir).check_is_run()  # a folder with no run: one line, not 0 rows
-    table = _interruptible(run_query, run_dir, sql)
-    emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], output_format)
-
-
-def _interruptible(function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` in a worker thread, so that Ctrl-C ends the command at once.
-
-    DuckDB notices Python's Ctrl-C only between its own checks, which a long join made a minute apart;
-    this thread waits in Python, so the first Ctrl-C exits 130 within a fraction of a second. The query is
-    read-only: nothing is left half-written when the process exits under it.
-    """
-    outcome: dict[str, Any] = {}
-
-    def call() -> None:
-        try:
-            outcome["value"] = function(*args)
-        except BaseException as err:  # handed to the main thread, raised there
-            outcome["error"] = err
-
-    worker = threading.Thread(target=call, name="query", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(timeout=0.1)
-    except KeyboardInterrupt:
-        _exit_interrupted(now=True)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    run_query_command(run_dir, sql, output_format, on_interrupt=lambda: _exit_interrupted(now=True))
 
 
 @app.command()

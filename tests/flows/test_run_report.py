@@ -72,10 +72,11 @@ def test_a_failing_report_does_not_hide_the_training_error(prepared: dict[str, A
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.pipeline import train_model
 
-    def broken_report(run_dir: Path) -> Path:
+    def broken_report(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise OSError("disk full")
 
-    monkeypatch.setattr("flows.tasks.write_report", broken_report)
+    monkeypatch.setattr("flows.report.stage.ReportStage.run", broken_report)
+    shutil.rmtree(prepared["report"].parent)  # else the report is up to date and the stage skips it
     recorder, flow_logger = Recorder(), logging.getLogger("prefect.flow_runs")
     flow_logger.addHandler(recorder)
     try:

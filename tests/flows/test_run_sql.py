@@ -70,7 +70,7 @@ def test_query_help_lists_every_view_connect_opens(run_dir: Path) -> None:
 def test_a_query_over_documents_imports_neither_pandas_nor_torch(run_dir: Path) -> None:
     """What ``tokenmill query`` pays at start-up: pandas (pyarrow.dataset imports it, and so does ``pa.array``
     of Python values) and torch (the trainer's views) are imported only by a statement that needs them."""
-    program = ("import sys\nfrom flows.cli.commands import main\nsys.argv = ['tokenmill', 'query', sys.argv[1], "
+    program = ("import sys\nfrom flows.cli.entry import main\nsys.argv = ['tokenmill', 'query', sys.argv[1], "
                "'SELECT source, count(*) FROM documents GROUP BY ALL']\ntry:\n    main()\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\nprint(sorted({'pandas', 'torch'} & set(sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", program, str(run_dir)], capture_output=True, text=True,
