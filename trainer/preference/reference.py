@@ -1,0 +1,130 @@
+"""Reference log-probs: the reference model's summed log-probs of each pair's sides, computed once and stored.
+
+DPO needs ``ref_c`` and ``ref_r`` for every pair; they depend only on the reference model's weights and the pair's
+tokens, so a stage computes them once (:func:`compute_reference_logps`), writes them per pair to a Parquet file
+(:data:`REFERENCE_LOGPS_SCHEMA`, written atomically: a reader never sees half a file) and the training step reads
+them back (:func:`read_reference_logps`) instead of loading the reference model. Each row names the reference
+model by :func:`reference_model_sha256`, so a file computed with another model is refused, not silently used, and
+the table is plain Parquet a DuckDB view reads as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from core.errors import ShardFormatError
+from core.files.atomic import atomic_path
+from core.files.digests import file_sha256
+from trainer.preference.dpo_loss import PairLogps
+from trainer.preference.pair_batch import PairBatch, pair_logps
+
+REFERENCE_FORMAT_VERSION = 1
+REFERENCE_LOGPS_SCHEMA = pa.schema(
+    [
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("chosen_logp", pa.float32(), nullable=False),
+        pa.field("rejected_logp", pa.float32(), nullable=False),
+        pa.field("reference_sha256", pa.string(), nullable=False),
+    ],
+    metadata={"format": "tokenmill.reference_logps", "format_version": str(REFERENCE_FORMAT_VERSION)},
+)
+"""One row per pair: its id and source (as in ``rejects`` and ``documents``), the reference model's summed
+log-probs (float32, exactly as computed) of the chosen and rejected completion, and that model's
+:func:`reference_model_sha256`."""
+
+WEIGHT_FILE_PATTERNS = ("config.json", "*.safetensors", "*.bin")
+"""What decides a model dir's logits: its config and its weights (not its tokenizer: the pairs are token ids)."""
+
+
+@dataclass(frozen=True)
+class PairKey:
+    """Which pair a row of log-probs belongs to."""
+
+    pair_id: str
+    source: str
+
+
+def reference_model_sha256(model_dir: Path) -> str:
+    """Hex sha256 over the names and sha256 of a model dir's config and weight files: changes when any weight
+    changes, whatever the file's timestamp."""
+    files = sorted({path for pattern in WEIGHT_FILE_PATTERNS for path in Path(model_dir).glob(pattern)})
+    if not any(path.name != "config.json" for path in files):
+        raise ShardFormatError(f"{model_dir}: no weight files (*.safetensors, *.bin) to fingerprint the reference "
+                               "model by; point the recipe at a saved model dir")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def compute_reference_logps(model: nn.Module, batches: Iterable[PairBatch]) -> PairLogps:
+    """The reference model's summed log-probs of every pair of ``batches``, in order (eval mode: no dropout)."""
+    was_training = model.training
+    model.eval()
+    try:
+        computed = [pair_logps(model, batch) for batch in batches]
+    finally:
+        model.train(was_training)
+    return PairLogps(torch.cat([logps.chosen for logps in computed]).cpu(),
+                     torch.cat([logps.rejected for logps in computed]).cpu())
+
+
+def reference_table(keys: Sequence[PairKey], logps: PairLogps, reference_sha256: str) -> pa.Table:
+    """The rows of :data:`REFERENCE_LOGPS_SCHEMA` for ``keys`` and their log-probs (in the same order)."""
+    if not len(keys) == len(logps.chosen) == len(logps.rejected):
+        raise ValueError(f"{len(keys)} pair keys for {len(logps.chosen)} chosen and {len(logps.rejected)} rejected "
+                         "log-probs")
+    columns = {"pair_id": [key.pair_id for key in keys], "source": [key.source for key in keys],
+               "chosen_logp": logps.chosen.float().numpy(), "rejected_logp": logps.rejected.float().numpy(),
+               "reference_sha256": [reference_sha256] * len(keys)}
+    return pa.Table.from_pydict(columns, schema=REFERENCE_LOGPS_SCHEMA)
+
+
+def write_reference_logps(path: Path, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` atomically (temporary file, fsync, rename)."""
+    if not table.schema.equals(REFERENCE_LOGPS_SCHEMA, check_metadata=True):
+        raise ValueError(f"{path}: reference log-probs must have REFERENCE_LOGPS_SCHEMA, not {table.schema}")
+    with atomic_path(path, size_hint_bytes=table.nbytes) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_reference_logps(path: Path, reference_sha256: str) -> pa.Table:
+    """The table at ``path``, checked: its format version and columns, and that the reference model it was
+    computed with is ``reference_sha256``. Raises ShardFormatError naming the file and what to do otherwise."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ShardFormatError(f"{path}: cannot read reference log-probs ({err}); recompute them") from None
+    version = (table.schema.metadata or {}).get(b"format_version", b"?").decode()
+    if version != str(REFERENCE_FORMAT_VERSION) or not table.schema.equals(REFERENCE_LOGPS_SCHEMA):
+        raise ShardFormatError(f"{path}: not reference log-probs of format version {REFERENCE_FORMAT_VERSION} "
+                               f"(version {version}, columns {table.schema.names}); recompute them")
+    found = set(table.column("reference_sha256").to_pylist())
+    if found - {reference_sha256}:
+        raise ShardFormatError(f"{path}: computed with reference model {sorted(found)[0][:12]}, not "
+                               f"{reference_sha256[:12]}; recompute the reference log-probs for this model")
+    return table
+
+
+def reference_logps_for(table: pa.Table, keys: Sequence[PairKey]) -> PairLogps:
+    """The stored log-probs of ``keys``, in their order; ShardFormatError naming the first pair not stored."""
+    index = {(pair_id, source): row for row, (pair_id, source)
+             in enumerate(zip(table.column("pair_id").to_pylist(), table.column("source").to_pylist(), strict=True))}
+    missing = [key for key in keys if (key.pair_id, key.source) not in index]
+    if missing:
+        raise ShardFormatError(f"no reference log-probs for pair {missing[0].pair_id!r} of source "
+                               f"{missing[0].source!r}; recompute the reference log-probs for this data")
+    rows = pa.array([index[(key.pair_id, key.source)] for key in keys], type=pa.int64())
+    chosen = table.column("chosen_logp").take(rows).to_numpy()
+    rejected = table.column("rejected_logp").take(rows).to_numpy()
+    return PairLogps(torch.from_numpy(chosen.copy()), torch.from_numpy(rejected.copy()))
