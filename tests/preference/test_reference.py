@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from core.errors import ShardFormatError
+from core.rundir import RunPaths
 from tests.preference.pairs import RECORDS
 from tests.preference.trl_dpo import tiny_llama
 from tokenization.chat.template import load_chat_template
@@ -61,17 +62,19 @@ def packed_batches(pairs: list[MaskedPair]) -> list[PairBatch]:
     return [pack_pairs(pairs[:4], 128, pad_id=0), pack_pairs(pairs[4:], 128, pad_id=0)]
 
 
-def precompute(reference: torch.nn.Module, pairs: list[MaskedPair], sha256: str, path: Path) -> None:
+def precompute(reference: torch.nn.Module, pairs: list[MaskedPair], sha256: str, run_dir: Path) -> Path:
+    """The stored file of every pair's reference log-probs, in ``run_dir``."""
+    path = run_dir / "reference_logps.parquet"
     logps = compute_reference_logps(reference, packed_batches(pairs))
-    write_reference_logps(path, reference_table(keys(len(pairs)), logps, sha256))
+    write_reference_logps(RunPaths(run_dir), path, reference_table(keys(len(pairs)), logps, sha256))
+    return path
 
 
 def test_stored_values_equal_recomputed_ones_and_sql_reads_them(pairs: list[MaskedPair], vocab_size: int,
                                                                 tmp_path: Path) -> None:
     reference, sha256 = saved_reference(tmp_path / "reference", vocab_size, seed=1)
-    path = tmp_path / "reference_logps.parquet"
-    precompute(reference, pairs, sha256, path)
-    assert sorted(item.name for item in tmp_path.iterdir()) == ["reference", "reference_logps.parquet"]
+    path = precompute(reference, pairs, sha256, tmp_path / "run")
+    assert [item.name for item in path.parent.iterdir()] == [path.name]  # no temporary file left
     table = read_reference_logps(path, sha256)
     same_layout = compute_reference_logps(reference, packed_batches(pairs))
     in_order = reference_logps_for(table, keys(len(pairs)))
@@ -93,8 +96,7 @@ def test_log_probs_of_another_reference_model_or_pair_are_refused(pairs: list[Ma
     reference, sha256 = saved_reference(tmp_path / "reference", vocab_size, seed=1)
     _, other_sha256 = saved_reference(tmp_path / "other", vocab_size, seed=2)
     assert other_sha256 != sha256 and reference_model_sha256(tmp_path / "reference") == sha256
-    path = tmp_path / "reference_logps.parquet"
-    precompute(reference, pairs, sha256, path)
+    path = precompute(reference, pairs, sha256, tmp_path / "run")
     with pytest.raises(ShardFormatError, match=f"{path}: computed with reference model {sha256[:12]}, not "
                                                f"{other_sha256[:12]}; recompute"):
         read_reference_logps(path, other_sha256)
@@ -108,8 +110,7 @@ def test_training_on_stored_reference_log_probs_equals_computing_them_on_the_fly
     """Three optimizer steps of two pairs each: the reference's log-probs read from the file (computed in another
     layout) or computed every step by the reference model give the same losses and the same weights."""
     reference, sha256 = saved_reference(tmp_path / "reference", vocab_size, seed=1)
-    path = tmp_path / "reference_logps.parquet"
-    precompute(reference, pairs, sha256, path)
+    path = precompute(reference, pairs, sha256, tmp_path / "run")
     stored = read_reference_logps(path, sha256)
     start = tiny_llama(vocab_size, seed=0)
     on_the_fly, from_file = copy.deepcopy(start), copy.deepcopy(start)

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from core.errors import ShardFormatError
-from core.files.atomic import atomic_path
 from core.files.digests import file_sha256
+from core.rundir import RunPaths
+from trainer.model.hf_files import config_file, weight_files
 from trainer.preference.dpo_loss import PairLogps
 from trainer.preference.pair_batch import PairBatch, pair_logps
 
@@ -41,10 +42,6 @@ REFERENCE_LOGPS_SCHEMA = pa.schema(
 log-probs (float32, exactly as computed) of the chosen and rejected completion, and that model's
 :func:`reference_model_sha256`."""
 
-WEIGHT_FILE_PATTERNS = ("config.json", "*.safetensors", "*.bin")
-"""What decides a model dir's logits: its config and its weights (not its tokenizer: the pairs are token ids)."""
-
-
 @dataclass(frozen=True)
 class PairKey:
     """Which pair a row of log-probs belongs to."""
@@ -54,14 +51,11 @@ class PairKey:
 
 
 def reference_model_sha256(model_dir: Path) -> str:
-    """Hex sha256 over the names and sha256 of a model dir's config and weight files: changes when any weight
-    changes, whatever the file's timestamp."""
-    files = sorted({path for pattern in WEIGHT_FILE_PATTERNS for path in Path(model_dir).glob(pattern)})
-    if not any(path.name != "config.json" for path in files):
-        raise ShardFormatError(f"{model_dir}: no weight files (*.safetensors, *.bin) to fingerprint the reference "
-                               "model by; point the recipe at a saved model dir")
+    """Hex sha256 over the names and sha256 of a model dir's config and safetensors weights (what decides its
+    logits; not its tokenizer: the pairs are token ids): changes when any weight changes, whatever the timestamps.
+    Raises ConfigError naming the folder when it has no config or weights (:mod:`trainer.model.hf_files`)."""
     digest = hashlib.sha256()
-    for path in files:
+    for path in [config_file(Path(model_dir)), *weight_files(Path(model_dir))]:
         digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
     return digest.hexdigest()
 
@@ -90,11 +84,11 @@ def reference_table(keys: Sequence[PairKey], logps: PairLogps, reference_sha256:
     return pa.Table.from_pydict(columns, schema=REFERENCE_LOGPS_SCHEMA)
 
 
-def write_reference_logps(path: Path, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` atomically (temporary file, fsync, rename)."""
+def write_reference_logps(paths: RunPaths, path: Path, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` in the run dir ``paths`` atomically (temporary file, fsync, rename)."""
     if not table.schema.equals(REFERENCE_LOGPS_SCHEMA, check_metadata=True):
         raise ValueError(f"{path}: reference log-probs must have REFERENCE_LOGPS_SCHEMA, not {table.schema}")
-    with atomic_path(path, size_hint_bytes=table.nbytes) as tmp:
+    with paths.atomic_write(path, size_hint_bytes=table.nbytes) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 
