@@ -20,15 +20,8 @@ from tokenization.preference.masks import MaskedPair, mask_pair
 from tokenization.preference.records import parse_pair
 from trainer.preference.dpo_loss import PairLogps, dpo_loss
 from trainer.preference.pair_batch import PairBatch, pack_pairs, pad_pairs, pair_logps
-from trainer.preference.reference import (
-    PairKey,
-    compute_reference_logps,
-    read_reference_logps,
-    reference_logps_for,
-    reference_model_sha256,
-    reference_table,
-    write_reference_logps,
-)
+from trainer.preference.reference import compute_reference_logps, reference_logps_for, store_reference_logps
+from trainer.preference.reference_store import PairKey, read_reference_logps, reference_model_sha256
 
 SOURCE = "tiny-prefs"
 
@@ -66,7 +59,7 @@ def precompute(reference: torch.nn.Module, pairs: list[MaskedPair], sha256: str,
     """The stored file of every pair's reference log-probs, in ``run_dir``."""
     path = run_dir / "reference_logps.parquet"
     logps = compute_reference_logps(reference, packed_batches(pairs))
-    write_reference_logps(RunPaths(run_dir), path, reference_table(keys(len(pairs)), logps, sha256))
+    store_reference_logps(RunPaths(run_dir), path, keys(len(pairs)), logps, sha256)
     return path
 
 

@@ -1,63 +1,25 @@
-"""Reference log-probs: the reference model's summed log-probs of each pair's sides, computed once and stored.
+"""Reference log-probs: the reference model's summed log-probs of each pair's sides, computed once, then read back.
 
 DPO needs ``ref_c`` and ``ref_r`` for every pair; they depend only on the reference model's weights and the pair's
-tokens, so a stage computes them once (:func:`compute_reference_logps`), writes them per pair to a Parquet file
-(:data:`REFERENCE_LOGPS_SCHEMA`, written atomically: a reader never sees half a file) and the training step reads
-them back (:func:`read_reference_logps`) instead of loading the reference model. Each row names the reference
-model by :func:`reference_model_sha256`, so a file computed with another model is refused, not silently used, and
-the table is plain Parquet a DuckDB view reads as it is.
+tokens, so a stage computes them once (:func:`compute_reference_logps`) and stores them per pair
+(:func:`store_reference_logps`, the file of :mod:`trainer.preference.reference_store`), and the training step
+reads them (:func:`reference_logps_for`) instead of loading the reference model. ``precompute: false`` computes
+the same values every step with :func:`trainer.preference.pair_batch.pair_logps` under ``torch.no_grad()``.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from core.errors import ShardFormatError
-from core.files.digests import file_sha256
 from core.rundir import RunPaths
-from trainer.model.hf_files import config_file, weight_files
 from trainer.preference.dpo_loss import PairLogps
 from trainer.preference.pair_batch import PairBatch, pair_logps
-
-REFERENCE_FORMAT_VERSION = 1
-REFERENCE_LOGPS_SCHEMA = pa.schema(
-    [
-        pa.field("pair_id", pa.string(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-        pa.field("chosen_logp", pa.float32(), nullable=False),
-        pa.field("rejected_logp", pa.float32(), nullable=False),
-        pa.field("reference_sha256", pa.string(), nullable=False),
-    ],
-    metadata={"format": "tokenmill.reference_logps", "format_version": str(REFERENCE_FORMAT_VERSION)},
-)
-"""One row per pair: its id and source (as in ``rejects`` and ``documents``), the reference model's summed
-log-probs (float32, exactly as computed) of the chosen and rejected completion, and that model's
-:func:`reference_model_sha256`."""
-
-@dataclass(frozen=True)
-class PairKey:
-    """Which pair a row of log-probs belongs to."""
-
-    pair_id: str
-    source: str
-
-
-def reference_model_sha256(model_dir: Path) -> str:
-    """Hex sha256 over the names and sha256 of a model dir's config and safetensors weights (what decides its
-    logits; not its tokenizer: the pairs are token ids): changes when any weight changes, whatever the timestamps.
-    Raises ConfigError naming the folder when it has no config or weights (:mod:`trainer.model.hf_files`)."""
-    digest = hashlib.sha256()
-    for path in [config_file(Path(model_dir)), *weight_files(Path(model_dir))]:
-        digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
-    return digest.hexdigest()
+from trainer.preference.reference_store import PairKey, reference_table, stored_logps, write_reference_logps
 
 
 @torch.no_grad()
@@ -73,52 +35,15 @@ def compute_reference_logps(model: nn.Module, batches: Iterable[PairBatch]) -> P
                      torch.cat([logps.rejected for logps in computed]).cpu())
 
 
-def reference_table(keys: Sequence[PairKey], logps: PairLogps, reference_sha256: str) -> pa.Table:
-    """The rows of :data:`REFERENCE_LOGPS_SCHEMA` for ``keys`` and their log-probs (in the same order)."""
-    if not len(keys) == len(logps.chosen) == len(logps.rejected):
-        raise ValueError(f"{len(keys)} pair keys for {len(logps.chosen)} chosen and {len(logps.rejected)} rejected "
-                         "log-probs")
-    columns = {"pair_id": [key.pair_id for key in keys], "source": [key.source for key in keys],
-               "chosen_logp": logps.chosen.float().numpy(), "rejected_logp": logps.rejected.float().numpy(),
-               "reference_sha256": [reference_sha256] * len(keys)}
-    return pa.Table.from_pydict(columns, schema=REFERENCE_LOGPS_SCHEMA)
-
-
-def write_reference_logps(paths: RunPaths, path: Path, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` in the run dir ``paths`` atomically (temporary file, fsync, rename)."""
-    if not table.schema.equals(REFERENCE_LOGPS_SCHEMA, check_metadata=True):
-        raise ValueError(f"{path}: reference log-probs must have REFERENCE_LOGPS_SCHEMA, not {table.schema}")
-    with paths.atomic_write(path, size_hint_bytes=table.nbytes) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-
-
-def read_reference_logps(path: Path, reference_sha256: str) -> pa.Table:
-    """The table at ``path``, checked: its format version and columns, and that the reference model it was
-    computed with is ``reference_sha256``. Raises ShardFormatError naming the file and what to do otherwise."""
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as err:
-        raise ShardFormatError(f"{path}: cannot read reference log-probs ({err}); recompute them") from None
-    version = (table.schema.metadata or {}).get(b"format_version", b"?").decode()
-    if version != str(REFERENCE_FORMAT_VERSION) or not table.schema.equals(REFERENCE_LOGPS_SCHEMA):
-        raise ShardFormatError(f"{path}: not reference log-probs of format version {REFERENCE_FORMAT_VERSION} "
-                               f"(version {version}, columns {table.schema.names}); recompute them")
-    found = set(table.column("reference_sha256").to_pylist())
-    if found - {reference_sha256}:
-        raise ShardFormatError(f"{path}: computed with reference model {sorted(found)[0][:12]}, not "
-                               f"{reference_sha256[:12]}; recompute the reference log-probs for this model")
-    return table
+def store_reference_logps(paths: RunPaths, path: Path, keys: Sequence[PairKey], logps: PairLogps,
+                          reference_sha256: str) -> None:
+    """Write ``logps`` of the pairs ``keys`` (same order) to ``path`` in the run dir, atomically."""
+    table = reference_table(keys, logps.chosen.float().numpy(), logps.rejected.float().numpy(), reference_sha256)
+    write_reference_logps(paths, path, table)
 
 
 def reference_logps_for(table: pa.Table, keys: Sequence[PairKey]) -> PairLogps:
-    """The stored log-probs of ``keys``, in their order; ShardFormatError naming the first pair not stored."""
-    index = {(pair_id, source): row for row, (pair_id, source)
-             in enumerate(zip(table.column("pair_id").to_pylist(), table.column("source").to_pylist(), strict=True))}
-    missing = [key for key in keys if (key.pair_id, key.source) not in index]
-    if missing:
-        raise ShardFormatError(f"no reference log-probs for pair {missing[0].pair_id!r} of source "
-                               f"{missing[0].source!r}; recompute the reference log-probs for this data")
-    rows = pa.array([index[(key.pair_id, key.source)] for key in keys], type=pa.int64())
-    chosen = table.column("chosen_logp").take(rows).to_numpy()
-    rejected = table.column("rejected_logp").take(rows).to_numpy()
+    """The stored log-probs of ``keys`` (a checked table of :func:`reference_store.read_reference_logps`), in
+    their order, as the loss takes them."""
+    chosen, rejected = stored_logps(table, keys)
     return PairLogps(torch.from_numpy(chosen.copy()), torch.from_numpy(rejected.copy()))
