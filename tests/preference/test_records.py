@@ -77,3 +77,16 @@ def test_bad_pair_is_rejected_with_its_code_and_a_sentence_naming_the_field(reco
     assert isinstance(rejection, Rejection)
     assert (rejection.code, named in rejection.reason) == (code, True), rejection.reason
     assert code in PREFERENCE_REJECT_REASONS
+
+
+ODD_VALUES: list[Any] = [None, 0, "", "text", [], [None], [{}], [{"role": 1}], [{"role": "user"}], {"role": "user"},
+                         [{"role": "assistant", "content": None, "tool_calls": "call"}], [[USER]], 1.5, True]
+
+
+def test_no_value_in_any_field_raises() -> None:
+    for prompt in ODD_VALUES:
+        for side in ODD_VALUES:
+            for record in ({"prompt": prompt, "chosen": side, "rejected": [REJECTED]},
+                           {"messages": prompt, "chosen": [CHOSEN], "rejected": side},
+                           {"chosen": side, "rejected": prompt}):
+                assert isinstance(parse_pair(record), PreferencePair | Rejection)

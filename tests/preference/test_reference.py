@@ -4,6 +4,8 @@ computed with another model, and training on them gives the loss of a reference 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,3 +140,10 @@ def train(policy: torch.nn.Module, pairs: list[MaskedPair],
         optimizer.step()
         losses.append(result.loss.item())
     return losses
+
+
+def test_the_stored_file_and_the_pair_records_need_no_torch() -> None:
+    """A stage declares and ``tokenmill status`` reads these without importing torch."""
+    code = ("import sys; import trainer.preference.reference_store, tokenization.preference.records; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
