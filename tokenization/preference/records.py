@@ -10,7 +10,8 @@ Three record shapes are read, as TRL 1.16's ``DPOTrainer`` reads them (``trl.dat
   messages is the prompt (``trl.extract_prompt``).
 
 Messages are checked as the SFT records are (:mod:`tokenization.chat.records`: roles, keys, empty content); a pair
-is also rejected when a side is empty, when both sides are the same, or when a side has no assistant turn to score.
+is also rejected when a side is empty, when both sides are the same, or when a side does not start with the
+assistant's answer (a side that adds a user turn first would answer another prompt).
 The length check needs tokens and lives in :mod:`tokenization.preference.masks`.
 """
 
@@ -38,6 +39,7 @@ PREFERENCE_REJECT_REASONS: dict[str, str] = {
     **CHAT_REJECT_REASONS,
     "empty_side": "'chosen' or 'rejected' is empty: a pair needs two answers to compare",
     "identical_sides": "'chosen' and 'rejected' are the same (as written, or once rendered): nothing to prefer",
+    "not_an_answer": "'chosen' or 'rejected' does not start with an assistant turn (it would change the prompt)",
     "prompt_mismatch": "the prompt renders to different tokens before 'chosen' than before 'rejected'",
 }
 """The ``rejects.reason`` values of preference records (:attr:`Rejection.code`), with their meaning: the chat
@@ -134,6 +136,9 @@ def _pair(prompt: list[Message], chosen: list[Message], rejected: list[Message],
     for side, messages in zip(SIDES, (chosen, rejected), strict=True):
         if not any(message.role == "assistant" for message in messages):
             raise _BadRecord(f"'{side}' has no assistant turn: nothing of it to score", "no_assistant_turn")
+        if messages[0].role != "assistant":
+            raise _BadRecord(f"'{side}' starts with a {messages[0].role} turn, not the assistant's answer: both sides "
+                             "must answer the same prompt (move the shared turns into the prompt)", "not_an_answer")
     return PreferencePair(tuple(prompt), tuple(chosen), tuple(rejected), record_format)
 
 
