@@ -1,0 +1,8 @@
+"""Preference data for DPO: ``{prompt or messages, chosen, rejected}`` records -> a pair of masked token sequences.
+
+Input: one record in TRL's preference formats (conversational, plain, or with the prompt implicit in both sides)
+and a model's chat template. Output: ``MaskedPair`` (both sides rendered, the shared prompt identical on both, loss
+only on each side's completion) or a ``Rejection`` with its reason, for ``rejects``. Pure functions built on the
+chat code (:mod:`tokenization.chat`); the stages that read manifests and write shards are wired around them.
+``records`` parses and validates, ``masks`` renders and masks.
+"""
