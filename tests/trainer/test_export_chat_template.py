@@ -12,8 +12,10 @@ from tokenizers import Tokenizer
 from core.errors import ConfigError
 from core.rundir import RunPaths
 from tests.tokenization.chat import chat_tokenizers as ct
+from tests.trainer.test_hf_models import save_tiny_model
 from tokenization.chat.template import load_chat_template
-from trainer.config import ModelDims
+from trainer.config import ModelConfig, ModelDims
+from trainer.model.base_model import import_base_model
 from trainer.model.export import export_model, hf_llama_config
 from trainer.model.llama import ModelShape, build_model
 from trainer.train import base_model_tokenizer_files, run_chat_template
@@ -29,12 +31,15 @@ def chatml_tokenizer() -> Tokenizer:
 
 
 def run_from_base_model(root: Path, tokenizer: Tokenizer, template: str | None, layout: str = "jinja") -> RunPaths:
-    """A run dir whose base_model/ has ``template`` (chat_template.jinja, or in tokenizer_config.json) and whose
-    tokenizer is that model's own (as the tokenizer stage copies it)."""
-    paths = RunPaths(root)
-    ct.save_model_dir(paths.base_model, ct.CHATML_FAMILY, template, tokenizer)
+    """A run dir whose base_model/ is a model folder with ``template`` (chat_template.jinja, or in
+    tokenizer_config.json), brought in by the model stage, and whose tokenizer is that model's own (as the tokenizer
+    stage copies it)."""
+    source = ct.save_model_dir(root / "source", ct.CHATML_FAMILY, template, tokenizer)
+    save_tiny_model(source, "llama", weights=False)
     if layout == "config":
-        ct.move_template_into_tokenizer_config(paths.base_model)
+        ct.move_template_into_tokenizer_config(source)
+    paths = RunPaths(root / "run")
+    import_base_model(paths, source, ModelConfig(hf_config=str(source)))
     paths.tokenizer_dir.mkdir(parents=True)
     shutil.copyfile(paths.base_model_tokenizer, paths.tokenizer)
     return paths
@@ -75,7 +80,7 @@ def test_the_trainer_sections_template_file_wins_and_a_missing_one_is_one_line(t
                                                                                 chatml_tokenizer: Tokenizer) -> None:
     paths = run_from_base_model(tmp_path, chatml_tokenizer, None)
     (paths.tokenizer_dir / "chat_template.jinja").write_text(ct.CHATML, encoding="utf-8")
-    (tmp_path / "chosen.jinja").write_text(RUN_TEMPLATE, encoding="utf-8")
+    (paths.root / "chosen.jinja").write_text(RUN_TEMPLATE, encoding="utf-8")
     assert exported_rendering(paths, "chosen.jinja").startswith("Answer briefly.\n")
     with pytest.raises(ConfigError, match=r"missing\.jinja: cannot read the chat template to export"):
         run_chat_template(paths, "missing.jinja")

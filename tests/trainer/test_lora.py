@@ -108,7 +108,7 @@ def test_lora_with_a_sharding_engine_or_the_builtin_model_is_refused_in_one_line
     assert len(err.splitlines()) == 1 and err.startswith("error: train.lora adapts a Hugging Face model")
 
 
-RESUME_SETTINGS = {"max_steps": 10, "checkpoint_every": 3, "eval_every": 10, "eval_batches": 1, "log_every": 1,
+RESUME_SETTINGS = {"max_steps": 8, "checkpoint_every": 3, "eval_every": 8, "eval_batches": 1, "log_every": 1,
                    "lr": 1e-2, "lora": {**LORA, "dropout": 0.1}}
 """Dropout on: the resumed run must also continue the RNG the adapters' dropout draws from."""
 
