@@ -31,6 +31,7 @@ from trainer.checkpoint.tensor_parallel import TensorParallelShards
 from trainer.config import TrainConfig, TrainMode
 from trainer.eval.evaluate import Evaluator
 from trainer.loader.batches import BatchLayout, SplitRows, TrainLoader
+from trainer.loader.chat_rows import check_one_conversation_per_row
 from trainer.loader.mixture import MixtureOrder, MixtureStage, resolve_weights
 from trainer.loader.mixture_config import MixtureScheduleConfig
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
@@ -149,6 +150,9 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     train = config.train
     seed_everything(train.seed)
     train_rows, val_rows = open_splits(paths, train.mode)
+    if train.mode == "sft" and not train.document_masking:
+        check_one_conversation_per_row([shard.path for shard in train_rows.shards + val_rows.shards],
+                                       train_rows.seq_len)
     spec = run_model_spec(paths, config, train_rows)
     model = spec.build(train.seed)
     if train.document_masking:

@@ -76,6 +76,15 @@ def test_each_mode_refuses_the_other_kind_of_shard_in_one_line(tmp_path: Path, s
         and "set train.mode: sft" in err
 
 
+def test_sft_without_document_masking_refuses_rows_of_several_conversations(
+        tmp_path: Path, stdlib_corpus: Corpus, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = make_chat_run_dir(tmp_path, stdlib_corpus, model_type=None, document_masking=False)
+    assert main(["--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {run_dir}/shards/split=")
+    assert "conversations and train.document_masking is false, so they would attend to each other" in err
+
+
 def test_an_sft_steps_loss_and_gradients_are_the_mean_over_all_its_trained_tokens(tmp_path: Path,
                                                                                    stdlib_corpus: Corpus) -> None:
     """Micro-batches with different numbers of trained tokens: every token weighs the same (not a mean of means)."""

@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 from core.errors import ConfigError
 from core.shards.chat import ShardLossMask
 from trainer.config import TrainMode
+from trainer.loader.document_mask import ShardDocStarts
 
 
 def is_chat_shard(path: Path) -> bool:
@@ -36,6 +37,19 @@ def check_shards_fit_mode(paths: list[Path], mode: TrainMode) -> None:
             raise ConfigError(f"{path}: a chat shard (conversations with a loss_mask column), but train.mode is "
                               "pretrain, which would train on every token, prompts and padding included; set "
                               "train.mode: sft.")
+
+
+def check_one_conversation_per_row(paths: list[Path], seq_len: int) -> None:
+    """ConfigError naming the first chat shard with a row of several conversations: without document masking they
+    would attend to each other (SFT with ``train.document_masking: false`` needs rows packed one per row)."""
+    for path in paths:
+        counts = np.diff(ShardDocStarts(path, seq_len).offsets)
+        if (counts > 1).any():
+            row = int(np.argmax(counts > 1))
+            raise ConfigError(f"{path}: row {row} packs {int(counts[row])} conversations and train.document_masking "
+                              "is false, so they would attend to each other; set train.document_masking: true (the "
+                              "default with train.mode: sft), or, for a model whose attention cannot be masked, pack "
+                              "one conversation per row (chat.packed: false).")
 
 
 class LossMasks:
