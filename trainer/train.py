@@ -173,8 +173,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
     counters = LoopCounters()
-    signature = spec.signature() if train.lora is None else {**spec.signature(), "lora": lora_signature(train.lora)}
-    states = {"signature": ModelSignature(signature), "loop": counters, "loader": loader}
+    states = {"signature": model_signature(spec, train), "loop": counters, "loader": loader}
     if precision.scaler is not None:
         states["precision"] = precision
     return TrainingLoop(
@@ -188,6 +187,12 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
         callbacks=build_callbacks(accelerator, train, paths), spec=spec,
         chat_template_file=config.chat_template_file)
+
+
+def model_signature(spec: ModelSpec, train: TrainConfig) -> ModelSignature:
+    """What a checkpoint records of the model: the spec's signature, with the adapters' settings under LoRA."""
+    signature = spec.signature()
+    return ModelSignature(signature if train.lora is None else {**signature, "lora": lora_signature(train.lora)})
 
 
 def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> TensorParallelShards | None:

@@ -14,6 +14,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
+from core.errors import CheckpointError
 from core.rundir import RunPaths
 from tests.trainer.chat_run import make_chat_run_dir
 from tests.trainer.conftest import Corpus, edit_recipe, metric_steps
@@ -95,6 +96,10 @@ def test_lora_adapter_export_loads_with_peft_on_the_base_model(tmp_path: Path, s
     merged = AutoModelForCausalLM.from_pretrained(run_dir / "merged", dtype=torch.float32)
     batch = val_batch(run_dir)
     torch.testing.assert_close(logits(adapted, batch), logits(merged, batch), rtol=1e-5, atol=1e-5)
+
+    edit_recipe(run_dir, "train", lora={**LORA, "r": 8})  # other adapters: the checkpoint does not resume into them
+    with pytest.raises(CheckpointError, match=r"the checkpoint's model .* differs from the recipe's"):
+        build_loop(run_dir).checkpointer.load_latest()
 
 
 def test_lora_with_a_sharding_engine_or_the_builtin_model_is_refused_in_one_line(
