@@ -335,6 +335,8 @@ class TrainingLoop:
         else:
             seconds = sum(sum(result.phase_seconds.values()) for result in window)
             row.update(tokens_per_s=tokens / max(seconds, 1e-9), step_time_s=seconds / len(window))
+        if last.loss_tokens is not None:  # SFT throughput that counts: trained tokens per second, same clock
+            row["loss_tokens_per_s"] = row["tokens_per_s"] * sum(result.loss_tokens or 0 for result in window) / tokens
         self._window = []
         self.metrics.log_train(row)
         mfu = f" | mfu {row['mfu']:.1%}" if math.isfinite(row.get("mfu") or math.nan) else ""

@@ -120,6 +120,8 @@ def test_an_sft_run_logs_its_trained_tokens_and_scores_val_on_them_only(tmp_path
     logged = read_metric_rows(run_dir / "metrics" / "train.jsonl")
     assert [row["loss_tokens"] for row in logged] == expected
     assert [row["loss_tokens_seen"] for row in logged] == np.cumsum(expected).tolist()
+    for row, trained in zip(logged, expected, strict=True):  # a step: 4 rows of 64 tokens
+        assert row["loss_tokens_per_s"] == pytest.approx(row["tokens_per_s"] * trained / (4 * 64))
 
     val = SplitRows(run_dir, "val", PAD_ID, mode="sft")
     _, subset, _ = fixed_subset(val, 2 * 4)  # eval_batches * micro_batch_size
