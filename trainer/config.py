@@ -90,7 +90,32 @@ class ModelConfig(FrozenConfig):
         return self.dims if self.dims is not None else MODEL_PRESETS[self.preset or "tiny"]
 
 
+TrainMode = Literal["pretrain", "sft"]
+
+
+class LoraConfig(FrozenConfig):
+    """Low-rank adapters through ``peft`` (``train.lora``): only the adapters train; the base weights stay frozen."""
+
+    r: int = Field(default=8, ge=1)
+    """Rank of each adapter (the inner width of B @ A)."""
+    alpha: float = Field(default=16.0, gt=0)
+    """Scaling numerator: the adapter's output is multiplied by alpha / r."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on each adapter's input while training (0 = none)."""
+    target_modules: list[Annotated[str, Field(min_length=1)]] | Literal["all-linear"] = "all-linear"
+    """Names (suffixes) of the linear layers to adapt, e.g. [q_proj, v_proj]; all-linear = every linear layer of the
+    decoder blocks (peft's rule: not the output layer)."""
+    export: Literal["merged", "adapter"] = "merged"
+    """model/ as a plain model with the adapters merged into its weights, or as a peft adapter dir (adapter_config.json
+    + adapter_model.safetensors) to load with PeftModel on the base model. Evaluation exports are always merged."""
+
+
 class TrainConfig(FrozenConfig):
+    mode: TrainMode = "pretrain"
+    """pretrain: every token of a token shard is a target; sft: supervised fine-tuning on chat shards, only the
+    tokens their loss_mask marks are targets, and a step's loss is the mean over its trained tokens."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters of a Hugging Face model instead of all its weights (None: full training)."""
     max_steps: int = Field(default=200, ge=1)
     """Optimizer steps to train in total."""
     steps_per_refresh: int | None = Field(default=None, ge=1)
@@ -148,7 +173,8 @@ class TrainConfig(FrozenConfig):
     documents the model finds hard, per source, over time. From the step's own logits; training is unchanged."""
     document_masking: bool = False
     """Attend only within each document of a packed row (shards' doc_starts), positions restarting per document;
-    built-in model and Hugging Face models whose attention reads packed position_ids (docs/training.md)."""
+    built-in model and Hugging Face models whose attention reads packed position_ids (docs/training.md). On by
+    default with mode sft (conversations packed into one row must not see each other)."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."""
     compile: bool = False
@@ -169,6 +195,14 @@ class TrainConfig(FrozenConfig):
     """W&B / trackio project and MLflow experiment name; the tracker run is named after the run dir."""
     tensorboard: bool | None = None
     """Older switch, kept: true adds tensorboard to trackers, false removes it; None = as trackers says."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sft_masks_documents(cls, data: object) -> object:
+        """SFT packs several conversations into a row: each must see only itself, so masking is on unless refused."""
+        if isinstance(data, dict) and data.get("mode") == "sft" and data.get("document_masking") is None:
+            return {**data, "document_masking": True}
+        return data
 
     @field_validator("trackers")
     @classmethod
@@ -198,6 +232,8 @@ class TrainConfig(FrozenConfig):
             raise ValueError("train.fsdp and train.deepspeed_config both shard the model; set only one of them")
         if self.tensor_parallel_size > 1:
             check_tensor_parallel_options(self)
+        if self.lora is not None:
+            check_lora_options(self)
         if self.async_checkpoint:
             sharded = {"train.fsdp": self.fsdp, "train.deepspeed_config": self.deepspeed_config is not None,
                        "train.tensor_parallel_size > 1": self.tensor_parallel_size > 1}
@@ -206,6 +242,16 @@ class TrainConfig(FrozenConfig):
                     raise ValueError(f"train.async_checkpoint cannot be combined with {key} (its checkpoints are "
                                      f"written by every rank together); set async_checkpoint: false")
         return self
+
+
+def check_lora_options(train: TrainConfig) -> None:
+    """ValueError naming ``train.lora`` when it is combined with a sharding engine it does not work with."""
+    refusals = {"train.fsdp": train.fsdp, "train.deepspeed_config": train.deepspeed_config is not None,
+                "train.tensor_parallel_size > 1": train.tensor_parallel_size > 1}
+    for key, combined in refusals.items():
+        if combined:
+            raise ValueError(f"train.lora cannot be combined with {key} (tokenmill's LoRA trains whole, data-parallel "
+                             f"models only); remove {key.split(' ')[0]}, or remove train.lora for full training")
 
 
 def check_tensor_parallel_options(train: TrainConfig) -> None:

@@ -28,6 +28,7 @@ from trainer.config import TrainConfig
 from trainer.eval.evaluate import Evaluator
 from trainer.guard import NonFiniteGuard, state_counts
 from trainer.loader.batches import Batch, TrainLoader
+from trainer.loader.sft_loss import sft_loss
 from trainer.metrics.segments import RowLossLog, row_mean_losses
 from trainer.metrics.sink import MetricsSink
 from trainer.metrics.telemetry import PhaseTimer, Telemetry
@@ -48,11 +49,13 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class LoopCounters:
-    """Optimizer steps taken, tokens processed (all ranks, padding included), skipped updates, the spike guard's
-    state (:mod:`trainer.spike_guard`: spikes counted, the current streak, rollbacks, the recent losses)."""
+    """Optimizer steps taken, tokens processed (all ranks, padding included), SFT's trained tokens (all ranks),
+    skipped updates, the spike guard's state (:mod:`trainer.spike_guard`: spikes counted, the current streak,
+    rollbacks, the recent losses)."""
 
     step: int = 0
     tokens_seen: int = 0
+    loss_tokens_seen: int = 0
     skipped_steps: int = 0
     nonfinite_in_a_row: int = 0
     spike_steps: int = 0
@@ -61,13 +64,15 @@ class LoopCounters:
     recent_losses: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "skipped_steps": self.skipped_steps,
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "loss_tokens_seen": self.loss_tokens_seen,
+                "skipped_steps": self.skipped_steps,
                 "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
                 "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
                 "recent_losses": list(self.recent_losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.loss_tokens_seen = int(state.get("loss_tokens_seen", 0))  # absent before SFT existed
         self.skipped_steps, self.nonfinite_in_a_row = state_counts(state)
         # Checkpoints older than the spike guard have none of its keys: a fresh guard.
         self.spike_steps, self.spikes_in_a_row = int(state.get("spike_steps", 0)), int(state.get("spikes_in_a_row", 0))
@@ -107,6 +112,8 @@ class StepResult:
     applied: bool
     spike_z_score: float | None = None
     """Set when the loss was a spike (its z-score over the recent losses): the update was skipped."""
+    loss_tokens: int | None = None
+    """SFT: the tokens the step trained on, over all ranks (its loss is their mean); None when pretraining."""
 
 
 def as_float(value: Any) -> float | None:
@@ -139,6 +146,9 @@ class TrainingLoop:
     """The model's spec: what the export asks (config.json, tied weights)."""
     row_losses: RowLossLog | None = None
     """Where this rank writes its rows' losses (``train.log_row_losses``); None = not recorded."""
+    chat_template_file: str | None = None
+    """The chat template the run's conversations were rendered with, for the exports (see
+    :func:`trainer.train.run_chat_template`); None: the run's ``tokenizer/chat_template.jinja``, if any."""
     _window: list[StepResult] = field(default_factory=list)
     _step_row_losses: list[torch.Tensor] = field(default_factory=list)
 
@@ -165,38 +175,52 @@ class TrainingLoop:
         first_sample = self.loader.samples_consumed + layout.rank * layout.micro_batch_size * layout.grad_accum_steps
         with timer.phase("data_wait_s"):
             batches = self.loader.next_step()
+        loss_tokens = self.loader.step_loss_tokens
         with timer.phase("fwd_bwd_s"):
-            local_loss = self.forward_backward(batches)
+            local_loss = self.forward_backward(batches, loss_tokens)
         with timer.phase("optimizer_s"):
             loss, grad_norm, applied, spike_z_score = self.optimizer_step(local_loss)
         self.counters.step = step
         self.counters.tokens_seen += self.tokens_per_step
+        self.counters.loss_tokens_seen += loss_tokens or 0
         if self.row_losses is not None:
             self.row_losses.write(step, first_sample, self._step_row_losses)
         for callback in self.callbacks:
             callback.on_step_end(step)
-        return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score)
+        return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score, loss_tokens)
 
-    def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
-        """This rank's mean micro-batch loss; gradients accumulate, synced across replicas on the last micro-batch.
+    def forward_backward(self, batches: list[Batch], step_loss_tokens: int | None = None) -> torch.Tensor:
+        """This rank's share of the step's loss (the mean over ranks is the step's loss); gradients accumulate,
+        synced across replicas on the last micro-batch.
 
-        DDP syncs inside the last backward; a tensor-parallel run averages its replicas' gradients after it.
+        Pretraining: the mean of the micro-batches' mean losses. SFT (``step_loss_tokens``: the step's trained tokens
+        over all ranks): every trained token weighs the same, however the micro-batches and ranks share them
+        (:mod:`trainer.loader.sft_loss`); each micro-batch's summed loss over that count is multiplied by the
+        data-parallel replicas and by the accumulation steps, which DDP's gradient mean and Accelerate's backward
+        divide by again. DDP syncs inside the last backward; a tensor-parallel run averages its replicas' gradients
+        after it.
         """
         device = self.accelerator.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._step_row_losses = []
+        replicas = self.loader.layout.world_size
         for batch in batches:
             with self.accelerator.accumulate(self.model):
                 with self.precision.autocast():
                     logits = output_logits(self.model(**batch.model_kwargs(device)))
-                    loss = next_token_loss(logits, batch.labels.to(device))
+                    labels = batch.labels.to(device)
+                    if step_loss_tokens is None:
+                        loss = next_token_loss(logits, labels)
+                    else:
+                        loss = sft_loss(logits, labels, step_loss_tokens) * replicas
                 if self.row_losses is not None:
-                    self._step_row_losses.append(row_mean_losses(logits, batch.labels.to(device)))
-                self.accelerator.backward(self.precision.scale(loss))
+                    self._step_row_losses.append(row_mean_losses(logits, labels))
+                accumulated = loss if step_loss_tokens is None else loss * self.accelerator.gradient_accumulation_steps
+                self.accelerator.backward(self.precision.scale(accumulated))
                 loss_sum += loss.detach().double()
         assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"
         sync_data_parallel_gradients(self.model, self.accelerator)
-        return loss_sum / len(batches)
+        return loss_sum / len(batches) if step_loss_tokens is None else loss_sum
 
     def optimizer_step(self, local_loss: torch.Tensor) -> tuple[float, float | None, bool, float | None]:
         """Unscale, clip, then apply the update unless the loss/grad norm is non-finite, the loss is a spike, or
@@ -298,6 +322,8 @@ class TrainingLoop:
         row = {"step": self.counters.step, "loss": last.loss, "lr": last.lr, "grad_norm": last.grad_norm,
                "tokens_seen": self.counters.tokens_seen, "epoch": self.loader.epoch,
                "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
+        if last.loss_tokens is not None:  # SFT: the tokens the logged step trained on, and all so far
+            row.update(loss_tokens=last.loss_tokens, loss_tokens_seen=self.counters.loss_tokens_seen)
         if (mix := self.loader.pop_mix_counts()) is not None:  # [{stage, source, samples}] since the last row
             row["mix"] = mix
         if self.spikes.zscore is not None:  # the guard's columns, in every row of a guarded run
@@ -309,6 +335,8 @@ class TrainingLoop:
         else:
             seconds = sum(sum(result.phase_seconds.values()) for result in window)
             row.update(tokens_per_s=tokens / max(seconds, 1e-9), step_time_s=seconds / len(window))
+        if last.loss_tokens is not None:  # SFT throughput that counts: trained tokens per second, same clock
+            row["loss_tokens_per_s"] = row["tokens_per_s"] * sum(result.loss_tokens or 0 for result in window) / tokens
         self._window = []
         self.metrics.log_train(row)
         mfu = f" | mfu {row['mfu']:.1%}" if math.isfinite(row.get("mfu") or math.nan) else ""

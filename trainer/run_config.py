@@ -37,6 +37,11 @@ class TrainerSections(FrozenConfig):
     """Weights that change by step (the recipe's ``mixture_schedule``); replaces ``mixture``."""
     recipe: dict[str, Any] = {}
     """The whole recipe as ``run.yaml`` records it: the trackers' config of the run (shown, never interpreted)."""
+    chat_template_file: str | None = None
+    """The chat template file the chat data stage rendered the conversations with (absolute, or relative to the run
+    dir), written into every export so that ``apply_chat_template`` on it renders what training saw. Not a recipe
+    key: the launching flow resolves it; None = the run's ``tokenizer/chat_template.jinja`` if present, else the base
+    model's own template (exported with its tokenizer files)."""
 
     @model_validator(mode="after")
     def _one_mixture(self) -> TrainerSections:

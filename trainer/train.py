@@ -8,6 +8,7 @@ steps, resuming from the newest valid checkpoint, then exports ``RUN/model``. Us
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -27,9 +28,10 @@ from tokenization.special_tokens import read_special_tokens
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints
 from trainer.checkpoint.tensor_parallel import TensorParallelShards
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, TrainMode
 from trainer.eval.evaluate import Evaluator
 from trainer.loader.batches import BatchLayout, SplitRows, TrainLoader
+from trainer.loader.chat_rows import check_one_conversation_per_row
 from trainer.loader.mixture import MixtureOrder, MixtureStage, resolve_weights
 from trainer.loader.mixture_config import MixtureScheduleConfig
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
@@ -37,7 +39,8 @@ from trainer.metrics.segments import RowLossLog, append_segment, segment_record
 from trainer.metrics.sink import MetricsSink
 from trainer.metrics.telemetry import DevicePeak, Telemetry, device_peak
 from trainer.metrics.trackers import Trackers, start_trackers
-from trainer.model.export import export_model, exported_step
+from trainer.model.export import CHAT_TEMPLATE_FILE, ExportFiles, export_model, exported_step, write_export
+from trainer.model.lora import apply_lora, is_lora_model, lora_signature, merged_state_dict, save_adapter
 from trainer.model.spec import ModelSpec, model_spec
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel.accelerator import (
@@ -55,15 +58,16 @@ from trainer.precision import MixedPrecision
 from trainer.run_config import TrainerSections, read_trainer_config
 
 
-def open_splits(paths: RunPaths) -> tuple[SplitRows, SplitRows]:
-    """The train and val rows, padded with the run tokenizer's ``<|pad|>`` id.
+def open_splits(paths: RunPaths, mode: TrainMode | None = None) -> tuple[SplitRows, SplitRows]:
+    """The train and val rows, padded with the run tokenizer's ``<|pad|>`` id; with ``mode`` (``train.mode``) every
+    shard must be one that mode trains on, and SFT rows carry their loss masks.
 
     Raises ShardFormatError when there is no train data, the splits disagree, or the run's tokenizer is not
-    the one the shards were packed with.
+    the one the shards were packed with; ConfigError naming a shard that ``mode`` cannot train on.
     """
     special = read_special_tokens(paths)
-    train_rows = SplitRows(paths.root, "train", special.pad_id, pad_is_eos=special.pad_is_eos)
-    val_rows = SplitRows(paths.root, "val", special.pad_id, pad_is_eos=special.pad_is_eos)
+    train_rows = SplitRows(paths.root, "train", special.pad_id, pad_is_eos=special.pad_is_eos, mode=mode)
+    val_rows = SplitRows(paths.root, "val", special.pad_id, pad_is_eos=special.pad_is_eos, mode=mode)
     if train_rows.seq_len is None:
         raise ShardFormatError(f"{paths.shard_index}: no split=train shards; run `tokenmill prepare` first.")
     tokenizer_sha256 = sha256_file(paths.tokenizer)
@@ -145,11 +149,16 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     """Build every collaborator from the configs and the shards, and compose them into a TrainingLoop."""
     train = config.train
     seed_everything(train.seed)
-    train_rows, val_rows = open_splits(paths)
+    train_rows, val_rows = open_splits(paths, train.mode)
+    if train.mode == "sft" and not train.document_masking:
+        check_one_conversation_per_row([shard.path for shard in train_rows.shards + val_rows.shards],
+                                       train_rows.seq_len)
     spec = run_model_spec(paths, config, train_rows)
     model = spec.build(train.seed)
     if train.document_masking:
         spec.check_document_masking(model)
+    if train.lora is not None:
+        model = apply_lora(model, train.lora, train.seed)
     model = apply_model_options(parallelize_model(model, accelerator, spec), train, spec)
     num_params = sum(p.numel() for p in model.parameters())  # a DTensor counts its full size; tied ones once
     optimizer = build_optimizer(model, train)
@@ -164,7 +173,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
     counters = LoopCounters()
-    states = {"signature": ModelSignature(spec.signature()), "loop": counters, "loader": loader}
+    states = {"signature": model_signature(spec, train), "loop": counters, "loader": loader}
     if precision.scaler is not None:
         states["precision"] = precision
     return TrainingLoop(
@@ -176,7 +185,14 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
         metrics=MetricsSink(paths, enabled=accelerator.is_main_process),  # trackers join once resumed
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
-        callbacks=build_callbacks(accelerator, train, paths), spec=spec)
+        callbacks=build_callbacks(accelerator, train, paths), spec=spec,
+        chat_template_file=config.chat_template_file)
+
+
+def model_signature(spec: ModelSpec, train: TrainConfig) -> ModelSignature:
+    """What a checkpoint records of the model: the spec's signature, with the adapters' settings under LoRA."""
+    signature = spec.signature()
+    return ModelSignature(signature if train.lora is None else {**signature, "lora": lora_signature(train.lora)})
 
 
 def build_shards(accelerator: Accelerator, model: Any, optimizer: Any) -> TensorParallelShards | None:
@@ -274,7 +290,7 @@ def fsdp_block_classes(paths: RunPaths, config: TrainerSections) -> tuple[str, .
     """The model's decoder block classes when the run shards with FSDP (its shard unit), else none."""
     if not config.train.fsdp:
         return ()
-    train_rows, _ = open_splits(paths)
+    train_rows, _ = open_splits(paths, config.train.mode)
     return tuple(run_model_spec(paths, config, train_rows).block_class_names())
 
 
@@ -291,34 +307,46 @@ def run_to(loop: TrainingLoop, target_step: int) -> None:
 
 
 def export_if_stale(loop: TrainingLoop, paths: RunPaths) -> None:
-    """Write model/ from the current weights unless it already holds this step (rank 0 writes).
+    """Write model/ from the current weights unless it already holds this step (rank 0 writes); a LoRA run with
+    ``train.lora.export: adapter`` writes its adapter there instead of the merged model.
 
     Collective: under FSDP every rank sends its shards to rank 0, under TP every rank gathers every slice.
     """
-    export_if_stale_to(loop, paths, paths.model)
+    lora = loop.train.lora
+    export_if_stale_to(loop, paths, paths.model, adapter=lora is not None and lora.export == "adapter")
 
 
-def export_if_stale_to(loop: TrainingLoop, paths: RunPaths, target: Path) -> None:
+def export_if_stale_to(loop: TrainingLoop, paths: RunPaths, target: Path, adapter: bool = False) -> None:
     """Write ``target`` (a folder in the run dir) from the current weights unless it already holds this step.
 
-    Collective, as :func:`export_if_stale`.
+    ``adapter``: a LoRA model's adapter alone (else a LoRA model is exported merged). Collective, as
+    :func:`export_if_stale`.
     """
     accelerator = loop.accelerator
     stale = [accelerator.is_main_process and exported_step(target) != loop.counters.step]
     broadcast_object_list(stale)
     if stale[0]:
-        state_dict = full_state_dict(accelerator, loop.model)
+        module = accelerator.unwrap_model(loop.model)
+        lora = is_lora_model(module)  # whole on every rank (LoRA refuses FSDP and TP): nothing to gather
+        state_dict = None if lora else full_state_dict(accelerator, loop.model)
         if accelerator.is_main_process:
-            weights = loop.spec.export_weights(accelerator.unwrap_model(loop.model), state_dict)
-            export_model(weights, loop.spec.export_config(), paths, paths.tokenizer,
-                         {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
-                         base_model_tokenizer_files(paths), target=target)
+            files = ExportFiles(paths.tokenizer, tuple(base_model_tokenizer_files(paths)),
+                                {"step": loop.counters.step, "tokens_seen": loop.counters.tokens_seen},
+                                run_chat_template(paths, loop.chat_template_file))
+            if adapter:
+                write_export(paths, target, functools.partial(save_adapter, module), files, 0)
+            else:
+                base = module.get_base_model() if lora else module
+                weights = loop.spec.export_weights(base, merged_state_dict(module) if lora else state_dict)
+                export_model(weights, loop.spec.export_config(), paths, files.tokenizer_json,
+                             files.training_state, files.tokenizer_extras, target, files.chat_template)
             accelerator.print(f"exported step {loop.counters.step} to {target}", flush=True)
     accelerator.wait_for_everyone()
 
 
-BASE_MODEL_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
-"""A model's own tokenizer settings, exported beside tokenizer.json when the run packs with that tokenizer."""
+BASE_MODEL_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", CHAT_TEMPLATE_FILE)
+"""A model's own tokenizer settings (and chat template), exported beside tokenizer.json when the run packs with that
+tokenizer."""
 
 
 def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
@@ -327,6 +355,23 @@ def base_model_tokenizer_files(paths: RunPaths) -> list[Path]:
     if not (own.is_file() and paths.tokenizer.is_file() and sha256_file(own) == sha256_file(paths.tokenizer)):
         return []
     return [paths.base_model / name for name in BASE_MODEL_TOKENIZER_FILES if (paths.base_model / name).is_file()]
+
+
+def run_chat_template(paths: RunPaths, chat_template_file: str | None) -> str | None:
+    """The chat template the run's conversations were rendered with, to write into the export; None: the base
+    model's own (in the tokenizer files exported beside it), or no chat template at all.
+
+    ``chat_template_file`` (the trainer sections' field; absolute, or relative to the run dir) wins; else the run's
+    ``tokenizer/chat_template.jinja`` when present. ConfigError naming the file when it cannot be read.
+    """
+    path = paths.tokenizer_dir / CHAT_TEMPLATE_FILE if chat_template_file is None else paths.root / chat_template_file
+    if chat_template_file is None and not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the chat template to export ({type(err).__name__}); restore the file "
+                          "the chat data stage rendered with, or re-run `tokenmill prepare`.") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -20,6 +20,7 @@ from trainer.metrics.telemetry import (
     energy_unavailable_message,
     gpu_table_peak,
     peak_memory_bytes,
+    probe_matmul_tflops,
     warn_once,
 )
 from trainer.model.llama import ModelShape, flops_per_token
@@ -73,6 +74,15 @@ def test_device_peak_comes_from_the_recipe_a_gpu_table_or_a_cached_probe(tmp_pat
     assert probed.source.startswith("probe") and probed.tflops > 0 and cache.is_file()
     cache.write_text(json.dumps({**json.loads(cache.read_text()), "tflops": 1.5}))
     assert device_peak(cpu, "fp32", None, paths) == type(probed)(1.5, "probe (cached)")  # the run's number is kept
+
+
+def test_the_device_probe_leaves_trainings_random_state_alone() -> None:
+    """How many sizes the probe tries depends on timing: drawing from the global RNG made dropout differ from run to
+    run (seen as a LoRA run with dropout that did not resume bitwise, tests/trainer/test_lora.py)."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    assert probe_matmul_tflops("fp32", max_size=512, num_trials=2) > 0
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_flops_per_token_counts_attention_and_memory_is_measured() -> None:

@@ -24,7 +24,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from trainer.loader.batches import TokenRows, make_batch
+from trainer.loader.batches import TokenRows, load_batch
 from trainer.model.llama import IGNORE_INDEX, next_token_loss
 from trainer.model.spec import output_logits
 from trainer.parallel.accelerator import data_parallel_coordinates, is_sharded, tensor_parallel_rank
@@ -114,8 +114,7 @@ class Evaluator:
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
         """[rows, 3]: each row's summed token loss, its number of scored tokens and their bytes (0 uncounted)."""
-        doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
-        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos, doc_starts)
+        batch = load_batch(self.rows, row_ids, self.document_masking)  # SFT rows: their trained tokens only
         labels = batch.labels.to(self.accelerator.device)
         logits = output_logits(module(**batch.model_kwargs(self.accelerator.device)))
         token_losses = next_token_loss(logits, labels, reduction="none")

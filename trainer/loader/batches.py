@@ -26,6 +26,8 @@ import torch
 from core.errors import CheckpointError, ShardFormatError
 from core.shards.check import open_checked_shards
 from core.shards.store import ShardInfo, read_shard_index
+from trainer.config import TrainMode
+from trainer.loader.chat_rows import LossMasks, check_shards_fit_mode
 from trainer.loader.document_mask import ShardDocStarts, position_ids
 from trainer.loader.mixture import MixtureOrder
 from trainer.model.llama import IGNORE_INDEX
@@ -65,15 +67,20 @@ class TokenRows(Protocol):
         """Where each document begins in each of rows ``indices`` (token offsets, the first 0): document masking."""
         ...
 
+    def loss_mask(self, indices: np.ndarray) -> np.ndarray | None:
+        """Rows ``indices``' loss masks [len(indices), seq_len] (1: a target) for SFT; None: every token but padding."""
+        ...
+
 
 class ArrayRows:
     """TokenRows over an in-memory [num_rows, seq_len] array (benchmarks and small experiments)."""
 
     def __init__(self, tokens: np.ndarray, pad_id: int = PAD_ID, pad_is_eos: bool = False,
-                 doc_starts: list[np.ndarray] | None = None) -> None:
-        """``doc_starts``: each row's document starts (as a shard's column); None = one document per row."""
+                 doc_starts: list[np.ndarray] | None = None, loss_mask: np.ndarray | None = None) -> None:
+        """``doc_starts``: each row's document starts (as a shard's column); None = one document per row.
+        ``loss_mask``: [num_rows, seq_len] targets of SFT rows (as a chat shard's column); None = pretraining."""
         self.tokens, self.pad_id, self.pad_is_eos = tokens, pad_id, pad_is_eos
-        self._doc_starts = doc_starts
+        self._doc_starts, self._loss_mask = doc_starts, loss_mask
         self.num_rows, self.seq_len = (int(n) for n in tokens.shape)
         self.digests = {"array": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()}
 
@@ -84,6 +91,9 @@ class ArrayRows:
         if self._doc_starts is None:
             return [np.zeros(1, dtype=np.int64) for _ in indices]
         return [np.asarray(self._doc_starts[int(i)], dtype=np.int64) for i in indices]
+
+    def loss_mask(self, indices: np.ndarray) -> np.ndarray | None:
+        return None if self._loss_mask is None else self._loss_mask[indices]
 
 
 class ShardNumbering:
@@ -117,9 +127,12 @@ class ShardNumbering:
 class SplitRows(ShardNumbering):
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
-    def __init__(self, run_dir: Path, split: str, pad_id: int, pad_is_eos: bool = False) -> None:
+    def __init__(self, run_dir: Path, split: str, pad_id: int, pad_is_eos: bool = False,
+                 mode: TrainMode | None = None) -> None:
         """``pad_id``: the padding id of the tokenizer the shards were packed with; ``pad_is_eos``: it is also the
         EOS id (see :func:`make_batch`). Both come from :func:`tokenization.special_tokens.read_special_tokens`.
+        ``mode``: what the rows are read for (``train.mode``): ``sft`` reads the chat shards' loss masks, and every
+        shard must fit the mode (ConfigError naming the first that does not); None reads tokens only, any shard.
 
         Raises ShardFormatError (from :func:`core.shards.store.read_shard_index`) when an index row names a path
         that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on;
@@ -135,6 +148,9 @@ class SplitRows(ShardNumbering):
         super().__init__([info.path for info in infos], [info.source for info in infos],
                          [len(shard) for shard in self.shards], {info.path: info.sha256 for info in infos})
         self._doc_starts: dict[int, ShardDocStarts] = {}  # opened on first use: only document masking reads them
+        if mode is not None:
+            check_shards_fit_mode([shard.path for shard in self.shards], mode)
+        self._loss_masks = LossMasks([shard.path for shard in self.shards], self.seq_len) if mode == "sft" else None
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """Rows copied straight from the memory maps into one int64 array (the only copy).
@@ -162,9 +178,18 @@ class SplitRows(ShardNumbering):
             out.append(self._doc_starts[shard_id].row(row))
         return out
 
+    def loss_mask(self, indices: np.ndarray) -> np.ndarray | None:
+        """Each row's ``loss_mask`` from its chat shard (uint8 [len(indices), seq_len]); None unless mode is sft."""
+        if self._loss_masks is None:
+            return None
+        shard_ids, rows = self.locate(indices)
+        return self._loss_masks.rows(shard_ids.tolist(), rows.tolist())
+
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
+        if self._loss_masks is not None:
+            self._loss_masks.close()
 
 
 def _common_value(infos: list[ShardInfo], values: list[int], key: str) -> int | None:
@@ -203,10 +228,12 @@ class Batch:
 
 
 def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False,
-               doc_starts: list[np.ndarray] | None = None) -> Batch:
+               doc_starts: list[np.ndarray] | None = None, loss_mask: np.ndarray | None = None) -> Batch:
     """Wrap integer rows as int64 tensors with padding (``pad_id``) masked in labels.
 
     ``doc_starts``: each row's document starts (document masking): the batch then carries ``position_ids``.
+    ``loss_mask``: SFT rows' targets (:mod:`core.shards.chat`): labels are ``where(loss_mask, tokens, IGNORE_INDEX)``
+    and padding is whatever the mask leaves out.
 
     ``pad_is_eos``: ``pad_id`` is also the EOS that ends every document, so only the EOS after a row's last
     real EOS are padding (pack pads only the end of a source's last row, right after a document's EOS).
@@ -214,10 +241,19 @@ def make_batch(tokens: np.ndarray, pad_id: int, pad_is_eos: bool = False,
     writes to either. Done in NumPy: torch's per-op overhead on these small tensors cost more than the data.
     """
     input_ids = np.asarray(tokens, dtype=np.int64)
-    is_pad = _trailing_padding(input_ids, pad_id) if pad_is_eos else input_ids == pad_id
-    labels = np.where(is_pad, IGNORE_INDEX, input_ids) if is_pad.any() else input_ids
+    if loss_mask is not None:  # a 0 is a prompt token, padding or a conversation's first token
+        labels = np.where(np.asarray(loss_mask) != 0, input_ids, IGNORE_INDEX)
+    else:
+        is_pad = _trailing_padding(input_ids, pad_id) if pad_is_eos else input_ids == pad_id
+        labels = np.where(is_pad, IGNORE_INDEX, input_ids) if is_pad.any() else input_ids
     positions = None if doc_starts is None else torch.from_numpy(position_ids(doc_starts, input_ids.shape[1]))
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(labels), positions)
+
+
+def load_batch(rows: TokenRows, row_ids: np.ndarray, document_masking: bool = False) -> Batch:
+    """Rows ``row_ids`` as one batch: their labels by the rows' loss mask (SFT) or all but padding (pretraining)."""
+    doc_starts = rows.doc_starts(row_ids) if document_masking else None
+    return make_batch(rows.rows(row_ids), rows.pad_id, rows.pad_is_eos, doc_starts, rows.loss_mask(row_ids))
 
 
 def _trailing_padding(input_ids: np.ndarray, eos_id: int) -> np.ndarray:
@@ -262,6 +298,8 @@ class TrainLoader:
         self.rows, self.layout, self.seed = rows, layout, seed
         self.allow_data_change, self.mixture, self.document_masking = allow_data_change, mixture, document_masking
         self.samples_consumed = 0
+        self.step_loss_tokens: int | None = None
+        """SFT: the trained tokens of the last step's whole global batch (all ranks), the divisor of its loss."""
         self._epoch_order: tuple[int, np.ndarray] | None = None
         hook = os.environ.get(YIELDED_ROWS_HOOK)
         self._yielded_rows_file = None if not hook else Path(f"{hook}-rank{layout.rank}.jsonl")
@@ -307,15 +345,29 @@ class TrainLoader:
         layout = self.layout
         per_rank = layout.micro_batch_size * layout.grad_accum_steps
         first_sample = self.samples_consumed
-        row_ids = self.next_steps_rows(1)[0, layout.rank]
+        step_rows = self.next_steps_rows(1)[0]
+        row_ids = step_rows[layout.rank]
         if self._yielded_rows_file is not None:
             record_yielded_rows(self._yielded_rows_file, first_sample + layout.rank * per_rank, layout, row_ids)
         tokens = self.rows.rows(row_ids)
         doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
+        masks = self.step_loss_masks(step_rows)
         size = layout.micro_batch_size
         return [make_batch(tokens[i:i + size], self.rows.pad_id, self.rows.pad_is_eos,
-                           None if doc_starts is None else doc_starts[i:i + size])
+                           None if doc_starts is None else doc_starts[i:i + size],
+                           None if masks is None else masks[i:i + size])
                 for i in range(0, per_rank, size)]
+
+    def step_loss_masks(self, step_rows: np.ndarray) -> np.ndarray | None:
+        """This rank's loss masks of a step's rows [world_size, rows per rank] (None: pretraining); sets
+        ``step_loss_tokens`` from every rank's masks, so the step's divisor needs no collective."""
+        masks = self.rows.loss_mask(step_rows.reshape(-1))
+        if masks is None:
+            self.step_loss_tokens = None
+            return None
+        self.step_loss_tokens = int(np.count_nonzero(masks[:, 1:]))  # a row's first token is never a target
+        per_rank = step_rows.shape[1]
+        return masks[self.layout.rank * per_rank:(self.layout.rank + 1) * per_rank]
 
     @property
     def epoch(self) -> float:

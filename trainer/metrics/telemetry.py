@@ -79,7 +79,10 @@ def probe_matmul_tflops(precision: str, device: torch.device | None = None, max_
 
 
 def _fastest_matmul_s(size: int, dtype: torch.dtype, device: torch.device, num_trials: int) -> float:
-    a, b = (torch.randn(size, size).to(device, dtype) for _ in range(2))
+    # A generator of its own: how many sizes the probe tries depends on timing, and drawing from the global one would
+    # leave training's RNG (dropout) in a timing-dependent state, so two runs of one recipe would differ.
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(device, dtype) for _ in range(2))
     torch.mm(a, b)  # warm-up (thread pool, allocator, kernel selection)
     fastest = math.inf
     for _ in range(num_trials):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from tokenization.train_tokenizer import EOS_TOKEN, PAD_TOKEN
 from trainer.checkpoint.layout import EXPORT_STATE_NAME, exported_step  # noqa: F401 (its old home)
 from trainer.loader.batches import EOS_ID, PAD_ID
 from trainer.model.llama import INIT_STD, ModelShape
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""Where a model folder keeps its chat template (transformers >= 4.43 saves it there, and reads it first)."""
 
 
 def hf_llama_config(shape: ModelShape, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> dict[str, Any]:
@@ -74,15 +78,14 @@ def model_tokenizer_config(folder: Path) -> dict[str, Any]:
 
 def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], paths: RunPaths,
                  tokenizer_json: Path | None = None, training_state: dict[str, Any] | None = None,
-                 tokenizer_extras: Sequence[Path] = (), target: Path | None = None) -> Path:
+                 tokenizer_extras: Sequence[Path] = (), target: Path | None = None,
+                 chat_template: str | None = None) -> Path:
     """Write the run's ``model/`` (or ``target``, a folder in the run dir) atomically, replacing an older export,
     from an unwrapped model's state dict.
 
     ``config``: the ``config.json`` content (:meth:`trainer.model.spec.ModelSpec.export_config`). Weights are
-    saved as contiguous fp32 CPU tensors; the tokenizer is copied when the file exists, with ``tokenizer_extras``
-    (a model's own ``tokenizer_config.json``, ``special_tokens_map.json``) beside it, its EOS and pad filled in
-    (:func:`model_tokenizer_config`), else a tokenizer_config.json for a tokenmill-trained tokenizer. The state
-    dict must hold whole tensors, and no two names may share one (leave tied weights out): gather a
+    saved as contiguous fp32 CPU tensors; the tokenizer files are written as :func:`write_tokenizer_files` says.
+    The state dict must hold whole tensors, and no two names may share one (leave tied weights out): gather a
     tensor-parallel model's slices first (:func:`trainer.parallel.accelerator.full_state_dict`, on every rank); a
     DTensor raises TypeError. Returns the folder.
     """
@@ -90,26 +93,65 @@ def export_model(state_dict: dict[str, torch.Tensor], config: dict[str, Any], pa
     if split:
         raise TypeError(f"export_model got tensor-parallel slices ({split[0]}, ...); pass "
                         "trainer.parallel.accelerator.full_state_dict(accelerator, model), called on every rank")
-    model_dir = paths.model if target is None else target
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))
-    try:
+
+    def write_weights(staging: Path) -> None:
         tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
         with paths.atomic_write(staging / "model.safetensors") as tmp:
             save_file(tensors, tmp, metadata={"format": "pt"})
         paths.write_json(staging / HF_CONFIG_FILE, config)
-        if tokenizer_json is not None and Path(tokenizer_json).is_file():
-            copies = [(TOKENIZER_FILE, tokenizer_json)] + [(Path(extra).name, extra) for extra in tokenizer_extras]
-            for name, source in copies:
-                with paths.atomic_write(staging / name) as tmp:
-                    shutil.copyfile(source, tmp)
-            own = staging / "tokenizer_config.json"
-            paths.write_json(own, model_tokenizer_config(staging) if own.is_file() else tokenizer_config())
-        paths.write_json(staging / EXPORT_STATE_NAME, training_state or {})
+
+    files = ExportFiles(tokenizer_json, tuple(tokenizer_extras), training_state or {}, chat_template)
+    return write_export(paths, paths.model if target is None else target, write_weights, files,
+                        4 * sum(t.numel() for t in state_dict.values()))
+
+
+@dataclass(frozen=True)
+class ExportFiles:
+    """What an export holds besides its weights: the tokenizer, its settings and template, the training state."""
+
+    tokenizer_json: Path | None = None
+    tokenizer_extras: tuple[Path, ...] = ()
+    """A model's own ``tokenizer_config.json``, ``special_tokens_map.json``, ``chat_template.jinja``."""
+    training_state: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    """The chat template the run's conversations were rendered with (replaces any template of the extras)."""
+
+
+def write_export(paths: RunPaths, model_dir: Path, write_weights: Callable[[Path], None], files: ExportFiles,
+                 num_bytes: int) -> Path:
+    """Build the export folder under a temporary name (``write_weights(folder)``, then ``files``) and swap it in.
+
+    ``num_bytes``: about what the weights take, for the message when the disk is full.
+    """
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{model_dir.name}.", dir=model_dir.parent))
+    try:
+        write_weights(staging)
+        if files.tokenizer_json is not None and Path(files.tokenizer_json).is_file():
+            write_tokenizer_files(paths, staging, files)
+        paths.write_json(staging / EXPORT_STATE_NAME, files.training_state)
         paths.replace_folder(staging, model_dir)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
-        if (no_space := out_of_space(err, model_dir, 4 * sum(t.numel() for t in state_dict.values()))) is not None:
+        if (no_space := out_of_space(err, model_dir, num_bytes)) is not None:
             raise no_space from err
         raise
     return model_dir
+
+
+def write_tokenizer_files(paths: RunPaths, staging: Path, files: ExportFiles) -> None:
+    """Copy the tokenizer with the extras beside it, their EOS and pad filled in (:func:`model_tokenizer_config`),
+    else a tokenizer_config.json for a tokenmill-trained tokenizer; then the chat template, if any, as
+    ``chat_template.jinja`` (the one place transformers >= 4.43 reads it from first; no second copy stays in
+    tokenizer_config.json, so ``apply_chat_template`` on the export renders what training rendered)."""
+    assert files.tokenizer_json is not None
+    copies = [(TOKENIZER_FILE, files.tokenizer_json)] + [(Path(extra).name, extra) for extra in files.tokenizer_extras]
+    for name, source in copies:
+        with paths.atomic_write(staging / name) as tmp:
+            shutil.copyfile(source, tmp)
+    own = staging / "tokenizer_config.json"
+    settings = model_tokenizer_config(staging) if own.is_file() else tokenizer_config()
+    if files.chat_template is not None:
+        settings.pop("chat_template", None)
+        paths.write_text(staging / CHAT_TEMPLATE_FILE, files.chat_template)
+    paths.write_json(own, settings)
