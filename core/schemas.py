@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from core.conversations import CHAT_REJECT_REASONS
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """What a corpus or source name may be: it becomes a shard folder (``source=<name>``) and a column value."""
 
@@ -20,6 +22,8 @@ DOCUMENTS_SCHEMA = pa.schema(
         pa.field("num_chars", pa.int64(), nullable=False),
         pa.field("content_hash", pa.string(), nullable=False),  # exact-dedupe key (hex xxh3-128)
         pa.field("split", pa.string(), nullable=False),  # train | val
+        # a chat source's conversation, normalised, as JSON (core.conversations); null for a text source
+        pa.field("record", pa.large_string()),
     ],
     metadata={"format_version": str(FORMAT_VERSION), "artifact": "documents"},
 )
@@ -133,9 +137,10 @@ NON_FILTER_REJECT_REASONS: dict[str, str] = {
     "not_a_regular_file": "a FIFO, socket or device in the source folder; not opened (only regular files are read)",
     "missing_file": "a file planned for an ingest part that was deleted or renamed before the part read it; "
                     "nothing to read (its name is kept)",
+    **CHAT_REJECT_REASONS,
 }
 """The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
-document that is contaminated), with their meaning; later stages may add reasons, never rename them. Each
+document that is contaminated, a conversation that cannot be trained on), with their meaning; later stages may add reasons, never rename them. Each
 quality filter's reason is a row of ``pipeline.filters.screen.QUALITY_FILTERS``;
 ``pipeline.filters.screen.REJECT_REASONS`` holds them all."""
 

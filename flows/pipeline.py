@@ -16,7 +16,7 @@ from core.rundir import RunPaths
 from core.shards.store import read_shard_index, verify_shards
 from core.stage import StageResult, stage_status
 from flows.evaluation_state import evaluation_stages
-from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_config
+from flows.recipe import ResolvedRun, as_resolved, check_chat_template, record_run, write_launch_config
 from flows.recipe_flow import recipe_flow
 from flows.report.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.report.plots import import_in_background as import_plotting_in_background
@@ -44,6 +44,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
     run = as_resolved(recipe, run_dir)
     paths = run.paths
     import_plotting_in_background()  # for the report at the end
+    check_chat_template(run)  # one line before any work, as the CLI's own checks
     with paths.lock():
         record_run(run)
         stages = build_stages(PREPARE_STAGES, run)

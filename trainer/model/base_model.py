@@ -25,7 +25,8 @@ from trainer.config import ModelConfig
 from trainer.model.hf_files import CONFIG_NAME, WEIGHTS_INDEX_NAME, config_file, weight_files
 
 STAGE = "base-model"
-COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
+COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
 """Files of a model folder brought along when present (the tokenizer stage may use the model's tokenizer)."""
 
 
