@@ -140,8 +140,9 @@ NON_FILTER_REJECT_REASONS: dict[str, str] = {
     **CHAT_REJECT_REASONS,
 }
 """The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
-document that is contaminated, a conversation that cannot be trained on), with their meaning; later stages may add reasons, never rename them. Each
-quality filter's reason is a row of ``pipeline.filters.screen.QUALITY_FILTERS``;
+document that is contaminated, a conversation that cannot be trained on: ``core.conversations``),
+with their meaning; later stages may add reasons, never rename them. Each quality filter's reason is a row of
+``pipeline.filters.screen.QUALITY_FILTERS``;
 ``pipeline.filters.screen.REJECT_REASONS`` holds them all."""
 
 

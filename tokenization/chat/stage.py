@@ -1,4 +1,4 @@
-"""SFT data stage: the kept documents of one chat source and split -> chat shards in ``shards/split=<split>/source=<source>/``.
+"""SFT data stage: a chat source's kept documents of one split -> chat shards in ``shards/split=*/source=*/``.
 
 A manifest source with ``records: chat`` is ingested, filtered, deduplicated and decontaminated like any other; each
 of its kept documents holds its conversation (the documents' ``record`` column, :mod:`core.conversations`). Here each
@@ -66,7 +66,7 @@ class SftDataConfig:
     section, its template file resolved, and ``pack.seq_len`` / ``pack.rows_per_shard``."""
 
     model_dir: Path
-    chat: ChatConfig = ChatConfig()
+    chat: ChatConfig = dataclasses.field(default_factory=ChatConfig)
     template_file: Path | None = None
     """``chat.template_file`` taken from the recipe's folder, or None: the model's own template."""
     seq_len: int = 256

@@ -15,7 +15,7 @@ from core.conversations import Conversation, parse_record
 from core.rundir import RunPaths
 from core.shards.store import read_shard_index, verify_shards
 from flows.run_sql import run_query
-from tests.tokenization.chat.chat_run import SEQ_LEN, ChatCorpus, tokenmill, write_recipe
+from tests.tokenization.chat.chat_run import SEQ_LEN, ChatCorpus, chat_corpus, tokenmill, write_recipe
 from tokenization.chat.masks import MaskedConversation, mask_conversation
 from tokenization.chat.template import load_chat_template
 
@@ -152,8 +152,8 @@ def test_status_lists_the_chat_units_done(chat_run: ChatRun) -> None:
         (f"split={split}/source={source}", "done") for split in ("train", "val") for source in ("docstrings", "more")}
 
 
-def test_a_template_the_tokenizer_cannot_render_is_one_error_line(tmp_path: Path, chat_run: ChatRun) -> None:
-    recipe = write_recipe(tmp_path, chat_run[1], chat={"template_file": "other.jinja"})
+def test_a_template_the_tokenizer_cannot_render_is_one_error_line(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, chat_corpus(), chat={"template_file": "other.jinja"})
     (tmp_path / "other.jinja").write_text("{% for m in messages %}<|turn|>{{ m['content'] }}<|end|>{% endfor %}")
     result = tokenmill("prepare", str(recipe), cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr  # a bad recipe, as every ConfigError
