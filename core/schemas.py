@@ -22,11 +22,19 @@ DOCUMENTS_SCHEMA = pa.schema(
         pa.field("num_chars", pa.int64(), nullable=False),
         pa.field("content_hash", pa.string(), nullable=False),  # exact-dedupe key (hex xxh3-128)
         pa.field("split", pa.string(), nullable=False),  # train | val
-        # a chat source's conversation, normalised, as JSON (core.conversations); null for a text source
-        pa.field("record", pa.large_string()),
     ],
     metadata={"format_version": str(FORMAT_VERSION), "artifact": "documents"},
 )
+
+CHAT_DOCUMENTS_SCHEMA = DOCUMENTS_SCHEMA.append(pa.field("record", pa.large_string(), nullable=False))
+"""The documents of a source with ``records: chat``: DOCUMENTS_SCHEMA plus ``record``, the conversation normalised,
+as JSON (:meth:`core.conversations.Conversation.normalised_json`). A text source's parts keep DOCUMENTS_SCHEMA (the
+``documents`` view shows ``record`` as null for their rows when a run has both)."""
+
+
+def documents_schema(chat: bool) -> pa.Schema:
+    """The schema of a documents part: CHAT_DOCUMENTS_SCHEMA for a chat source's, else DOCUMENTS_SCHEMA."""
+    return CHAT_DOCUMENTS_SCHEMA if chat else DOCUMENTS_SCHEMA
 
 REJECTS_SCHEMA = pa.schema(
     [

@@ -48,7 +48,7 @@ class RunRecipe(FrozenConfig):
     """None (no section): a Hugging Face model's own tokenizer (its folder's tokenizer.json); required otherwise."""
     pack: PackConfig = PackConfig()
     chat: ChatConfig | None = None
-    """How sources with ``records: chat`` render and mask (docs/sft.md); None: the defaults, when there are any."""
+    """How sources with ``records: chat`` render and mask (docs/recipe.md, ``chat``); None: the defaults."""
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()

@@ -33,7 +33,7 @@ Parquet reader decompresses)."""
 def document_row(source: str, uri: str, source_id: str | None, text: str, val_fraction: float,
                  record: str | None = None) -> dict[str, Any]:
     """The documents row of a kept text (its id, hash and split follow from it); ``record``: a chat document's
-    conversation JSON."""
+    conversation JSON (a text part's schema has no such column: the sink leaves it out)."""
     text_hash = content_hash(text)
     return {"doc_id": doc_id_for(source, uri), "source": source, "source_id": source_id, "uri": uri, "text": text,
             "num_chars": len(text), "content_hash": text_hash, "split": split_for(text_hash, val_fraction),

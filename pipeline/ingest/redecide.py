@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.rundir import RunPaths, fingerprint
-from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, REJECTS_SCHEMA, documents_schema
 from pipeline.config import NearDedupeConfig
 from pipeline.filters.screen import QUALITY_FILTERS, UNMEASURED, measure_text, redecide
 from pipeline.ingest.part_files import (
@@ -67,7 +67,7 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
     if kept_changed:
         part_fingerprint = fingerprint(*fingerprints)
         with SignatureCollector(paths, part_id, part_fingerprint, near) as signatures:
-            _write_rows(docs_path, DOCUMENTS_SCHEMA, kept_rows, paths, signatures.add)
+            _write_rows(docs_path, documents_schema(chat), kept_rows, paths, signatures.add)
             signatures.write()
     reasons = Counter(row["reason"] for row in broken + rejected_rows)
     summary = {**marker["summary"], "num_documents": len(kept_rows), "num_rejects": sum(reasons.values()),

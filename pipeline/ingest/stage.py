@@ -23,7 +23,7 @@ from core.errors import ManifestError
 from core.files.atomic import read_json
 from core.layout import part_unit
 from core.rundir import RunPaths, fingerprint
-from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, REJECTS_SCHEMA, documents_schema
 from core.stage import Inputs, Progress, Stage, read_marker, run_stage, stage_status
 from pipeline.config import NearDedupeConfig
 from pipeline.filters.normalisation import normalise_text
@@ -636,7 +636,8 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
           paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
           paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
-        docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
+        docs = ParquetSink(docs_tmp, documents_schema(source.records == "chat"), on_flush=signatures.add,
+                           group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
         sizes = {rel: _file_size(root / rel, root) for rel in part.files}

@@ -140,7 +140,8 @@ ViewData: TypeAlias = "ParquetParts | ds.Dataset | pa.Table"
 
 def _create_parquet_view(con: duckdb.DuckDBPyConnection, name: str, parts: ParquetParts) -> None:
     try:
-        con.read_parquet(parts.paths).create_view(name)
+        # by name: a run with text and chat sources has documents parts with and without ``record``
+        con.read_parquet(parts.paths, union_by_name=True).create_view(name)
     except duckdb.Error as err:
         raise QueryError(f"{parts.folder}: not readable as Parquet ({first_line(err)}); remove or restore the "
                          "broken file, or re-run the stage that wrote it.") from None

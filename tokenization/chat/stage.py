@@ -56,8 +56,6 @@ SPLITS = ("train", "val")
 DOCUMENT_COLUMNS = ["doc_id", "source_id", "uri", "record"]
 PROGRESS_EVERY = 256
 """Conversations between two progress reports."""
-REMOVED_FILES = ("dedupe/duplicates.parquet", "rejects/contaminated.parquet")
-"""The files that say which documents dedupe and decontamination removed (a unit reads only the others)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,8 @@ class SftDataStage(Stage):
         files = {f"template:{path.name}": _digest(path) for path in template_files}
         if config.template_file is not None:
             files[f"template_file:{config.template_file}"] = _digest(config.template_file)
-        files.update({name: _digest(self.paths.root / name) for name in REMOVED_FILES})
+        # the files naming the documents dedupe and decontamination removed (a unit reads only the others)
+        files.update({self.paths.key(path): _digest(path) for path in (self.paths.duplicates, self.paths.contaminated)})
         settings = {**config.chat.model_dump(mode="json", exclude={"template_file"}), "seq_len": config.seq_len,
                     "rows_per_shard": config.rows_per_shard}
         upstream = {f"ingest/{Path(name).stem}": value
