@@ -71,11 +71,14 @@ def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> 
         return results[name][0].as_summary() if name in results else None
 
     indexed = results["shard-index"][0].summary
+    chat = {"sft_data": {str(result.unit): result.as_summary() for result in results["sft_data"]}} \
+        if "sft_data" in results else {}  # a recipe with chat sources: each (split, source)'s conversations
     return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
             "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
             "eval_tasks": one("eval-tasks"),
-            "base_model": one("base-model"), "tokenizer": one("tokenizer"), "num_shards": indexed["num_shards"],
-            "num_tokens": indexed["num_tokens"], "report": str(paths.root / results["report"][0].summary["index"])}
+            "base_model": one("base-model"), "tokenizer": one("tokenizer"), **chat,
+            "num_shards": indexed["num_shards"], "num_tokens": indexed["num_tokens"],
+            "report": str(paths.root / results["report"][0].summary["index"])}
 
 
 @recipe_flow(name="train-model")

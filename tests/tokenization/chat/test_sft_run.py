@@ -11,10 +11,11 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import yaml
 
-from core.conversations import Conversation, parse_record
+from core.conversations import CHAT_REJECT_REASONS, Conversation, parse_record
 from core.rundir import RunPaths
 from core.shards.store import read_shard_index, verify_shards
 from flows.run_sql import run_query
+from pipeline.sql.query import data_funnel
 from tests.tokenization.chat.chat_run import SEQ_LEN, ChatCorpus, chat_corpus, tokenmill, write_recipe
 from tokenization.chat.masks import MaskedConversation, mask_conversation
 from tokenization.chat.template import load_chat_template
@@ -161,3 +162,13 @@ def test_a_template_the_tokenizer_cannot_render_is_one_error_line(tmp_path: Path
     assert "other.jinja" in result.stderr
     assert not (tmp_path / "run" / "docs").exists()  # before any work
     assert yaml.safe_load(recipe.read_text())["chat"] == {"template_file": "other.jinja"}
+
+
+def test_the_funnel_counts_each_record_once_and_the_report_says_what_a_chat_reject_means(chat_run: ChatRun) -> None:
+    run, corpus = chat_run
+    funnel = {row["source"]: row for row in data_funnel(run)}
+    assert funnel["docstrings"]["records_read"] == len(corpus.lines)  # a stage reject is a document too
+    assert funnel["more"]["records_read"] == len(corpus.parquet_records)
+    report = (run / "report" / "report.md").read_text(encoding="utf-8")
+    assert "| too_many_tokens | 1 |" in report and CHAT_REJECT_REASONS["too_many_tokens"] in report
+    assert CHAT_REJECT_REASONS["unknown_role"] in report
