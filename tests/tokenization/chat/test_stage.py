@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
@@ -20,6 +21,8 @@ import yaml
 
 from core.documents import iter_documents
 from core.rundir import RunPaths
+from core.shards.chat import ChatRows, write_chat_shard
+from core.shards.store import ShardRows, read_shard_index, verify_shards, write_shard_index
 from core.stage import read_marker, run_stage, stage_status
 from flows.recipe import resolve_run
 from pipeline.ingest.stage import ingest_part, plan_ingest
@@ -28,6 +31,7 @@ from tests.tokenization.chat.sft_data import RECORDS, assistant, masked_records,
 from tokenization.chat.config import ChatConfig
 from tokenization.chat.stage import SftDataConfig, SftDataStage
 from tokenization.chat.template import load_chat_template
+from tokenization.shard_index import ShardIndexStage
 
 SEQ_LEN = 160
 UNIT = "split=train/source=chat"
@@ -153,6 +157,8 @@ KILLED_RUN = """
 import os, signal, sys
 from pathlib import Path
 from core.rundir import RunPaths
+from core.shards.chat import ChatRows, write_chat_shard
+from core.shards.store import ShardRows, read_shard_index, verify_shards, write_shard_index
 from core.stage import run_stage
 from tokenization.chat.stage import SftDataConfig, SftDataStage
 
@@ -205,3 +211,25 @@ def test_built_only_for_a_recipe_with_a_chat_source(tmp_path: Path, records: str
     assert stage is not None and stage.units() == ["split=train/source=chat", "split=val/source=chat"]
     assert (stage.config.template_file, stage.config.chat.loss) == (tmp_path / "t.jinja", "last_assistant")
     assert stage.config.model_dir == tmp_path / "run" / "base_model"
+
+
+def test_shards_verify_accepts_chat_shards_and_names_a_mask_on_padding(stage: SftDataStage) -> None:
+    run_stage(stage, UNIT)
+    run_stage(ShardIndexStage(stage.paths))
+    assert verify_shards(stage.paths.root) == []
+    infos = read_shard_index(stage.paths.root)
+    info = next(info for info in infos if info.path.endswith("part-00000.arrow"))
+    with ipc.open_file(stage.paths.root / info.path) as reader:
+        table = reader.read_all()
+    num_tokens = table.column("num_tokens").to_pylist()
+    row = next(index for index, count in enumerate(num_tokens) if count < SEQ_LEN)
+    mask = np.array(table.column("loss_mask").to_pylist(), dtype=np.uint8)
+    mask[row, num_tokens[row]] = 1  # a padding position marked as trained
+    rows = ShardRows(np.array(table.column("input_ids").to_pylist()), table.column("doc_ids").to_pylist(),
+                     table.column("doc_starts").to_pylist(), table.column("first_doc_offset").to_pylist(), num_tokens)
+    vocab_size = len(load_chat_template(stage.config.model_dir).tokenizer)
+    rewritten = write_chat_shard(stage.paths.root, info.path, ChatRows(rows, mask), split="train", source="chat",
+                                 tokenizer_sha256=info.tokenizer_sha256, vocab_size=vocab_size)
+    write_shard_index(stage.paths.root, [rewritten if other.path == info.path else other for other in infos])
+    assert verify_shards(stage.paths.root) == [
+        f"{info.path}: loss_mask marks padding (a position after the row's num_tokens)"]
