@@ -274,27 +274,10 @@ class RunLayout:
 
     # ---- supervised fine-tuning data ---------------------------------------------------------------------------
 
-    @property
-    def sft(self) -> Path:
-        """``sft/``: chat shards packed from conversation files (tokenization.chat.stage), one folder per split,
-        apart from ``shards/``: their schema adds ``loss_mask`` (core.shards.chat)."""
-        return self.root / "sft"
-
-    def sft_folder(self, split: str) -> Path:
-        """``sft/split=<split>/``."""
-        return self.sft / f"split={split}"
-
-    def sft_shard(self, split: str, part: int) -> Path:
-        """``sft/split=<split>/part-NNNNN.arrow``: one chat shard."""
-        return self.sft_folder(split) / f"part-{part:05d}.arrow"
-
-    def sft_state(self, split: str) -> Path:
-        """``sft/split=<split>/state.json``: the split's chat shards and counts, written after them."""
-        return self.sft_folder(split) / PACK_STATE_FILE
-
-    def sft_rejects(self, split: str) -> Path:
-        """``rejects/sft-<split>.parquet``: the split's rejected conversation records (rows of REJECTS_SCHEMA)."""
-        return self.rejects / f"sft-{split}.parquet"
+    def sft_rejects(self, split: str, source: str) -> Path:
+        """``rejects/sft-<split>-<source>.parquet``: the conversations of a chat source's split that the SFT data
+        stage could not render and mask (rows of REJECTS_SCHEMA; its shards are at :meth:`shard_folder`)."""
+        return self.rejects / f"sft-{split}-{source}.parquet"
 
     # ---- training -------------------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from core.rundir import RunPaths
 from core.shards.store import read_shard_index, verify_shards
 from core.stage import StageResult, stage_status
 from flows.evaluation_state import evaluation_stages
-from flows.recipe import ResolvedRun, as_resolved, record_run, write_launch_config
+from flows.recipe import ResolvedRun, as_resolved, check_chat_template, record_run, write_launch_config
 from flows.recipe_flow import recipe_flow
 from flows.report.artifacts import publish_evaluation, publish_funnel, publish_training, publish_training_failure
 from flows.report.plots import import_in_background as import_plotting_in_background
@@ -45,6 +45,7 @@ def prepare_data(recipe: str | ResolvedRun, run_dir: str | None = None) -> dict[
     run = as_resolved(recipe, run_dir)
     paths = run.paths
     import_plotting_in_background()  # for the report at the end
+    check_chat_template(run)  # one line before any work, as the CLI's own checks
     with paths.lock():
         record_run(run)
         stages = build_stages(PREPARE_STAGES, run)
@@ -71,11 +72,14 @@ def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> 
         return results[name][0].as_summary() if name in results else None
 
     indexed = results["shard-index"][0].summary
+    chat = {"sft_data": {str(result.unit): result.as_summary() for result in results["sft_data"]}} \
+        if "sft_data" in results else {}  # a recipe with chat sources: each (split, source)'s conversations
     return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
             "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
             "eval_tasks": one("eval-tasks"),
-            "base_model": one("base-model"), "tokenizer": one("tokenizer"), "num_shards": indexed["num_shards"],
-            "num_tokens": indexed["num_tokens"], "report": str(paths.root / results["report"][0].summary["index"])}
+            "base_model": one("base-model"), "tokenizer": one("tokenizer"), **chat,
+            "num_shards": indexed["num_shards"], "num_tokens": indexed["num_tokens"],
+            "report": str(paths.root / results["report"][0].summary["index"])}
 
 
 @recipe_flow(name="train-model")

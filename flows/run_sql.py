@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from core.schemas import CONSUMED_SCHEMA, ROW_LOSSES_SCHEMA
 from pipeline.sql import query
+from tokenization.chat.token_view import SFT_TOKENS_SCHEMA
 
 
 def consumed_table(run_dir: Path) -> pa.Table:
@@ -31,11 +32,20 @@ def row_losses_table(run_dir: Path) -> pa.Table:
     return row_losses_table(run_dir)
 
 
+def sft_tokens_table(run_dir: Path) -> pa.Table:
+    """:func:`tokenization.chat.token_view.sft_tokens_table`, imported when a statement names the view."""
+    from tokenization.chat.token_view import sft_tokens_table  # the tokenizers library: only for sft_tokens
+
+    return sft_tokens_table(run_dir)
+
+
 TRAINING_VIEWS: dict[str, query.DerivedView] = {
     "consumed": (consumed_table, CONSUMED_SCHEMA),
     "row_losses": (row_losses_table, ROW_LOSSES_SCHEMA),
+    "sft_tokens": (sft_tokens_table, SFT_TOKENS_SCHEMA),
 }
-"""Views derived by the trainer's code, built only for a statement that names them."""
+"""Views derived by the trainer's and the tokenizer's code (pipeline cannot import either), built only for a
+statement that names them: ``sft_tokens`` decodes every token of the chat shards (tokenization.chat.token_view)."""
 UNREAD_TRAINING_VIEWS: dict[str, query.DerivedView] = {
     name: (lambda run_dir, schema=schema: query.empty_table(schema), schema)
     for name, (_, schema) in TRAINING_VIEWS.items()

@@ -31,8 +31,9 @@ PREPARE_STAGES: tuple[type[Stage], ...] = (
     DecontaminateStage,  # kept train documents vs val / eval files / eval tasks -> rejects/contaminated.parquet
     BaseModelStage,  # model.hf_config / model.from_pretrained -> base_model/
     TokenizerStage,  # train documents, a given file or the model's -> tokenizer/tokenizer.json
-    PackStage,  # kept documents -> shards/split=*/source=*/ (one unit per (split, source))
-    ShardIndexStage,  # the pack states -> shards/index.parquet
+    PackStage,  # kept documents of text sources -> shards/split=*/source=*/ (one unit per (split, source))
+    SftDataStage,  # kept conversations of chat sources -> chat shards there too, rejects/sft-*.parquet (same units)
+    ShardIndexStage,  # the pack and chat states -> shards/index.parquet
     ReportStage,  # the run dir -> report/
 )
 """``tokenmill prepare``'s stages, in run order."""
@@ -46,11 +47,6 @@ EVAL_STAGES: tuple[type[Stage], ...] = (
     DownstreamStage,  # (checkpoint, task) -> eval/results/step-N/<task>.json: lm-eval
 )
 """``tokenmill eval``'s stages (the recipe's ``eval.checkpoints`` and ``eval.tasks``)."""
-
-SFT_STAGES: tuple[type[Stage], ...] = (
-    SftDataStage,  # conversation files -> sft/split=*/ chat shards, rejects/sft-<split>.parquet (a unit per split)
-)
-"""Supervised fine-tuning's data stages (#37); no flow or recipe section runs them yet (``build`` gives None)."""
 
 ALL_STAGES: tuple[type[Stage], ...] = (*PREPARE_STAGES[:-1], *TRAIN_STAGES, *EVAL_STAGES, ReportStage)
 """Every stage of ``tokenmill run``, in run order: what ``tokenmill status`` reports on."""

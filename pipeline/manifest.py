@@ -135,8 +135,13 @@ class SourceConfig(FrozenConfig):
     """Files under ``path`` to read (when ``path`` is a folder)."""
     exclude: list[str] = []
     """Glob patterns (relative to ``path``) of files to skip."""
+    records: Literal["text", "chat"] = "text"
+    """What a record is: ``text`` (a document in ``text_field``) or ``chat`` (a conversation: a ``messages`` list, or
+    ``prompt``/``completion``, read by :mod:`core.conversations`; a record that is not one is rejected with its
+    reason). A chat document's ``text`` is its messages' contents joined by a blank line (what dedupe, the filters
+    and decontamination read) and its ``record`` the normalised conversation the SFT data stage renders."""
     text_field: str = "text"
-    """Field/column holding the document text (jsonl, parquet, hf_disk, hf_local)."""
+    """Field/column holding the document text (jsonl, parquet, hf_disk, hf_local); not read with ``records: chat``."""
     id_field: str | None = None
     """Field/column holding the record's own id, kept as ``source_id``."""
     license: str | None = None
@@ -145,6 +150,13 @@ class SourceConfig(FrozenConfig):
     """Mixture weight of this source in training batches."""
     on_error: Literal["fail", "skip"] = "fail"
     """A file that cannot be read at all: stop with an error (fail) or record one reject and go on (skip)."""
+
+    @model_validator(mode="after")
+    def _chat_records_have_fields(self) -> SourceConfig:
+        if self.records == "chat" and self.format == "text":
+            raise ValueError("records: chat needs a format whose records have fields (jsonl, parquet, hf_disk, "
+                             "hf_local); format: text reads one document per file")
+        return self
 
     @field_validator("storage_options")
     @classmethod

@@ -1,4 +1,5 @@
-"""Shard-index stage: every (split, source) ``state.json`` -> ``shards/index.parquet`` (what training reads)."""
+"""Shard-index stage: every (split, source) ``state.json`` -> ``shards/index.parquet`` (what training reads): the
+pack stage's token shards and the SFT data stage's chat shards alike."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class ShardIndexStage(Stage):
     """The pack states -> the shard index; its inputs are the states themselves (by content)."""
 
     name = "shard-index"
-    reads = ("pack",)
+    reads = ("pack", "sft_data")
 
     def inputs(self, unit: str | None) -> Inputs:
         states = sorted(self.paths.shards.glob(PACK_STATE_FILES))

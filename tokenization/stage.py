@@ -52,12 +52,13 @@ class PackStage(Stage):
 
     @classmethod
     def build(cls, run: Any) -> PackStage:
-        """The recipe's sources; for a run read from its run.yaml (no manifest files), the recorded manifests'
-        sources, else those the ingest plan holds."""
+        """The recipe's text sources; for a run read from its run.yaml (no manifest files), the recorded manifests'
+        text sources, else those the ingest plan holds."""
         manifests = [item.manifest for item in run.manifests]
         if not manifests and run.record is not None:
             manifests = run.record.manifests or []
-        sources = [source.name for manifest in manifests for source in manifest.sources]
+        # a source with records: chat is the SFT data stage's (tokenization.chat.stage): rendered, not packed here
+        sources = [source.name for manifest in manifests for source in manifest.sources if source.records == "text"]
         if not manifests and run.paths.ingest_plan.is_file():
             sources = sorted({part["source"] for part in read_json(run.paths.ingest_plan)["parts"]})
         return cls(run.paths, run.recipe.pack, sources)

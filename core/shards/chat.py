@@ -17,9 +17,9 @@ Why columns and not a sidecar file: one file per shard keeps the index's sha256,
 not bool: Arrow packs bools into bits; uint8 memory-maps into a zero-copy [rows, seq_len] array like the tokens.
 
 Readers that take columns by name (:class:`core.shards.store.ShardTokens`,
-:class:`trainer.loader.document_mask.ShardDocStarts`) read chat shards as they are; readers that compare the whole
-column list (the ``sequences`` view, ``shards verify``) must accept :func:`chat_shard_schema` too when chat stages are
-wired in.
+:class:`trainer.loader.document_mask.ShardDocStarts`) read chat shards as they are; the readers that compare the
+whole column list (the ``sequences`` view, ``shards verify``) accept :func:`chat_shard_schema` too, and ``shards
+verify`` checks each loss mask (:func:`verify_loss_masks`).
 """
 
 from __future__ import annotations
@@ -138,3 +138,21 @@ def _check_loss_mask_type(path: Path, schema: pa.Schema, seq_len: int) -> None:
         found = "no loss_mask column" if field is None else f"loss_mask {field.type}"
         raise ShardFormatError(f"{path}: {found}, expected fixed_size_list<uint8>[{seq_len}]: it is not a chat "
                                "shard; supervised fine-tuning reads shards packed from conversations.")
+
+
+def verify_loss_masks(path: Path, info: ShardInfo) -> list[str]:
+    """``shards verify``'s faults of a chat shard's masks: a value other than 0/1, a ``num_loss_tokens`` that is not
+    its row's sum, a trained position in the row's padding (none: all good)."""
+    with pa.memory_map(str(path)) as source:
+        table = ipc.open_file(source).read_all()
+    mask = table.column("loss_mask").combine_chunks().values.to_numpy().reshape(-1, info.seq_len)
+    faults = []
+    if mask.size and int(mask.max()) > 1:
+        faults.append(f"{info.path}: loss_mask holds {int(mask.max())}; a mask is 0 or 1")
+    recorded = np.asarray(table.column("num_loss_tokens").to_pylist(), dtype=np.int64)
+    if not np.array_equal(recorded, mask.sum(axis=1, dtype=np.int64)):
+        faults.append(f"{info.path}: num_loss_tokens differs from the sum of loss_mask in some row")
+    lengths = np.asarray(table.column("num_tokens").to_pylist(), dtype=np.int64)
+    if mask.size and (mask * (np.arange(info.seq_len) >= lengths[:, None])).any():
+        faults.append(f"{info.path}: loss_mask marks padding (a position after the row's num_tokens)")
+    return faults

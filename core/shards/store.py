@@ -323,7 +323,8 @@ def _entry_fault(run_dir: Path, entry: Path, depth: int) -> str | None:
 
 
 def verify_shards(run_dir: Path) -> list[str]:
-    """Check every shard against the index: safe path, presence, sha256, schema, metadata, ids < vocab.
+    """Check every shard against the index: safe path, presence, sha256, schema (a token shard's or a chat shard's,
+    :mod:`core.shards.chat`), metadata, ids < vocab, and a chat shard's loss masks (0/1, their sums recorded).
 
     Returns one human-readable line per fault (empty list = all good); also reports shard files on
     disk that the index does not list and entries under ``shards/`` outside the layout. An index row whose
@@ -364,14 +365,18 @@ def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
     if _folder_values(info.path) != (metadata["split"], metadata["source"]):
         faults.append(f"{info.path}: lies in the folders of another split/source than its metadata "
                       f"(split={metadata['split']!r}, source={metadata['source']!r})")
+    from core.shards.chat import chat_shard_schema, verify_loss_masks  # core.shards.chat imports this module
+
     vocab_size = int(metadata["vocab_size"])
-    expected = shard_schema(pa.from_numpy_dtype(token_dtype_for_vocab(vocab_size)), info.seq_len, {})
+    token_type = pa.from_numpy_dtype(token_dtype_for_vocab(vocab_size))
+    expected = shard_schema(token_type, info.seq_len, {})
     with pa.memory_map(str(path)) as source:
         actual = ipc.open_file(source).schema.remove_metadata()
-    if not actual.equals(expected):
+    is_chat = actual.equals(chat_shard_schema(token_type, info.seq_len, {}))
+    if not (actual.equals(expected) or is_chat):
         # Rows are read only from a shard of the contract's layout (another one may not even have token rows).
         return [*faults, f"{info.path}: schema differs from the shard contract"]
-    return faults + _verify_rows(path, info, vocab_size)
+    return faults + _verify_rows(path, info, vocab_size) + (verify_loss_masks(path, info) if is_chat else [])
 
 
 def _verify_rows(path: Path, info: ShardInfo, vocab_size: int) -> list[str]:

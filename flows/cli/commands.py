@@ -504,7 +504,7 @@ def _checked_recipe(loaded: tuple[RunRecipe, Path], run_dir: str | None) -> Reso
     Returns the run: the recipe (as :func:`bucket_run_dir` loaded it), its manifests, and the run dir it resolves
     to (``--run-dir``, else the recipe's, else ``runs/<name>``); each read once, for the whole command.
     """
-    from flows.recipe import refuse_changed_run, resolve_loaded  # pydantic, pyarrow, YAML (~1 s)
+    from flows.recipe import check_chat_template, refuse_changed_run, resolve_loaded  # pydantic, pyarrow, YAML
     from pipeline.manifest import resolve_source_path  # pydantic, pyarrow, YAML (~1 s)
 
     run = resolve_loaded(*loaded, run_dir)
@@ -512,6 +512,7 @@ def _checked_recipe(loaded: tuple[RunRecipe, Path], run_dir: str | None) -> Reso
         for source in item.manifest.sources:
             resolve_source_path(source, item.path)
     refuse_changed_run(run)
+    check_chat_template(run)  # a recipe with chat sources: its template must fit the model's tokenizer
     return run
 
 

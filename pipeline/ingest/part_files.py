@@ -30,11 +30,14 @@ ROW_GROUP_CHARS = 8 << 20
 here (per split: each split is buffered apart), and for every later reader (a row group is the least a
 Parquet reader decompresses)."""
 
-def document_row(source: str, uri: str, source_id: str | None, text: str, val_fraction: float) -> dict[str, Any]:
-    """The documents row of a kept text (its id, hash and split follow from it)."""
+def document_row(source: str, uri: str, source_id: str | None, text: str, val_fraction: float,
+                 record: str | None = None) -> dict[str, Any]:
+    """The documents row of a kept text (its id, hash and split follow from it); ``record``: a chat document's
+    conversation JSON (a text part's schema has no such column: the sink leaves it out)."""
     text_hash = content_hash(text)
     return {"doc_id": doc_id_for(source, uri), "source": source, "source_id": source_id, "uri": uri, "text": text,
-            "num_chars": len(text), "content_hash": text_hash, "split": split_for(text_hash, val_fraction)}
+            "num_chars": len(text), "content_hash": text_hash, "split": split_for(text_hash, val_fraction),
+            "record": record}
 
 
 ATTRIBUTE_NAMES = tuple(field.name for field in ATTRIBUTES_SCHEMA)

@@ -120,7 +120,7 @@ def storable(item: Record | Reject) -> Record | Reject:
     (the document is kept, and its ``doc_id`` comes from that uri, stable across runs); a detail or
     ``source_id`` shows a lone surrogate as ``\\udNNN``.
     """
-    if isinstance(item, Record) and not is_utf8(item.text):
+    if isinstance(item, Record) and not (is_utf8(item.text) and (item.record is None or is_utf8(item.record))):
         raw = item.raw if item.raw is not None else item.text.encode("utf-8", "surrogatepass")
         item = Reject(item.uri, "invalid_utf8", "the text has a lone surrogate escape (\\ud8xx)", raw, item.source_id)
     changes: dict[str, str] = {}

@@ -1,14 +1,17 @@
 """Ingest stage, what a reader yields: a :class:`Record` (a document as read) or a :class:`Reject` (why not).
 
-Shared by every format's reader: how a JSON line becomes one or the other (:func:`parse_json_line`), the
-``too_long`` reject of a record not read whole, and the UTF-8 checks every stored string passes.
+Shared by every format's reader: how a JSON line becomes one or the other (:func:`parse_json_line`), how a
+chat source's record becomes a conversation document (:func:`chat_record`), the ``too_long`` reject of a record not
+read whole, and the UTF-8 checks every stored string passes.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.conversations import Rejection, parse_record
 from pipeline.ingest.streams import MAX_JSON_BYTES_PER_CHAR, RECORD_SLACK_BYTES, TOO_LONG_RAW_BYTES
 from pipeline.manifest import SourceConfig
 
@@ -21,6 +24,8 @@ class Record:
     text: str
     source_id: str | None
     raw: bytes | None
+    record: str | None = None
+    """A chat source's conversation, normalised, as JSON (the documents' ``record`` column); None for text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,8 @@ def parse_json_line(line: bytes, uri: str, source: SourceConfig) -> Record | Rej
     if not isinstance(obj, dict):
         return Reject(uri, "not_an_object", f"the line holds {json_kind(obj)}, not a JSON object", line)
     source_id = source_id_text(obj.get(source.id_field)) if source.id_field else None
+    if source.records == "chat":
+        return chat_record(obj, uri, line, source_id)
     value = obj.get(source.text_field)
     if source.text_field in obj and value is None:
         return Reject(uri, "missing_text", f"'{source.text_field}' is null", line, source_id)
@@ -66,6 +73,21 @@ def parse_json_line(line: bytes, uri: str, source: SourceConfig) -> Record | Rej
         detail = f"'{source.text_field}' holds {json_kind(value)}, not a string"
         return Reject(uri, "non_string_text", detail, line, source_id)
     return Record(uri, value, source_id, line)
+
+
+def chat_record(obj: Mapping[str, object], uri: str, raw: bytes | None, source_id: str | None) -> Record | Reject:
+    """A chat source's record (an object with ``messages`` or ``prompt``/``completion``; its other fields, an id
+    or a dataset's metadata, are not read) as a conversation document, or the reject with its reason (``unknown_role``,
+    ``no_assistant_turn``, ``empty_content``, ... of :data:`core.conversations.CHAT_REJECT_REASONS`)."""
+    conversation = parse_record(obj)
+    if isinstance(conversation, Rejection):
+        raw = raw if raw is not None else json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
+        return Reject(uri, conversation.code, conversation.reason, raw, source_id)
+    return Record(uri, conversation.document_text(), source_id, raw, conversation.normalised_json())
+
+
+CONVERSATION_FIELDS = ("messages", "prompt", "completion")
+"""The fields of a chat record that hold the conversation (the columns a table reader reads)."""
 
 
 JSON_KINDS = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number",

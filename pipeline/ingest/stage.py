@@ -23,7 +23,7 @@ from core.errors import ManifestError
 from core.files.atomic import read_json
 from core.layout import part_unit
 from core.rundir import RunPaths, fingerprint
-from core.schemas import ATTRIBUTES_SCHEMA, DOCUMENTS_SCHEMA, REJECTS_SCHEMA
+from core.schemas import ATTRIBUTES_SCHEMA, REJECTS_SCHEMA, documents_schema
 from core.stage import Inputs, Progress, Stage, read_marker, run_stage, stage_status
 from pipeline.config import NearDedupeConfig
 from pipeline.filters.normalisation import normalise_text
@@ -534,7 +534,7 @@ class IngestStage(Stage):
         recorded = self._recorded.get(unit)
         if recorded is not None and _redecidable(part, measured, recorded, self.paths):
             summary, documents = redecide_part(part.part_id, manifest.filters, self.val_fraction, self.paths,
-                                               (measured, decided), self.near, recorded)
+                                               (measured, decided), self.near, recorded, source.records == "chat")
         else:
             documents = fingerprint(measured, decided)
             with SignatureCollector(self.paths, part.part_id, documents, self.near) as signatures:
@@ -575,7 +575,7 @@ def parts_to_ingest(parts: list[IngestPart], val_fraction: float, paths: RunPath
 def _part_settings(manifest: CorpusManifest, source: SourceConfig, val_fraction: float) -> dict[str, Any]:
     """What a part's outputs depend on besides its files: how its source is read, what is measured, the
     thresholds its verdicts are decided with (:mod:`pipeline.filters.thresholds`), the val split."""
-    return {"source": source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"}),
+    return {"source": _reading_settings(source),
             "measurement": measurement_settings(manifest.filters),
             "thresholds": decision_settings(manifest.filters), "val_fraction": val_fraction}
 
@@ -584,10 +584,17 @@ def _part_fingerprints(part: IngestPart, manifest: CorpusManifest, source: Sourc
                        val_fraction: float) -> tuple[str, str]:
     """``(measured, decided)``: what the part's attributes depend on (files, reading and measurement settings),
     and the thresholds its verdicts were decided with (:mod:`pipeline.filters.thresholds`)."""
-    settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
+    settings = _reading_settings(source)
     measured = fingerprint("ingest_part", ATTRIBUTES_VERSION, list(part.files), settings,
                            measurement_settings(manifest.filters), val_fraction)
     return measured, fingerprint("ingest_decision", decision_settings(manifest.filters))
+
+
+def _reading_settings(source: SourceConfig) -> dict[str, Any]:
+    """How the source's files are read; ``records`` only when not the default (``text``), so the parts of a text
+    source keep the fingerprints of before the key existed."""
+    settings = source.model_dump(include={"name", "format", "text_field", "id_field", "on_error"})
+    return settings if source.records == "text" else {**settings, "records": source.records}
 
 
 ATTRIBUTES_VERSION = 1
@@ -629,7 +636,8 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
           paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
           paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
-        docs = ParquetSink(docs_tmp, DOCUMENTS_SCHEMA, on_flush=signatures.add, group_column="split")
+        docs = ParquetSink(docs_tmp, documents_schema(source.records == "chat"), on_flush=signatures.add,
+                           group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)
         sizes = {rel: _file_size(root / rel, root) for rel in part.files}
@@ -693,8 +701,8 @@ def _document_row(record: Record, source: str, filters: FilterConfig, val_fracti
         text, found = redact_pii(text)
         redactions.update(found)
     text, failed, values = measure_text(text, filters)
-    if failed is not None:
-        raw = record.raw if record.raw is not None else record.text.encode("utf-8")
+    if failed is not None:  # raw: what a relaxed threshold re-reads (a chat record's conversation, when no line)
+        raw = record.raw if record.raw is not None else (record.record or record.text).encode("utf-8")
         row = reject_row(Reject(record.uri, failed[0], failed[1], raw, record.source_id), source)
         return {**row, "text": text}, values
-    return document_row(source, record.uri, record.source_id, text, val_fraction), values
+    return document_row(source, record.uri, record.source_id, text, val_fraction, record.record), values

@@ -18,7 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.ingest.records import Record, Reject, parse_json_line, source_id_text, too_long
+from pipeline.ingest.records import (
+    CONVERSATION_FIELDS,
+    Record,
+    Reject,
+    chat_record,
+    parse_json_line,
+    source_id_text,
+    too_long,
+)
 from pipeline.ingest.streams import (
     TOO_LONG_RAW_BYTES,
     UnreadableFileError,
@@ -204,6 +212,8 @@ def hf_local_builder(path: Path) -> str | None:
 
 
 def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
+    if source.records == "chat":
+        return _chat_columns(names, source, rel)
     if source.text_field not in names:
         shown = ", ".join(names[:20])
         detail = f"has no column '{source.text_field}' (columns: {shown}); set text_field in the manifest"
@@ -214,9 +224,43 @@ def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str
     return columns
 
 
+def _chat_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
+    """A chat source's columns: those of :data:`CONVERSATION_FIELDS` the file has, and its id column."""
+    columns = [name for name in CONVERSATION_FIELDS if name in names]
+    if not columns:
+        shown = ", ".join(names[:20])
+        raise UnreadableFileError(f"has no column 'messages' or 'prompt'/'completion' (columns: {shown}); a source "
+                                  "with records: chat reads conversations from them", rel, None)
+    if source.id_field is not None and source.id_field in names and source.id_field not in columns:
+        columns.append(source.id_field)
+    return columns
+
+
+def _chat_records_from_batch(batch: pa.RecordBatch | pa.Table, rel: str, first_row: int,
+                             source: SourceConfig) -> Iterator[Record | Reject]:
+    """A conversation document or reject per row. A null field (a column other rows fill, a message struct's
+    optional key) counts as absent, as a JSON record would leave it out."""
+    for offset, row in enumerate(batch.to_pylist()):
+        source_id = source_id_text(row.get(source.id_field)) if source.id_field is not None else None
+        record = _without_nulls({key: row[key] for key in CONVERSATION_FIELDS if key in row})
+        yield chat_record(record, f"{rel}#row={first_row + offset}", None, source_id)
+
+
+def _without_nulls(value: object) -> object:
+    """``value`` with every null-valued key of its objects dropped, at any depth."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
 def _records_from_batch(batch: pa.RecordBatch | pa.Table, rel: str, first_row: int, source: SourceConfig,
                         max_bytes: int) -> Iterator[Record | Reject]:
     """A record or reject per row; a value above ``max_bytes`` is ``too_long`` without becoming a Python string."""
+    if source.records == "chat":
+        yield from _chat_records_from_batch(batch, rel, first_row, source)
+        return
     text_column = batch.column(source.text_field)
     oversized = _oversized_values(text_column, max_bytes)
     if oversized:

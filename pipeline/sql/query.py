@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import duckdb
 import pyarrow as pa
 
+from core.conversations import RENDERING_REASONS
 from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
@@ -140,7 +141,8 @@ ViewData: TypeAlias = "ParquetParts | ds.Dataset | pa.Table"
 
 def _create_parquet_view(con: duckdb.DuckDBPyConnection, name: str, parts: ParquetParts) -> None:
     try:
-        con.read_parquet(parts.paths).create_view(name)
+        # by name: a run with text and chat sources has documents parts with and without ``record``
+        con.read_parquet(parts.paths, union_by_name=True).create_view(name)
     except duckdb.Error as err:
         raise QueryError(f"{parts.folder}: not readable as Parquet ({first_line(err)}); remove or restore the "
                          "broken file, or re-run the stage that wrote it.") from None
@@ -204,9 +206,13 @@ def duckdb_error_line(err: duckdb.Error) -> str:
 # ---- named questions ---------------------------------------------------------------------------
 
 
+DOCUMENT_REJECT_REASONS = ", ".join(f"'{reason}'" for reason in ("contaminated", *RENDERING_REASONS))
+"""Reasons of rejects that are also in ``_docs`` (a contaminated document; a conversation the SFT data stage could
+not render): the funnel counts them read once. Code constants, never data."""
 FUNNEL_SQL = """
 WITH read_docs AS (SELECT source, count(*) AS n FROM _docs GROUP BY source),
-     rej AS (SELECT source, count(*) AS n FROM rejects WHERE reason <> 'contaminated' GROUP BY source),
+     rej AS (SELECT source, count(*) AS n FROM rejects WHERE reason NOT IN (""" + DOCUMENT_REJECT_REASONS + """)
+             GROUP BY source),
      contaminated AS (SELECT source, count(*) AS n FROM rejects WHERE reason = 'contaminated' GROUP BY source),
      dup AS (SELECT source, count(*) FILTER (WHERE kind = 'exact') AS exact,
                     count(*) FILTER (WHERE kind = 'near') AS near FROM duplicates GROUP BY source),
@@ -272,7 +278,9 @@ def _rows(run_dir: Path, sql: str) -> list[dict[str, Any]]:
 def data_funnel(run_dir: Path) -> list[dict[str, Any]]:
     """Per source: ``source, records_read, rejected, exact_duplicates, near_duplicates, contaminated, kept``.
 
-    ``records_read`` counts every record once: a contaminated document is in ``docs`` and in ``rejects``.
+    ``records_read`` counts every record once: a contaminated document is in ``docs`` and in ``rejects``, and so is
+    a conversation the SFT data stage could not render (counted kept here: a document, not trained on; the rejects
+    table says why).
     """
     return _rows(run_dir, FUNNEL_SQL)
 

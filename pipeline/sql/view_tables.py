@@ -16,6 +16,7 @@ import pyarrow.ipc as ipc
 
 from core.errors import QueryError
 from core.schemas import shard_schema
+from core.shards.chat import CHAT_COLUMNS
 
 TRAIN_METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
                                   ("tokens_seen", pa.int64()), ("tokens_per_s", pa.float64())])
@@ -35,6 +36,8 @@ EMPTY_SEQUENCES_SCHEMA = pa.schema([("input_ids", pa.list_(pa.uint16())), ("doc_
                                     ("source", pa.string()), ("shard_path", pa.string())])
 SEQUENCES_VIEW = "sequences"
 SHARD_COLUMNS = shard_schema(pa.uint16(), 1, {}).names
+CHAT_SHARD_COLUMNS = [*SHARD_COLUMNS, *CHAT_COLUMNS]
+"""A chat shard's columns (core.shards.chat): the token shard's, then ``loss_mask`` and ``num_loss_tokens``."""
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:
@@ -82,8 +85,8 @@ def sequences_of(shards: dict[str, pa.Table], run_dir: Path | str) -> pa.Table:
                              ("shard_path", pa.DictionaryArray.from_arrays(indices, pa.array([relpath])))):
             table = table.append_column(name, values)
         tables.append(table)
-    try:
-        return pa.concat_tables(tables)
+    try:  # a run with text and chat sources: the text rows get null loss_mask and num_loss_tokens
+        return pa.concat_tables(tables, promote_options="default")
     except pa.ArrowInvalid as err:
         raise QueryError(f"{run_dir}/shards: shards have different columns ({first_line(err)} ...); every shard "
                          "of a run comes from one tokenizer and seq_len: re-run `tokenmill prepare` on a fresh "
@@ -99,9 +102,10 @@ def checked_shard(open_shard: Callable[[], Any], shard: Path | str, run_dir: Pat
         raise QueryError(f"{shard}: not a readable Arrow IPC shard ({first_line(err)}); it is damaged or "
                          f"truncated: `tokenmill shards verify {run_dir}` lists every damaged shard; queries that "
                          "do not read `sequences` still work.") from None
-    if table.column_names != SHARD_COLUMNS:
-        raise QueryError(f"{shard}: columns {table.column_names}, a shard has {SHARD_COLUMNS}; it was not written "
-                         "by tokenmill's packer: remove it, or re-run `tokenmill prepare` on a fresh run dir.")
+    if table.column_names not in (SHARD_COLUMNS, CHAT_SHARD_COLUMNS):
+        raise QueryError(f"{shard}: columns {table.column_names}, a shard has {SHARD_COLUMNS} (a chat shard adds "
+                         f"{list(CHAT_COLUMNS)}); it was not written by tokenmill's packer: remove it, or re-run "
+                         "`tokenmill prepare` on a fresh run dir.")
     return table
 
 

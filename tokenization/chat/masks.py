@@ -205,7 +205,7 @@ def _fit(masked: MaskedConversation, max_tokens: int | None, truncation: Truncat
         return masked
     if truncation == "error":
         raise _Refused(f"the conversation is {num_tokens} tokens, longer than {max_tokens} (seq_len) with "
-                       "truncation: error", "too_long")
+                       "truncation: error", "too_many_tokens")
     return MaskedConversation(masked.input_ids[:max_tokens], masked.loss_mask[:max_tokens], masked.method)
 
 

@@ -1,20 +1,25 @@
-"""SFT data stage: conversation files of one split -> packed chat shards under ``sft/split=<split>/``.
+"""SFT data stage: a chat source's kept documents of one split -> chat shards in ``shards/split=*/source=*/``.
 
-Every record is parsed (:mod:`.records`), rendered and masked by the model's own template (:mod:`.masks`), and
-packed whole (:mod:`.pack`) into chat shards (:mod:`core.shards.chat`); every record that cannot be trained on goes
-to ``rejects/sft-<split>.parquet`` (REJECTS_SCHEMA: ``reason`` its class, ``detail`` the sentence, ``raw`` the line),
-so nothing is lost silently and a bad record never stops the run. ``doc_ids`` in the shards are record numbers:
-the n-th non-blank line of the split's files, in the order given (rejects' ``source_id`` counts the same way).
+A manifest source with ``records: chat`` is ingested, filtered, deduplicated and decontaminated like any other; each
+of its kept documents holds its conversation (the documents' ``record`` column, :mod:`core.conversations`). Here each
+is rendered and masked by the model's own template (:mod:`.masks`; the run's ``base_model/``, or the recipe's
+``chat.template_file``) and packed whole (:mod:`.pack`) into chat shards (:mod:`core.shards.chat`: the token columns
+plus ``loss_mask`` and ``num_loss_tokens``). A conversation that cannot be trained on (too many tokens with
+``chat.truncation: error``, no token left to train on, a template that rewrites it) goes to
+``rejects/sft-<split>-<source>.parquet`` with its reason, so nothing is lost silently and a bad record never stops
+the run. ``doc_ids`` in the shards are the documents' own ids: lineage joins ``documents`` as for text shards.
 
-``state.json`` is written after the shards and rejects, the marker after it (:func:`core.stage.run_stage`). The
-fingerprint holds the chat files' and the template files' sha256, so an edited file or template re-runs the split.
-Prefect-free and torch-free at import: the chat modules (transformers) are imported inside :meth:`run`.
+``state.json`` beside the shards has the pack stage's shape (its ``shards`` are what
+:class:`tokenization.shard_index.ShardIndexStage` lists in ``shards/index.parquet``) plus the template text it
+rendered with (what the trainer writes into the exported model); it is written after the shards and rejects, the
+marker after it (:func:`core.stage.run_stage`). Each unit is rewritten whole: conversations are packed best-fit
+over the whole unit, so an appended part would move them anyway. Prefect-free and torch-free at import: the chat
+modules (transformers) are imported inside :meth:`SftDataStage.run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -25,100 +30,112 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.errors import ConfigError
+from core.conversations import Conversation, Rejection, parse_record
+from core.documents import document_part_files, iter_documents
 from core.files.atomic import read_json, sha256_file
-from core.layout import TOKENIZER_FILE
+from core.layout import TOKENIZER_FILE, pack_unit, pack_unit_pair
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from core.shards.chat import ChatRows, write_chat_shard
 from core.shards.check import shard_intact
-from core.shards.store import ShardInfo, ShardRows, token_dtype_for_vocab
+from core.shards.store import ShardInfo, ShardRows, shard_relpath, token_dtype_for_vocab
 from core.stage import Inputs, Progress, Stage
-from tokenization.chat.records import Rejection, parse_record
+from tokenization.chat.config import ChatConfig
+from tokenization.stage import part_fingerprints
 
 if TYPE_CHECKING:
-    from tokenization.chat.masks import LossMode, MaskedConversation, Truncation
+    from tokenization.chat.masks import MaskedConversation
     from tokenization.chat.template import ChatTemplate
 
-STATE_VERSION = 1
-"""Bumped when the same inputs give other shards or another state.json."""
+STATE_VERSION = 2
+"""Bumped when the same inputs give other shards or another state.json (2: shards under ``shards/``, from the
+documents of a chat source)."""
 TEMPLATE_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 """The model dir's files that decide how a conversation renders (the tokenizer and its template)."""
 SPLITS = ("train", "val")
-CHAT_SOURCE = "chat"
-"""The ``source`` of every chat shard (its metadata and ShardInfo); a reject's source is its chat file's name."""
+DOCUMENT_COLUMNS = ["doc_id", "source_id", "uri", "record"]
 PROGRESS_EVERY = 256
-"""Records between two progress reports."""
+"""Conversations between two progress reports."""
 
 
 @dataclass(frozen=True)
 class SftDataConfig:
-    """What the stage reads and how it masks: the chat files per split and the model dir whose template renders."""
+    """What the stage renders with: the model dir whose tokenizer and template render, the recipe's ``chat:``
+    section, its template file resolved, and ``pack.seq_len`` / ``pack.rows_per_shard``."""
 
     model_dir: Path
-    train_files: tuple[Path, ...]
-    val_files: tuple[Path, ...] = ()
-    seq_len: int = 2048
-    loss: LossMode = "assistant"
-    truncation: Truncation = "error"
+    chat: ChatConfig = dataclasses.field(default_factory=ChatConfig)
     template_file: Path | None = None
-    """A Jinja file to render with instead of the model's own template (for a base model that has none)."""
-    rows_per_shard: int = 1024
-    packed: bool = True
-
-    def files(self, split: str) -> tuple[Path, ...]:
-        return self.train_files if split == "train" else self.val_files
+    """``chat.template_file`` taken from the recipe's folder, or None: the model's own template."""
+    seq_len: int = 256
+    rows_per_shard: int = 4096
 
 
 @dataclass(frozen=True)
 class ChatReject:
-    """One record that is not trained on: where it is, why, and its bytes (a fixed record can be re-read)."""
+    """One kept document that is not trained on: which, why, and its conversation (a fixed one can be re-read)."""
 
-    file: Path
-    record: int
-    line: int
+    source_id: str | None
+    uri: str
     code: str
     detail: str
-    raw: bytes
+    record: str
 
 
 class SftDataStage(Stage):
-    """Conversation files -> ``sft/split=<split>/`` chat shards, ``rejects/sft-<split>.parquet``; a unit per split."""
+    """Kept documents of the chat sources -> chat shards and rejects; a unit per (split, chat source), as pack."""
 
     name = "sft_data"
-    progress_unit = "records"
+    reads = ("ingest", "dedupe", "decontaminate", "base-model")
+    progress_unit = "conversations"
 
-    def __init__(self, paths: RunPaths, config: SftDataConfig) -> None:
+    def __init__(self, paths: RunPaths, config: SftDataConfig, sources: list[str]) -> None:
         super().__init__(paths)
-        self.config = config
+        self.config, self.sources = config, list(sources)
 
     @classmethod
     def build(cls, run: Any) -> SftDataStage | None:
-        """The recipe's ``sft`` section (an :class:`SftDataConfig`), or None: no recipe section exists yet."""
-        config = getattr(run.recipe, "sft", None)
-        return None if config is None else cls(run.paths, config)
+        """The recipe's chat sources with its ``chat:`` section, rendered by the run's ``base_model/``; None when no
+        manifest source has ``records: chat``."""
+        sources = chat_sources(run)
+        if not sources:
+            return None
+        chat = run.recipe.chat or ChatConfig()
+        template_file = None if chat.template_file is None else (Path(run.base) / chat.template_file).resolve()
+        config = SftDataConfig(run.paths.base_model, chat, template_file, run.recipe.pack.seq_len,
+                               run.recipe.pack.rows_per_shard)
+        return cls(run.paths, config, sources)
 
     def units(self) -> list[str]:
-        return [split for split in SPLITS if self.config.files(split)]
+        return [pack_unit(split, source) for split in SPLITS for source in self.sources]
+
+    def label(self, unit: str | None) -> str:
+        split, source = pack_unit_pair(str(unit))
+        return f"sft_data {split}/{source}"
 
     def inputs(self, unit: str | None) -> Inputs:
-        """The split's chat files and the template files by sha256 (``missing`` when absent), and the settings."""
+        """The settings, the template files by sha256 (``missing`` when absent), the files naming removed documents
+        and every document part's fingerprint (cheap: marker reads); nothing here needs the run to exist."""
         config = self.config
-        files = {f"chat:{path}": _digest(path) for path in config.files(str(unit))}
         template_files = [Path(config.model_dir) / name for name in TEMPLATE_FILES]
+        files = {f"template:{path.name}": _digest(path) for path in template_files}
         if config.template_file is not None:
-            template_files.append(Path(config.template_file))
-        files.update({f"template:{path}": _digest(path) for path in template_files})
-        settings = {"seq_len": config.seq_len, "loss": config.loss, "truncation": config.truncation,
-                    "rows_per_shard": config.rows_per_shard, "packed": config.packed}
-        return Inputs(settings=settings, files=files, version=str(STATE_VERSION))
+            files[f"template_file:{config.template_file}"] = _digest(config.template_file)
+        # the files naming the documents dedupe and decontamination removed (a unit reads only the others)
+        files.update({self.paths.key(path): _digest(path) for path in (self.paths.duplicates, self.paths.contaminated)})
+        settings = {**config.chat.model_dump(mode="json", exclude={"template_file"}), "seq_len": config.seq_len,
+                    "rows_per_shard": config.rows_per_shard}
+        upstream = {f"ingest/{Path(name).stem}": value
+                    for name, value in part_fingerprints(self.paths, document_part_files(self.paths)).items()}
+        return Inputs(settings=settings, files=files, upstream=upstream, version=str(STATE_VERSION))
 
     def outputs(self, unit: str | None) -> list[Path]:
-        return [self.paths.sft_state(str(unit)), self.paths.sft_rejects(str(unit))]
+        split, source = pack_unit_pair(str(unit))
+        return [self.paths.pack_state(split, source), self.paths.sft_rejects(split, source)]
 
     def changed_since(self, unit: str | None, recorded: dict[str, Any]) -> list[Path]:
         """A state that is not the marker's, or shards missing or changed since they were written."""
-        state_path = self.paths.sft_state(str(unit))
+        state_path = self.paths.pack_state(*pack_unit_pair(str(unit)))
         state = read_json(state_path)
         if state.get("summary") != recorded["summary"]:
             return [state_path]
@@ -130,87 +147,95 @@ class SftDataStage(Stage):
         from tokenization.chat.masks import mask_conversation  # (transformers)
         from tokenization.chat.template import load_chat_template  # (transformers)
 
-        split, config = str(unit), self.config
+        split, source = pack_unit_pair(str(unit))
+        config = self.config
         template = load_chat_template(Path(config.model_dir), config.template_file)
         kept: list[tuple[int, MaskedConversation]] = []
         rejects: list[ChatReject] = []
-        for number, (path, line_no, raw, record) in enumerate(read_records(config.files(split))):
-            if isinstance(record, ChatReject):
-                rejects.append(dataclasses.replace(record, record=number))
-                continue
-            parsed = parse_record(record)
+        for number, (doc_id, source_id, uri, record) in enumerate(self._documents(split, source), start=1):
+            parsed = _conversation(record)
             if not isinstance(parsed, Rejection):
-                parsed = mask_conversation(template, parsed, config.loss, config.seq_len, config.truncation)
+                parsed = mask_conversation(template, parsed, config.chat.loss, config.seq_len, config.chat.truncation)
             if isinstance(parsed, Rejection):
-                rejects.append(ChatReject(path, number, line_no, parsed.code, parsed.reason, raw))
+                rejects.append(ChatReject(source_id, uri, parsed.code, parsed.reason, record))
             else:
-                kept.append((number, parsed))
-            if (number + 1) % PROGRESS_EVERY == 0:
-                on_progress(number + 1, None, {"rejects": len(rejects)})
-        return self._write(split, template, kept, rejects)
+                kept.append((doc_id, parsed))
+            if number % PROGRESS_EVERY == 0:
+                on_progress(number, None, {"rejects": len(rejects)})
+        return self._write(split, source, template, kept, rejects)
 
-    def _write(self, split: str, template: ChatTemplate, kept: list[tuple[int, MaskedConversation]],
+    def _documents(self, split: str, source: str) -> Iterator[tuple[int, str | None, str, str]]:
+        """``(doc_id, source_id, uri, record)`` of the unit's kept documents, in documents order."""
+        for batch in iter_documents(self.paths, split=split, source=source, columns=DOCUMENT_COLUMNS):
+            yield from zip(*(batch.column(name).to_pylist() for name in DOCUMENT_COLUMNS), strict=True)
+
+    def _write(self, split: str, source: str, template: ChatTemplate, kept: list[tuple[int, MaskedConversation]],
                rejects: list[ChatReject]) -> dict[str, Any]:
         """Shards, then rejects, then state.json (what :meth:`changed_since` checks); returns the summary."""
         from tokenization.chat.pack import pack_conversations  # imports transformers (see run)
 
-        folder = self.paths.sft_folder(split)
+        folder = self.paths.shard_folder(split, source)
         if folder.exists():  # a previous run's shards: none of them may outlive this run's state
             self.paths.remove_folder(folder)
         vocab_size = len(template.tokenizer)
+        tokenizer_sha256 = _digest(Path(self.config.model_dir) / TOKENIZER_FILE)
         chat = pack_conversations(kept, self.config.seq_len, _pad_id(template.tokenizer),
-                                  token_dtype_for_vocab(vocab_size), packed=self.config.packed)
-        infos = _write_shards(self.paths, split, chat, self.config.rows_per_shard,
-                              _digest(Path(self.config.model_dir) / TOKENIZER_FILE), vocab_size)
-        write_rejects(self.paths, self.paths.sft_rejects(split), rejects)
+                                  token_dtype_for_vocab(vocab_size), packed=self.config.chat.packed)
+        infos = _write_shards(self.paths, split, source, chat, self.config.rows_per_shard, tokenizer_sha256,
+                              vocab_size)
+        write_rejects(self.paths, self.paths.sft_rejects(split, source), source, rejects)
         summary = {"num_conversations": len(kept), "num_rows": len(chat), "num_shards": len(infos),
                    "num_tokens": int(sum(info.num_tokens for info in infos)),
                    "num_loss_tokens": int(chat.loss_mask.sum()), "num_rejects": len(rejects),
                    "rejects_by_reason": dict(sorted(Counter(reject.code for reject in rejects).items()))}
-        self.paths.write_json(self.paths.sft_state(split), {
-            "version": STATE_VERSION, "split": split, "seq_len": self.config.seq_len,
-            "shards": [dataclasses.asdict(info) for info in infos], "summary": summary})
+        self.paths.write_json(self.paths.pack_state(split, source), {
+            "version": STATE_VERSION, "kind": "chat", "split": split, "source": source,
+            "tokenizer_sha256": tokenizer_sha256, "seq_len": self.config.seq_len, "vocab_size": vocab_size,
+            "shards": [dataclasses.asdict(info) for info in infos], "summary": summary,
+            "chat_template": template.text, "loss": self.config.chat.loss})
         return summary
 
 
-def read_records(files: tuple[Path, ...]) -> Iterator[tuple[Path, int, bytes, Any]]:
-    """``(file, line number, line bytes, JSON value or ChatReject)`` for every non-blank line of the jsonl
-    (optionally .gz) ``files`` in order; a line that is not UTF-8 JSON is a reject, a file that cannot be
-    read is one ConfigError line naming it."""
-    for path in map(Path, files):
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rb") as lines:
-                for line_no, raw in enumerate(lines, start=1):
-                    raw = raw.rstrip(b"\r\n")
-                    if raw.strip():
-                        yield path, line_no, raw, _json(path, line_no, raw)
-        except (OSError, EOFError) as err:
-            raise ConfigError(f"{path}: cannot read the chat file ({err.__class__.__name__}: {err}); name a "
-                              "readable jsonl file of conversation records") from None
+def chat_sources(run: Any) -> list[str]:
+    """Names of the run's manifest sources with ``records: chat`` (from the recipe's manifests, or, for a run read
+    from its run.yaml, the manifests it recorded)."""
+    manifests = [item.manifest for item in run.manifests]
+    if not manifests and run.record is not None:
+        manifests = run.record.manifests or []
+    return [source.name for manifest in manifests for source in manifest.sources if source.records == "chat"]
 
 
-def _json(path: Path, line_no: int, raw: bytes) -> Any:
-    """The line's JSON value, or the ChatReject saying why not (its record number is set by the caller)."""
+def read_chat_template(paths: RunPaths) -> str | None:
+    """The template the SFT data stage rendered the run's chat shards with (every chat state records the same
+    one), or None for a run without chat sources: what the exported model's tokenizer must carry."""
+    from core.layout import PACK_STATE_FILES
+
+    for state_path in sorted(paths.shards.glob(PACK_STATE_FILES)):
+        state = read_json(state_path)
+        if state.get("kind") == "chat":
+            return str(state["chat_template"])
+    return None
+
+
+def _conversation(record: str | None) -> Conversation | Rejection:
+    """The document's conversation; a ``record`` that is not one (written by hand into docs/) is a rejection."""
     try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        return ChatReject(path, -1, line_no, "invalid_utf8", f"byte {err.start}: {err.reason}", raw)
-    except json.JSONDecodeError as err:
-        return ChatReject(path, -1, line_no, "invalid_json", f"not valid JSON: {err.msg} (column {err.colno})", raw)
+        return parse_record(json.loads(record or "null"))
+    except (ValueError, RecursionError):
+        return Rejection("the document's record is not valid JSON", "bad_record")
 
 
-def write_rejects(paths: RunPaths, target: Path, rejects: list[ChatReject]) -> None:
+def write_rejects(paths: RunPaths, target: Path, source: str, rejects: list[ChatReject]) -> None:
     """The rejects as one Parquet file of REJECTS_SCHEMA (written even when empty: it replaces an older run's)."""
-    rows = [{"source": reject.file.name, "source_id": str(reject.record), "uri": f"{reject.file}:{reject.line}",
-             "reason": reject.code, "detail": reject.detail, "raw": reject.raw, "text": None} for reject in rejects]
+    rows = [{"source": source, "source_id": reject.source_id, "uri": reject.uri, "reason": reject.code,
+             "detail": reject.detail, "raw": reject.record.encode("utf-8"), "text": None} for reject in rejects]
     table = pa.Table.from_pylist(rows, schema=REJECTS_SCHEMA)
     with paths.atomic_write(target) as tmp:
         pq.write_table(table, tmp)
 
 
-def _write_shards(paths: RunPaths, split: str, chat: ChatRows, rows_per_shard: int, tokenizer_sha256: str,
-                  vocab_size: int) -> list[ShardInfo]:
+def _write_shards(paths: RunPaths, split: str, source: str, chat: ChatRows, rows_per_shard: int,
+                  tokenizer_sha256: str, vocab_size: int) -> list[ShardInfo]:
     """``chat`` (ChatRows) cut into shards of ``rows_per_shard`` rows, each written atomically."""
     infos = []
     for part, start in enumerate(range(0, len(chat), rows_per_shard)):
@@ -219,9 +244,8 @@ def _write_shards(paths: RunPaths, split: str, chat: ChatRows, rows_per_shard: i
         piece = ChatRows(ShardRows(rows.input_ids[start:end], rows.doc_ids[start:end], rows.doc_starts[start:end],
                                    rows.first_doc_offset[start:end], rows.num_tokens[start:end]),
                          chat.loss_mask[start:end])
-        infos.append(write_chat_shard(paths.root, paths.key(paths.sft_shard(split, part)), piece, split=split,
-                                      source=CHAT_SOURCE, tokenizer_sha256=tokenizer_sha256,
-                                      vocab_size=vocab_size))
+        infos.append(write_chat_shard(paths.root, shard_relpath(split, source, part), piece, split=split,
+                                      source=source, tokenizer_sha256=tokenizer_sha256, vocab_size=vocab_size))
     return infos
 
 
