@@ -126,8 +126,8 @@ RENDERING_REASONS = ("special_tokens", "template_error", "unmaskable", "too_many
 (it passed ingest, dedupe and decontamination) and in ``rejects``, like a contaminated one."""
 
 
-class _BadRecord(Exception):
-    """Internal: carries a rejection (code, sentence) out of the nested checks (never leaves this module)."""
+class BadRecord(Exception):
+    """Carries a rejection (code, sentence) out of the nested checks (this module's and the preference parser's)."""
 
     def __init__(self, message: str, code: str = "bad_record") -> None:
         super().__init__(message)
@@ -138,73 +138,73 @@ def parse_record(record: Any) -> Conversation | Rejection:
     """Read one record in the ``messages`` or ``prompt``/``completion`` format; bad data gives a Rejection."""
     try:
         return _parse(record)
-    except _BadRecord as bad:
+    except BadRecord as bad:
         return Rejection(str(bad), bad.code)
 
 
 def _parse(record: Any) -> Conversation:
     if not isinstance(record, Mapping):
-        raise _BadRecord(f"a record must be an object with 'messages' or 'prompt'/'completion', not {_kind(record)}")
+        raise BadRecord(f"a record must be an object with 'messages' or 'prompt'/'completion', not {kind_of(record)}")
     has_messages = "messages" in record
     has_prompt_completion = "prompt" in record or "completion" in record
     if has_messages and has_prompt_completion:
-        raise _BadRecord("the record has both 'messages' and 'prompt'/'completion'; keep one format per record")
+        raise BadRecord("the record has both 'messages' and 'prompt'/'completion'; keep one format per record")
     if has_messages:
-        messages = _parse_messages(record["messages"], "messages")
+        messages = parse_messages(record["messages"], "messages")
         return _conversation(messages, first_trained_message=0, record_format="messages")
     if has_prompt_completion:
         return _parse_prompt_completion(record)
-    raise _BadRecord(f"the record has neither 'messages' nor 'prompt'/'completion' (keys: {sorted(map(str, record))})")
+    raise BadRecord(f"the record has neither 'messages' nor 'prompt'/'completion' (keys: {sorted(map(str, record))})")
 
 
 def _parse_prompt_completion(record: Mapping[str, Any]) -> Conversation:
     if "prompt" not in record or "completion" not in record:
         missing = "prompt" if "prompt" not in record else "completion"
-        raise _BadRecord(f"the record has no '{missing}'; a prompt/completion record needs both")
+        raise BadRecord(f"the record has no '{missing}'; a prompt/completion record needs both")
     prompt, completion = record["prompt"], record["completion"]
     if isinstance(prompt, str) and isinstance(completion, str):
         messages = [_parse_message({"role": "user", "content": prompt}, "prompt"),
                     _parse_message({"role": "assistant", "content": completion}, "completion")]
         return _conversation(messages, first_trained_message=1, record_format="prompt_completion")
     if isinstance(prompt, list) and isinstance(completion, list):
-        prompt_messages = _parse_messages(prompt, "prompt")
-        completion_messages = _parse_messages(completion, "completion")
+        prompt_messages = parse_messages(prompt, "prompt")
+        completion_messages = parse_messages(completion, "completion")
         return _conversation(prompt_messages + completion_messages, first_trained_message=len(prompt_messages),
                              record_format="prompt_completion")
-    raise _BadRecord(f"'prompt' and 'completion' must both be strings or both be message lists, not "
-                     f"{_kind(prompt)} and {_kind(completion)}")
+    raise BadRecord(f"'prompt' and 'completion' must both be strings or both be message lists, not "
+                     f"{kind_of(prompt)} and {kind_of(completion)}")
 
 
-def _parse_messages(messages: Any, field: str) -> list[Message]:
+def parse_messages(messages: Any, field: str) -> list[Message]:
     if not isinstance(messages, list) or not messages:
-        raise _BadRecord(f"'{field}' must be a non-empty list of messages, not {_kind(messages)}")
+        raise BadRecord(f"'{field}' must be a non-empty list of messages, not {kind_of(messages)}")
     return [_parse_message(message, f"{field}[{index}]") for index, message in enumerate(messages)]
 
 
 def _parse_message(message: Any, where: str) -> Message:
     if not isinstance(message, Mapping):
-        raise _BadRecord(f"{where} must be an object with 'role' and 'content', not {_kind(message)}")
+        raise BadRecord(f"{where} must be an object with 'role' and 'content', not {kind_of(message)}")
     unknown = sorted(str(key) for key in message if key not in MESSAGE_KEYS)
     if unknown:
-        raise _BadRecord(f"{where} has unknown key(s) {unknown}; a message may have {list(MESSAGE_KEYS)}",
+        raise BadRecord(f"{where} has unknown key(s) {unknown}; a message may have {list(MESSAGE_KEYS)}",
                          "unknown_key")
     role = message.get("role")
     if role not in ROLES:
-        raise _BadRecord(f"{where} has unknown role {_show(role)}; roles are {list(ROLES)}", "unknown_role")
+        raise BadRecord(f"{where} has unknown role {_show(role)}; roles are {list(ROLES)}", "unknown_role")
     tool_calls = _tool_calls(message.get("tool_calls"), where)
     if tool_calls is not None and role != "assistant":
-        raise _BadRecord(f"{where} ({role}) has 'tool_calls'; only assistant messages call tools")
+        raise BadRecord(f"{where} ({role}) has 'tool_calls'; only assistant messages call tools")
     content = message.get("content")
     if content is None and tool_calls:
         content = ""
     if not isinstance(content, str):
-        raise _BadRecord(f"{where} ({role}) content must be a string, not {_kind(content)}")
+        raise BadRecord(f"{where} ({role}) content must be a string, not {kind_of(content)}")
     if not content.strip() and not tool_calls:
-        raise _BadRecord(f"{where} ({role}) has empty content", "empty_content")
+        raise BadRecord(f"{where} ({role}) has empty content", "empty_content")
     optional = {key: message.get(key) for key in ("tool_call_id", "name")}
     for key, value in optional.items():
         if value is not None and not isinstance(value, str):
-            raise _BadRecord(f"{where} '{key}' must be a string, not {_kind(value)}")
+            raise BadRecord(f"{where} '{key}' must be a string, not {kind_of(value)}")
     return Message(role=role, content=content, tool_calls=tool_calls, **optional)
 
 
@@ -212,7 +212,7 @@ def _tool_calls(tool_calls: Any, where: str) -> tuple[Mapping[str, Any], ...] | 
     if tool_calls is None:
         return None
     if not isinstance(tool_calls, list) or not all(isinstance(call, Mapping) for call in tool_calls):
-        raise _BadRecord(f"{where} 'tool_calls' must be a list of objects, not {_kind(tool_calls)}")
+        raise BadRecord(f"{where} 'tool_calls' must be a list of objects, not {kind_of(tool_calls)}")
     return tuple(tool_calls)
 
 
@@ -221,13 +221,13 @@ def _conversation(messages: list[Message], first_trained_message: int, record_fo
     trained = conversation.trained_assistant_indices()
     if not trained:
         where = "in the completion" if record_format == "prompt_completion" else "in 'messages'"
-        raise _BadRecord(f"no assistant turn {where}: nothing to train on", "no_assistant_turn")
+        raise BadRecord(f"no assistant turn {where}: nothing to train on", "no_assistant_turn")
     if trained[0] == 0:
-        raise _BadRecord("the conversation starts with an assistant turn: there is no prompt before it", "no_prompt")
+        raise BadRecord("the conversation starts with an assistant turn: there is no prompt before it", "no_prompt")
     return conversation
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """The JSON-ish type name of a value, for a reason string (never the value itself: it can be long)."""
     names = {str: "a string", list: "a list", dict: "an object", bool: "a boolean", int: "a number",
              float: "a number", type(None): "null"}
@@ -236,5 +236,5 @@ def _kind(value: Any) -> str:
 
 def _show(value: Any) -> str:
     """A short, quoted rendering of a scalar from a record (roles are short; anything else is cut)."""
-    text = repr(value) if isinstance(value, str) else _kind(value)
+    text = repr(value) if isinstance(value, str) else kind_of(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -84,7 +84,7 @@ def test_too_long_side_rejects_the_pair_with_truncation_error_and_is_cut_with_tr
                                                 masked_pair(template, MULTI_TURN).rejected)]
     limit = min(lengths) + 1
     rejection = rejected_pair(template, MULTI_TURN, max_tokens=limit)
-    assert rejection.code == "too_long"
+    assert rejection.code == "too_many_tokens"
     assert rejection.reason.startswith(f"'rejected': the conversation is {max(lengths)} tokens, longer than {limit}")
     cut = masked_pair(template, MULTI_TURN, max_tokens=limit, truncation="truncate")
     assert len(cut.rejected.input_ids) == limit and len(cut.chosen.input_ids) == min(lengths)

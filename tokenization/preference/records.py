@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tokenization.chat.records import (
+from core.conversations import (  # the chat parser's pieces: a message is checked the same way here
     CHAT_REJECT_REASONS,
+    BadRecord,
     Conversation,
     Message,
     Rejection,
-    _BadRecord,  # the chat parser's carrier of a rejection: reused so a message is checked the same way here
-    _kind,
-    _parse_messages,
+    kind_of,
+    parse_messages,
 )
 
 PairFormat = Literal["conversational", "plain", "implicit_prompt"]
@@ -72,20 +72,20 @@ def parse_pair(record: Any) -> PreferencePair | Rejection:
     """Read one preference record in any of the three shapes; bad data gives a Rejection with its code."""
     try:
         return _parse(record)
-    except _BadRecord as bad:
+    except BadRecord as bad:
         return Rejection(str(bad), bad.code)
 
 
 def _parse(record: Any) -> PreferencePair:
     if not isinstance(record, Mapping):
-        raise _BadRecord(f"a preference record must be an object with 'chosen' and 'rejected', not {_kind(record)}")
+        raise BadRecord(f"a preference record must be an object with 'chosen' and 'rejected', not {kind_of(record)}")
     missing = [side for side in SIDES if side not in record]
     if missing:
-        raise _BadRecord(f"the record has no {' or '.join(repr(side) for side in missing)}; a preference record "
+        raise BadRecord(f"the record has no {' or '.join(repr(side) for side in missing)}; a preference record "
                          f"needs 'chosen' and 'rejected' (keys: {sorted(map(str, record))})")
     prompt_keys = [key for key in ("prompt", "messages") if key in record]
     if len(prompt_keys) == 2:
-        raise _BadRecord("the record has both 'prompt' and 'messages'; give the prompt once")
+        raise BadRecord("the record has both 'prompt' and 'messages'; give the prompt once")
     for side in SIDES:
         _refuse_empty_side(record[side], side)
     if not prompt_keys:
@@ -95,25 +95,25 @@ def _parse(record: Any) -> PreferencePair:
 
 def _explicit_prompt_pair(prompt: Any, prompt_key: str, chosen: Any, rejected: Any) -> PreferencePair:
     if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str):
-        user = _parse_messages([{"role": "user", "content": prompt}], prompt_key)
-        sides = [_parse_messages([{"role": "assistant", "content": text}], side)
+        user = parse_messages([{"role": "user", "content": prompt}], prompt_key)
+        sides = [parse_messages([{"role": "assistant", "content": text}], side)
                  for side, text in zip(SIDES, (chosen, rejected), strict=True)]
         return _pair(user, sides[0], sides[1], "plain")
     if isinstance(prompt, list) and isinstance(chosen, list) and isinstance(rejected, list):
-        return _pair(_parse_messages(prompt, prompt_key), _parse_messages(chosen, "chosen"),
-                     _parse_messages(rejected, "rejected"), "conversational")
-    raise _BadRecord(f"'{prompt_key}', 'chosen' and 'rejected' must all be strings or all be message lists, not "
-                     f"{_kind(prompt)}, {_kind(chosen)} and {_kind(rejected)}")
+        return _pair(parse_messages(prompt, prompt_key), parse_messages(chosen, "chosen"),
+                     parse_messages(rejected, "rejected"), "conversational")
+    raise BadRecord(f"'{prompt_key}', 'chosen' and 'rejected' must all be strings or all be message lists, not "
+                     f"{kind_of(prompt)}, {kind_of(chosen)} and {kind_of(rejected)}")
 
 
 def _implicit_prompt_pair(chosen: Any, rejected: Any) -> PreferencePair:
     """The prompt is the messages both conversations start with (``trl.extract_prompt``)."""
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
-        raise _BadRecord(f"without a 'prompt', 'chosen' and 'rejected' must be whole conversations (message lists) "
-                         f"that start with the same prompt, not {_kind(chosen)} and {_kind(rejected)}; plain "
+        raise BadRecord(f"without a 'prompt', 'chosen' and 'rejected' must be whole conversations (message lists) "
+                         f"that start with the same prompt, not {kind_of(chosen)} and {kind_of(rejected)}; plain "
                          "strings need a 'prompt'", "no_prompt")
-    chosen_messages = _parse_messages(chosen, "chosen")
-    rejected_messages = _parse_messages(rejected, "rejected")
+    chosen_messages = parse_messages(chosen, "chosen")
+    rejected_messages = parse_messages(rejected, "rejected")
     shared = 0
     for chosen_message, rejected_message in zip(chosen_messages, rejected_messages, strict=False):
         if chosen_message != rejected_message:
@@ -122,10 +122,10 @@ def _implicit_prompt_pair(chosen: Any, rejected: Any) -> PreferencePair:
     _refuse_identical(chosen_messages, rejected_messages)
     for side, messages in zip(SIDES, (chosen_messages, rejected_messages), strict=True):
         if shared == len(messages):
-            raise _BadRecord(f"'{side}' has nothing after the prompt it shares with the other side (its "
+            raise BadRecord(f"'{side}' has nothing after the prompt it shares with the other side (its "
                              f"{len(messages)} message(s) all start the other conversation)", "empty_side")
     if shared == 0:
-        raise _BadRecord("'chosen' and 'rejected' differ from their first message: without a 'prompt' the prompt "
+        raise BadRecord("'chosen' and 'rejected' differ from their first message: without a 'prompt' the prompt "
                          "is the messages they share, and they share none", "no_prompt")
     return _pair(chosen_messages[:shared], chosen_messages[shared:], rejected_messages[shared:], "implicit_prompt")
 
@@ -135,23 +135,23 @@ def _pair(prompt: list[Message], chosen: list[Message], rejected: list[Message],
     _refuse_identical(chosen, rejected)
     for side, messages in zip(SIDES, (chosen, rejected), strict=True):
         if not any(message.role == "assistant" for message in messages):
-            raise _BadRecord(f"'{side}' has no assistant turn: nothing of it to score", "no_assistant_turn")
+            raise BadRecord(f"'{side}' has no assistant turn: nothing of it to score", "no_assistant_turn")
         if messages[0].role != "assistant":
-            raise _BadRecord(f"'{side}' starts with a {messages[0].role} turn, not the assistant's answer: both sides "
+            raise BadRecord(f"'{side}' starts with a {messages[0].role} turn, not the assistant's answer: both sides "
                              "must answer the same prompt (move the shared turns into the prompt)", "not_an_answer")
     return PreferencePair(tuple(prompt), tuple(chosen), tuple(rejected), record_format)
 
 
 def _refuse_identical(chosen: list[Message], rejected: list[Message]) -> None:
     if chosen == rejected:
-        raise _BadRecord("'chosen' and 'rejected' are identical: the pair prefers nothing", "identical_sides")
+        raise BadRecord("'chosen' and 'rejected' are identical: the pair prefers nothing", "identical_sides")
 
 
 def _refuse_empty_side(value: Any, side: Side) -> None:
     """An empty string, an empty list, blank text or messages that are all blank is an empty side, named as such
     (not as a malformed message)."""
     if value is None or value == [] or _blank(value) or (isinstance(value, list) and all(map(_blank, value))):
-        raise _BadRecord(f"'{side}' is empty ({_kind(value) if value is None else repr(value)}): a pair needs two "
+        raise BadRecord(f"'{side}' is empty ({kind_of(value) if value is None else repr(value)}): a pair needs two "
                          "answers to compare", "empty_side")
 
 
