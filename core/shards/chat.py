@@ -33,12 +33,11 @@ import pyarrow.ipc as ipc
 
 from core.errors import ShardFormatError
 from core.rundir import RunPaths
-from core.schemas import FORMAT_VERSION, shard_schema
+from core.schemas import FORMAT_VERSION
+from core.shards.chat_schema import CHAT_COLUMNS as CHAT_COLUMNS  # re-exported: the chat shard's names live here
+from core.shards.chat_schema import LOSS_MASK_TYPE, chat_shard_schema
+from core.shards.chat_schema import verify_loss_masks as verify_loss_masks
 from core.shards.store import ShardInfo, ShardRows, token_dtype_for_vocab
-
-LOSS_MASK_TYPE = pa.uint8()
-CHAT_COLUMNS = ("loss_mask", "num_loss_tokens")
-"""The columns a chat shard adds after the token shard's."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +54,6 @@ class ChatRows:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-def chat_shard_schema(token_type: pa.DataType, seq_len: int, metadata: dict[str, str]) -> pa.Schema:
-    """:func:`core.schemas.shard_schema` with ``loss_mask`` and ``num_loss_tokens`` appended (see the module doc)."""
-    schema = shard_schema(token_type, seq_len, metadata)
-    schema = schema.append(pa.field("loss_mask", pa.list_(pa.field("item", LOSS_MASK_TYPE, nullable=False), seq_len),
-                                    nullable=False))
-    return schema.append(pa.field("num_loss_tokens", pa.int32(), nullable=False))
 
 
 def chat_record_batch(chat: ChatRows, dtype: np.dtype, metadata: dict[str, str]) -> pa.RecordBatch:
@@ -138,21 +129,3 @@ def _check_loss_mask_type(path: Path, schema: pa.Schema, seq_len: int) -> None:
         found = "no loss_mask column" if field is None else f"loss_mask {field.type}"
         raise ShardFormatError(f"{path}: {found}, expected fixed_size_list<uint8>[{seq_len}]: it is not a chat "
                                "shard; supervised fine-tuning reads shards packed from conversations.")
-
-
-def verify_loss_masks(path: Path, info: ShardInfo) -> list[str]:
-    """``shards verify``'s faults of a chat shard's masks: a value other than 0/1, a ``num_loss_tokens`` that is not
-    its row's sum, a trained position in the row's padding (none: all good)."""
-    with pa.memory_map(str(path)) as source:
-        table = ipc.open_file(source).read_all()
-    mask = table.column("loss_mask").combine_chunks().values.to_numpy().reshape(-1, info.seq_len)
-    faults = []
-    if mask.size and int(mask.max()) > 1:
-        faults.append(f"{info.path}: loss_mask holds {int(mask.max())}; a mask is 0 or 1")
-    recorded = np.asarray(table.column("num_loss_tokens").to_pylist(), dtype=np.int64)
-    if not np.array_equal(recorded, mask.sum(axis=1, dtype=np.int64)):
-        faults.append(f"{info.path}: num_loss_tokens differs from the sum of loss_mask in some row")
-    lengths = np.asarray(table.column("num_tokens").to_pylist(), dtype=np.int64)
-    if mask.size and (mask * (np.arange(info.seq_len) >= lengths[:, None])).any():
-        faults.append(f"{info.path}: loss_mask marks padding (a position after the row's num_tokens)")
-    return faults

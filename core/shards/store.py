@@ -25,6 +25,7 @@ from core.layout import RELATIVE, SHARD_FILE_NAME, run_key
 from core.layout import SHARD_LAYOUT as SHARD_LAYOUT  # re-exported: pipeline.query, pipeline.remote_run
 from core.rundir import RunPaths, path_inside_run
 from core.schemas import FORMAT_VERSION, NAME_PATTERN, SHARD_INDEX_SCHEMA, shard_schema
+from core.shards.chat_schema import chat_shard_schema, verify_loss_masks
 
 REQUIRED_METADATA = ("format_version", "tokenizer_sha256", "seq_len", "vocab_size", "dtype", "split", "source")
 SHARD_SPLITS = ("train", "val")
@@ -365,8 +366,6 @@ def _verify_one(run_dir: Path, info: ShardInfo) -> list[str]:
     if _folder_values(info.path) != (metadata["split"], metadata["source"]):
         faults.append(f"{info.path}: lies in the folders of another split/source than its metadata "
                       f"(split={metadata['split']!r}, source={metadata['source']!r})")
-    from core.shards.chat import chat_shard_schema, verify_loss_masks  # core.shards.chat imports this module
-
     vocab_size = int(metadata["vocab_size"])
     token_type = pa.from_numpy_dtype(token_dtype_for_vocab(vocab_size))
     expected = shard_schema(token_type, info.seq_len, {})

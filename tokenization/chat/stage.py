@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from core.conversations import Conversation, Rejection, parse_record
 from core.documents import document_part_files, iter_documents
 from core.files.atomic import read_json, sha256_file
-from core.layout import TOKENIZER_FILE, pack_unit, pack_unit_pair
+from core.layout import PACK_STATE_FILES, TOKENIZER_FILE, pack_unit, pack_unit_pair
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from core.shards.chat import ChatRows, write_chat_shard
@@ -208,8 +208,6 @@ def chat_sources(run: Any) -> list[str]:
 def read_chat_template(paths: RunPaths) -> str | None:
     """The template the SFT data stage rendered the run's chat shards with (every chat state records the same
     one), or None for a run without chat sources: what the exported model's tokenizer must carry."""
-    from core.layout import PACK_STATE_FILES
-
     for state_path in sorted(paths.shards.glob(PACK_STATE_FILES)):
         state = read_json(state_path)
         if state.get("kind") == "chat":
