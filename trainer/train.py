@@ -24,6 +24,7 @@ from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.errors import ConfigError, ShardFormatError, TokenmillError
 from core.files.atomic import sha256_file
 from core.rundir import RunPaths
+from tokenization.chat.stage import read_chat_template
 from tokenization.special_tokens import read_special_tokens
 from trainer.callbacks import Callback, ProfilerCallback
 from trainer.checkpoint.checkpointer import Checkpointer, list_checkpoints
@@ -361,9 +362,13 @@ def run_chat_template(paths: RunPaths, chat_template_file: str | None) -> str | 
     """The chat template the run's conversations were rendered with, to write into the export; None: the base
     model's own (in the tokenizer files exported beside it), or no chat template at all.
 
-    ``chat_template_file`` (the trainer sections' field; absolute, or relative to the run dir) wins; else the run's
+    ``chat_template_file`` (the trainer sections' field; absolute, or relative to the run dir) wins; else the
+    template the chat data stage rendered the shards with (recorded in their states); else the run's
     ``tokenizer/chat_template.jinja`` when present. ConfigError naming the file when it cannot be read.
     """
+    rendered_with = read_chat_template(paths) if chat_template_file is None else None
+    if rendered_with is not None:
+        return rendered_with
     path = paths.tokenizer_dir / CHAT_TEMPLATE_FILE if chat_template_file is None else paths.root / chat_template_file
     if chat_template_file is None and not path.is_file():
         return None
