@@ -5,11 +5,14 @@ comparable across steps and runs, but a subset (its ``val_rows`` / ``val_tokens`
 :mod:`trainer.eval.checkpoint`, scores every row, in bits per byte too). It is shared equally among the sources
 (each source's first rows in index order; a source with fewer rows gives all it has), so every source is scored: the
 result has ``val_loss/<source>`` beside the overall ``val_loss`` (a replay mixture shows whether each source is
-learned). Each data-parallel replica scores a contiguous share; the summed token losses and token counts per source
-are gathered, so the result is the token-weighted mean over the whole subset whatever the number of processes. Under
-FSDP every forward all-gathers parameters, so there a rank with a smaller share runs (and discards) extra forwards
-until every rank has run as many as the largest share needs. Under tensor parallelism the processes of a TP group
-are one replica: they score the same rows together, and only the group's first process counts them.
+learned). In supervised fine-tuning (``loss_masks`` given: the chat shards' ``loss_mask``) only the tokens the
+run trains on are scored, the assistant's under ``chat.loss: assistant``, so the numbers are the loss of the
+replies, not of the prompts. Each data-parallel replica scores a contiguous share; the summed token losses and
+token counts per source are gathered, so the result is the token-weighted mean over the whole subset whatever the
+number of processes. Under FSDP every forward all-gathers parameters, so there a rank with a smaller share runs (and
+discards) extra forwards until every rank has run as many as the largest share needs. Under tensor parallelism the
+processes of a TP group are one replica: they score the same rows together, and only the group's first process
+counts them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from trainer.loader.batches import TokenRows, make_batch
+from trainer.loader.batches import Batch, TokenRows, make_batch
+from trainer.loader.sft_loss import sft_batch
 from trainer.model.llama import IGNORE_INDEX, next_token_loss
 from trainer.model.spec import output_logits
 from trainer.parallel.accelerator import data_parallel_coordinates, is_sharded, tensor_parallel_rank
@@ -37,16 +41,19 @@ class Evaluator:
                  accelerator: Accelerator,
                  autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
                  byte_counter: Callable[[np.ndarray], np.ndarray] | None = None,
-                 document_masking: bool = False) -> None:
+                 document_masking: bool = False,
+                 loss_masks: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """``eval_batches``: the subset's size in micro-batches; None scores every row.
 
         ``autocast``: the training precision's autocast context (MixedPrecision.autocast). ``byte_counter``:
         [rows, seq_len] labels -> each row's UTF-8 bytes of its scored tokens (see
         :func:`tokenization.special_tokens.scored_bytes`); with it the result has bits per byte.
         ``document_masking``: score with attention within documents, as ``train.document_masking`` trains.
+        ``loss_masks``: row numbers -> their [rows, seq_len] loss masks (supervised fine-tuning,
+        :class:`trainer.eval.loss_masks.SplitLossMasks`): only tokens whose mask is 1 are scored, as they are trained.
         """
         self.rows, self.micro_batch_size, self.accelerator = rows, micro_batch_size, accelerator
-        self.document_masking = document_masking
+        self.document_masking, self.loss_masks = document_masking, loss_masks
         self.autocast, self.byte_counter = autocast, byte_counter
         self.split_rows = 0 if rows is None else rows.num_rows
         num_rows = self.split_rows if eval_batches is None else eval_batches * micro_batch_size
@@ -114,8 +121,7 @@ class Evaluator:
 
     def _score(self, module: nn.Module, row_ids: np.ndarray) -> torch.Tensor:
         """[rows, 3]: each row's summed token loss, its number of scored tokens and their bytes (0 uncounted)."""
-        doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
-        batch = make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos, doc_starts)
+        batch = self._batch(row_ids)
         labels = batch.labels.to(self.accelerator.device)
         logits = output_logits(module(**batch.model_kwargs(self.accelerator.device)))
         token_losses = next_token_loss(logits, labels, reduction="none")
@@ -125,6 +131,13 @@ class Evaluator:
         if self.byte_counter is not None:
             num_bytes = torch.from_numpy(self.byte_counter(batch.labels.numpy())).to(loss_sums)
         return torch.stack([loss_sums, num_tokens.double(), num_bytes], dim=1)
+
+    def _batch(self, row_ids: np.ndarray) -> Batch:
+        """The rows as the run trains on them: labels at every token but padding, or at the trained tokens only."""
+        doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
+        if self.loss_masks is not None:
+            return sft_batch(self.rows.rows(row_ids), self.loss_masks(row_ids), doc_starts)
+        return make_batch(self.rows.rows(row_ids), self.rows.pad_id, self.rows.pad_is_eos, doc_starts)
 
 
 def bits_per_byte(loss_sum_nats: float, num_bytes: float) -> float:
