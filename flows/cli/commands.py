@@ -37,6 +37,7 @@ from flows.runtime.settings import (
 )
 from pipeline.ingest.worker_preload import INGEST_PRELOAD
 from trainer.checkpoint.layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
+from trainer.model.hf_files import require_chat_template
 from trainer.model.sampling_options import check_sampling
 
 if TYPE_CHECKING:
@@ -279,10 +280,12 @@ def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses i
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
     check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
+    model_dir = RunPaths(run_dir).check_is_run().model
+    if chat:
+        require_chat_template(model_dir)  # so is a model with no template to chat with
     from trainer.model.generate import chat_reply, generate_text, load_chat_template_of, load_exported_model
 
-    model_dir = RunPaths(run_dir).check_is_run().model
-    template = load_chat_template_of(model_dir) if chat else None  # no template: one line before the weights load
+    template = load_chat_template_of(model_dir) if chat else None
     model, tokenizer, special, context_len = load_exported_model(model_dir)
     if template is not None:
         typer.echo(chat_reply(model, template, context_len, prompt, max_new_tokens=max_new_tokens,

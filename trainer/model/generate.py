@@ -23,7 +23,7 @@ from torch import nn
 from core.errors import CheckpointError, ConfigError
 from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from tokenization.special_tokens import SpecialTokens, load_tokenizer, model_special_tokens
-from trainer.model.hf_files import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, has_chat_template
+from trainer.model.hf_files import require_chat_template
 from trainer.model.hf_model import build_hf_model, load_causal_lm_config, load_pretrained_weights, text_config
 from trainer.model.sampling_options import check_sampling
 from trainer.model.spec import output_logits
@@ -67,16 +67,11 @@ def generate_text(model: nn.Module, tokenizer: Tokenizer, special: SpecialTokens
 def load_chat_template_of(model_dir: str | Path) -> ChatTemplate:
     """The export's chat template, checked against its tokenizer (:mod:`tokenization.chat.template`).
 
-    Raises ConfigError naming the folder when it has none: a model made by pretraining has no template to chat with.
+    Raises ConfigError naming the folder when it has none (:func:`trainer.model.hf_files.require_chat_template`).
     """
     from tokenization.chat.template import load_chat_template  # transformers: only to chat
 
-    model_dir = Path(model_dir)
-    if not has_chat_template(model_dir):
-        raise ConfigError(f"{model_dir}: the model has no chat template ({CHAT_TEMPLATE_FILE} or 'chat_template' in "
-                          f"{TOKENIZER_CONFIG_FILE}) to chat with; fine-tune it on conversations (train.mode: sft, "
-                          "docs/sft.md), whose export carries the template, or leave out --chat to continue text")
-    return load_chat_template(model_dir)
+    return load_chat_template(require_chat_template(Path(model_dir)))
 
 
 def chat_reply(model: nn.Module, template: ChatTemplate, context_len: int, message: str, *,

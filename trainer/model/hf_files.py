@@ -72,3 +72,13 @@ def has_chat_template(model_dir: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def require_chat_template(model_dir: Path) -> Path:
+    """``model_dir`` when it has a chat template to chat with; ConfigError naming it and the fix otherwise (torch-free:
+    ``tokenmill generate --chat`` says so before loading anything)."""
+    if not has_chat_template(model_dir):
+        raise ConfigError(f"{model_dir}: the model has no chat template ({CHAT_TEMPLATE_FILE} or 'chat_template' in "
+                          f"{TOKENIZER_CONFIG_FILE}) to chat with; fine-tune it on conversations (train.mode: sft, "
+                          "docs/sft.md), whose export carries the template, or leave out --chat to continue text")
+    return model_dir
