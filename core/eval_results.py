@@ -22,6 +22,9 @@ from core.rundir import RunPaths, fingerprint
 RESULT_VERSION = 1
 VAL_SPLIT_TASK = "val_split"
 """The whole validation split: loss, perplexity and bits per byte, overall and per source."""
+SCORED_TOKENS = ("assistant", "last_assistant", "all", "loss_mask")
+"""What a supervised fine-tuning run's val-split loss is over: its recipe's ``chat.loss`` (``loss_mask``: the chat
+shards' mask, whatever made it)."""
 RESULT_COLUMNS = ("step", "checkpoint", "task", "metric", "value", "stderr", "num_samples", "source")
 
 
@@ -51,11 +54,21 @@ def is_current(result: dict[str, Any] | None, checkpoint_fp: str, task_fp: str) 
 
 
 def write_result(paths: RunPaths, step: int, task: str, checkpoint_fp: str, task_fp: str,
-                 rows: list[dict[str, Any]] | None = None, error: str | None = None) -> dict[str, Any]:
-    """Record a finished task (``rows``) or a failed one (``error``, one line saying what to fix); returns it."""
+                 rows: list[dict[str, Any]] | None = None, error: str | None = None,
+                 scored_tokens: str | None = None, chat_template: bool = False) -> dict[str, Any]:
+    """Record a finished task (``rows``) or a failed one (``error``, one line saying what to fix); returns it.
+
+    A supervised fine-tuning run's results say how they were scored: ``scored_tokens`` (the val split's loss is over
+    the trained tokens only: ``assistant`` under ``chat.loss: assistant``) and ``chat_template: true`` (a downstream
+    task's prompts went through the model's chat template). Neither key is written for a pretraining run.
+    """
     result = {"version": RESULT_VERSION, "step": step, "task": task, "checkpoint": run_key(RELATIVE.checkpoint(step)),
               "checkpoint_fingerprint": checkpoint_fp, "task_fingerprint": task_fp,
               "status": "failed" if error is not None else "ok", "error": error, "rows": rows or []}
+    if scored_tokens is not None:
+        result["scored_tokens"] = scored_tokens
+    if chat_template:
+        result["chat_template"] = True
     paths.write_json(paths.eval_result(step, task), result)
     return result
 
@@ -117,4 +130,14 @@ def describe(result: dict[str, Any]) -> str:
     if result["status"] != "ok":
         return f"{result['task']} @ step {result['step']}: failed: {result['error']}"
     shown = {row["metric"]: rounded(row["value"]) for row in result["rows"] if row.get("source") is None}
-    return f"{result['task']} @ step {result['step']}: {json.dumps(shown, default=str)}"
+    return f"{result['task']} @ step {result['step']}{_how_scored(result)}: {json.dumps(shown, default=str)}"
+
+
+def _how_scored(result: dict[str, Any]) -> str:
+    """`` (loss on assistant tokens)``, `` (chat template)`` or nothing: a supervised fine-tuning run's label."""
+    notes = []
+    if result.get("scored_tokens") in SCORED_TOKENS:  # a result file is data: only a known label is shown
+        notes.append(f"loss on {result['scored_tokens']} tokens")
+    if result.get("chat_template") is True:
+        notes.append("chat template")
+    return f" ({', '.join(notes)})" if notes else ""

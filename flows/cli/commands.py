@@ -37,6 +37,7 @@ from flows.runtime.settings import (
 )
 from pipeline.ingest.worker_preload import INGEST_PRELOAD
 from trainer.checkpoint.layout import MANIFEST_NAME, chosen_checkpoints, list_checkpoints
+from trainer.model.hf_files import require_chat_template
 from trainer.model.sampling_options import check_sampling
 
 if TYPE_CHECKING:
@@ -234,19 +235,29 @@ def serve(recipe: Annotated[str | None, typer.Option(help="Recipe for every depl
 
 @app.command()
 def generate(run_dir: Annotated[Path, typer.Argument(help="Run directory (uses its exported model/).")],
-             prompt: Annotated[str, typer.Argument(help="Text to continue.")],
+             prompt: Annotated[str, typer.Argument(help="Text to continue (with --chat: the user's message).")],
              max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to sample at most.")] = 100,
              temperature: Annotated[float, typer.Option(help="0 = greedy; higher = more varied.")] = 0.8,
-             seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Sampling seed (same seed, same text).")] = 0
+             seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Sampling seed (same seed, same text).")] = 0,
+             chat: Annotated[bool, typer.Option("--chat", help="Reply to PROMPT as the assistant, through the "
+                                                "model's chat template (a fine-tuned model's export has one).")] = False
              ) -> None:
-    """Sample a continuation of PROMPT from the run's exported model.
+    """Sample a continuation of PROMPT from the run's exported model, or with --chat its reply to PROMPT.
 
     Example: tokenmill generate runs/tiny "def parse_args(" --max-new-tokens 60
     """
     check_sampling(prompt, temperature, seed)  # before torch and the model load: a bad option is one line, at once
-    from trainer.model.generate import generate_text, load_exported_model  # imports torch
+    model_dir = RunPaths(run_dir).check_is_run().model
+    if chat:
+        require_chat_template(model_dir)  # so is a model with no template to chat with
+    from trainer.model.generate import chat_reply, generate_text, load_chat_template_of, load_exported_model
 
-    model, tokenizer, special, context_len = load_exported_model(RunPaths(run_dir).check_is_run().model)
+    template = load_chat_template_of(model_dir) if chat else None
+    model, tokenizer, special, context_len = load_exported_model(model_dir)
+    if template is not None:
+        typer.echo(chat_reply(model, template, context_len, prompt, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=seed))
+        return
     typer.echo(generate_text(model, tokenizer, special, context_len, prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed))
 

@@ -64,10 +64,11 @@ def next_line_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def lm_eval_command_results(model_dir: Path, include_dir: Path, output_dir: Path, *extra: str) -> dict:
+def lm_eval_command_results(model_dir: Path, include_dir: Path, output_dir: Path, *extra: str,
+                            task: str = TASK_NAME) -> dict:
     """The results JSON the ``lm_eval`` command writes for the settings run_task uses."""
     command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-               f"pretrained={model_dir},dtype=float32", "--tasks", TASK_NAME, "--include_path", str(include_dir),
+               f"pretrained={model_dir},dtype=float32", "--tasks", task, "--include_path", str(include_dir),
                "--device", "cpu", "--batch_size", "8", "--output_path", str(output_dir), *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "LMEVAL_LOG_LEVEL": "WARNING"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)

@@ -6,8 +6,10 @@ restored exactly as a resume would (the same parallel layout: DDP, FSDP or tenso
 it), so every kind of checkpoint the trainer writes can be evaluated. ``--score`` scores every val row, each
 process a share, summed across processes as the in-loop evaluation does (so the numbers do not depend on the
 number of processes), and writes ``eval/results/step-N/val_split.json``: loss, perplexity and bits per byte,
-overall and per source. ``--export`` writes ``eval/models/step-N/`` (Hugging Face format) for the downstream
-tasks. A checkpoint that fails its manifest check is recorded as a failed result naming the folder.
+overall and per source; for a supervised fine-tuning run (``train.mode: sft``) over the trained tokens only (the
+chat shards' ``loss_mask``), the result labelled with them (``scored_tokens``: ``assistant`` by default).
+``--export`` writes ``eval/models/step-N/`` (Hugging Face format) for the downstream tasks. A checkpoint that
+fails its manifest check is recorded as a failed result naming the folder.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
 from trainer.config import TrainConfig
 from trainer.eval.evaluate import Evaluator
+from trainer.eval.loss_masks import is_sft, scored_tokens
 from trainer.parallel.accelerator import build_accelerator
 from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision
@@ -50,18 +53,25 @@ from trainer.train import (
 )
 
 
-def val_split_task_fingerprint(paths: RunPaths, precision: str, document_masking: bool | None = None) -> str:
+def val_split_task_fingerprint(paths: RunPaths, precision: str, document_masking: bool | None = None,
+                               sft: bool | None = None) -> str:
     """The fingerprint of this run's whole-split scores (:func:`core.eval_results.val_split_fingerprint`); with
-    ``train.document_masking`` the rows are scored masked, so that is part of it (unmasked fingerprints unchanged).
+    ``train.document_masking`` the rows are scored masked, and with ``train.mode: sft`` only their trained tokens,
+    so each is part of it (the fingerprints of runs with neither are unchanged).
 
-    ``document_masking``: the setting as the caller resolved it (the flow, the evaluator); None reads run.yaml's.
+    ``document_masking``, ``sft``: the settings as the caller resolved them (the flow, the evaluator); None reads
+    run.yaml's.
     """
     _, val_rows = open_splits(paths)
     task_fp = val_split_fingerprint(val_rows.digests, sha256_file(paths.tokenizer), precision)
-    if document_masking is None:
-        document_masking = read_trainer_config(paths.root).train.document_masking
+    if document_masking is None or sft is None:
+        train = read_trainer_config(paths.root).train
+        document_masking = train.document_masking if document_masking is None else document_masking
+        sft = is_sft(train) if sft is None else sft
     if document_masking:
         task_fp = fingerprint("document-masking", task_fp)
+    if sft:
+        task_fp = fingerprint("trained-tokens", task_fp)
     return task_fp
 
 
@@ -77,7 +87,8 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, tru
         config = read_trainer_config(paths.root, trust_remote_code, resolved)
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         checkpoint = paths.checkpoint(step)
-        task_fp = val_split_task_fingerprint(paths, config.train.precision, config.train.document_masking)
+        sft = is_sft(config.train)
+        task_fp = val_split_task_fingerprint(paths, config.train.precision, config.train.document_masking, sft)
         try:
             loop = build_training_loop(paths, config, accelerator, allow_data_change=True)
             loop.checkpointer.load_step(step)
@@ -89,16 +100,21 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, tru
             raise
         if score:
             score_val_split(loop.model, paths, config.train, accelerator, step, task_fp,
-                            checkpoint_fingerprint(checkpoint))
+                            checkpoint_fingerprint(checkpoint), scored_tokens(config.recipe) if sft else None)
         if export:
             export_if_stale_to(loop, paths, paths.eval_model(step))
 
 
 def score_val_split(model: object, paths: RunPaths, train: TrainConfig, accelerator: Accelerator,
-                    step: int, task_fp: str, checkpoint_fp: str) -> None:
+                    step: int, task_fp: str, checkpoint_fp: str, scored: str | None = None) -> None:
     """Every val row scored (each process a share, masked as the run trains) and written by the main process,
-    which prints progress lines meanwhile (:mod:`core.progress_lines`: the flow's bar follows them)."""
-    _, val_rows = open_splits(paths)
+    which prints progress lines meanwhile (:mod:`core.progress_lines`: the flow's bar follows them).
+
+    ``scored``: None scores every token but padding (pretraining); for supervised fine-tuning the tokens the chat
+    shards' ``loss_mask`` trains (``assistant``, ``last_assistant`` or ``all`` as ``chat.loss`` says: the label
+    the result records as ``scored_tokens``).
+    """
+    _, val_rows = open_splits(paths, train.mode)  # SFT rows carry their loss masks: only trained tokens score
     autocast = MixedPrecision(train.precision, accelerator.device.type).autocast
     evaluator = Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, None, accelerator,
                           autocast, byte_counter=ScoredBytes(paths.tokenizer),
@@ -111,7 +127,8 @@ def score_val_split(model: object, paths: RunPaths, train: TrainConfig, accelera
                               error=f"{paths.shard_index}: no split=val shards to score; set data.val_fraction "
                                     "above 0 and re-run `tokenmill prepare` in a fresh run dir.")
     else:
-        result = write_result(paths, step, VAL_SPLIT_TASK, checkpoint_fp, task_fp, rows=val_split_rows(scores))
+        result = write_result(paths, step, VAL_SPLIT_TASK, checkpoint_fp, task_fp, rows=val_split_rows(scores),
+                              scored_tokens=scored)
     print(describe(result), flush=True)
 
 

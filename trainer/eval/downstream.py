@@ -7,7 +7,10 @@ existing local folder or file) and uses only metrics built into lm-eval; anythin
 from the ``eval.include`` folders; ``trusted`` lists those whose Python and templates may run (the folders the
 user named: everything else is data only, :mod:`trainer.eval.task_folder_code`). The scores are those the
 ``lm_eval`` command prints for the same model folder, task and settings (``--model hf --model_args
-pretrained=DIR,dtype=float32 --include_path DIR --device cpu --batch_size 8``).
+pretrained=DIR,dtype=float32 --include_path DIR --device cpu --batch_size 8``, and ``--apply_chat_template`` for a
+supervised fine-tuning run, whose export carries the chat template it was trained with: each prompt is then
+rendered as a user turn followed by the assistant's generation prompt, and few-shot examples as earlier turns,
+``fewshot_as_multiturn``, which that flag turns on too).
 
 ``datasets`` caches a local data file by path and modification time: a file rewritten in place with its old
 mtime restored would be read from the stale cache (the fingerprint, a hash of the content, still changes).
@@ -39,6 +42,7 @@ from core.layout import HF_CONFIG_FILE
 from core.rundir import RunPaths
 from trainer.config import EvalConfig
 from trainer.eval.lm_eval_tasks import load_checked_tasks, task_manager
+from trainer.model.hf_files import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, has_chat_template
 
 
 @dataclass(frozen=True)
@@ -132,18 +136,23 @@ def task_texts(name: str, include_dirs: list[Path], trusted: Collection[Path] = 
 
 def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: Collection[Path] = (),
              batch_size: int = 8, limit: int | None = None, device: str = "cpu", data_root: Path | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> list[TaskResult]:
+             on_progress: Callable[[int, int], None] | None = None, chat_template: bool = False) -> list[TaskResult]:
     """Evaluate the Hugging Face model folder on one task with lm_eval.simple_evaluate (model "hf", float32).
 
     Results are sorted by (task, metric). ``limit``: evaluate the first ``limit`` documents only. lm-eval
     seeds Python's, NumPy's and torch's global generators (0, 1234, 1234) as its command line does. Raises
     ConfigError for a model folder without config.json, and as check_tasks does, before loading the model.
     lm-eval draws no progress bar; ``on_progress(requests scored, requests)`` follows it instead
-    (:mod:`trainer.eval.lm_eval_progress`).
+    (:mod:`trainer.eval.lm_eval_progress`). ``chat_template``: render the prompts with the model folder's chat
+    template, as ``lm_eval --apply_chat_template`` does (ConfigError when the folder has none).
     """
     if not (model_dir / HF_CONFIG_FILE).is_file():
         raise ConfigError(f"model folder {model_dir} has no config.json; pass a Hugging Face model folder "
                           "(the run's exported model/)")
+    if chat_template and not has_chat_template(model_dir):
+        raise ConfigError(f"model folder {model_dir} has no chat template ({CHAT_TEMPLATE_FILE} or 'chat_template' "
+                          f"in {TOKENIZER_CONFIG_FILE}), and a supervised fine-tuning run is evaluated through it; "
+                          "export the model again with the training that writes its template")
     # An absolute path: lm-eval asks the Hub for the model's sha, and huggingface_hub rejects an absolute path
     # as a repo id before any request, where a relative "model" would be looked up online.
     model_args = {"pretrained": str(model_dir.resolve()), "dtype": "float32"}
@@ -160,8 +169,9 @@ def run_task(model_dir: Path, name: str, include_dirs: list[Path], *, trusted: C
         # What simple_evaluate(model="hf", model_args=…, batch_size=…, device=…) builds, as lm-eval's command does.
         model = CountingHFLM.create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
         model.on_progress = on_progress
+        chat = {"apply_chat_template": True, "fewshot_as_multiturn": True} if chat_template else {}
         results = lm_eval.simple_evaluate(model=model, tasks=[name], task_manager=manager, batch_size=batch_size,
-                                          limit=limit, device=device, log_samples=False)
+                                          limit=limit, device=device, log_samples=False, **chat)
     assert results is not None, "lm-eval returns no results only on ranks other than 0"
     return _task_results(results)
 
@@ -208,21 +218,24 @@ def _stable_text(value: Any) -> str:
 
 def run_downstream_task(paths: RunPaths, model: Path, step: int, task: str, checkpoint_fp: str, task_fp: str,
                         include: list[Path], config: EvalConfig, trusted: Collection[Path] = (),
-                        on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                        on_progress: Callable[[int, int], None] | None = None,
+                        chat_template: bool = False) -> dict[str, Any]:
     """Evaluate ``task`` on ``model`` (the export of ``step``) with lm-eval and record the result (or the failure,
     in one line saying what to fix: a task error never loses the results already computed). ``trusted``: the include
     folders whose code may run (:func:`trainer.eval.downstream.run_task`); ``on_progress(requests scored, requests)``
-    while lm-eval runs."""
+    while lm-eval runs; ``chat_template``: through the model's chat template (a supervised fine-tuning run), which
+    the result records."""
     try:
         results = run_task(model, task, include, trusted=trusted, batch_size=config.batch_size,
-                           limit=config.limit, data_root=paths.root, on_progress=on_progress)
+                           limit=config.limit, data_root=paths.root, on_progress=on_progress,
+                           chat_template=chat_template)
     except TokenmillError as err:
-        return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err))
+        return write_result(paths, step, task, checkpoint_fp, task_fp, error=str(err), chat_template=chat_template)
     except Exception as err:  # lm-eval or the task's own code failed: record it, keep going with the others
         reason = " ".join(str(err).split())[:300]
-        return write_result(paths, step, task, checkpoint_fp, task_fp,
+        return write_result(paths, step, task, checkpoint_fp, task_fp, chat_template=chat_template,
                             error=f"task {task} failed on step {step} ({type(err).__name__}: {reason}); fix the "
                                   "task (see the log) and re-run `tokenmill eval`.")
     rows = [{"task": result.task, "metric": result.metric, "value": result.value, "stderr": result.stderr,
              "num_samples": result.num_samples, "source": None} for result in results]
-    return write_result(paths, step, task, checkpoint_fp, task_fp, rows=rows)
+    return write_result(paths, step, task, checkpoint_fp, task_fp, rows=rows, chat_template=chat_template)

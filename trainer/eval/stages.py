@@ -36,6 +36,7 @@ from trainer.checkpoint.layout import (
 )
 from trainer.config import EvalConfig
 from trainer.eval.downstream import run_downstream_task
+from trainer.eval.loss_masks import is_sft
 from trainer.parallel.launch import eval_launch_command
 from trainer.train_stage import Launcher, run_child
 
@@ -59,6 +60,9 @@ class EvalScope:
     trust_remote_code: bool = False
     include: tuple[Path, ...] = ()
     trusted: tuple[Path, ...] = field(default_factory=tuple)
+    sft: bool = False
+    """A supervised fine-tuning run (``train.mode: sft``): the val split's loss is over the trained tokens only, and
+    the downstream tasks' prompts go through the export's chat template (:mod:`trainer.eval.loss_masks`)."""
 
     @classmethod
     def recorded(cls, run: Any) -> EvalScope:
@@ -71,7 +75,8 @@ class EvalScope:
             steps = ()
         tasks = recorded_task_fingerprints(run.paths)
         return cls(steps, True, {name: tasks.get(name, "unchecked") for name in recipe.eval.tasks}, recipe.eval,
-                   recipe.train.precision, recipe.train.document_masking, recipe.train.num_processes)
+                   recipe.train.precision, recipe.train.document_masking, recipe.train.num_processes,
+                   sft=is_sft(recipe.train))
 
 
 def recorded_task_fingerprints(paths: RunPaths) -> dict[str, str]:
@@ -139,8 +144,10 @@ class ValSplitStage(EvalStage):
         files = self.checkpoint_files(step_of(unit))
         for path in (self.paths.shard_index, self.paths.tokenizer):
             files.update({name: digest for name, _, digest in file_stats(self.paths.root, path)})
-        return Inputs(settings={"precision": self.scope.precision, "document_masking": self.scope.document_masking},
-                      files=files)
+        settings = {"precision": self.scope.precision, "document_masking": self.scope.document_masking}
+        if self.scope.sft:  # only then: a pretraining run's recorded inputs stay as they were
+            settings["scored_tokens"] = "trained"
+        return Inputs(settings=settings, files=files)
 
     def outputs(self, unit: str | None) -> list[Path]:
         return [self.paths.eval_result(step_of(unit), VAL_SPLIT_TASK)]
@@ -200,8 +207,10 @@ class DownstreamStage(EvalStage):
 
     def inputs(self, unit: str | None) -> Inputs:
         config = self.scope.config
-        return Inputs(settings={"task": self.scope.tasks[_task_of(unit)], "batch_size": config.batch_size,
-                                "limit": config.limit}, files=self.checkpoint_files(step_of(unit)))
+        settings = {"task": self.scope.tasks[_task_of(unit)], "batch_size": config.batch_size, "limit": config.limit}
+        if self.scope.sft:  # only then: a pretraining run's recorded inputs stay as they were
+            settings["chat_template"] = True
+        return Inputs(settings=settings, files=self.checkpoint_files(step_of(unit)))
 
     def outputs(self, unit: str | None) -> list[Path]:
         return [self.paths.eval_result(step_of(unit), _task_of(unit))]
@@ -212,7 +221,7 @@ class DownstreamStage(EvalStage):
         checkpoint_fp = checkpoint_fingerprint(folder) if (folder / MANIFEST_NAME).is_file() else ""
         result = run_downstream_task(self.paths, model_folder(self.paths, step), step, task, checkpoint_fp,
                                      self.scope.tasks[task], list(self.scope.include), self.scope.config,
-                                     self.scope.trusted, on_progress=on_progress)
+                                     self.scope.trusted, on_progress=on_progress, chat_template=self.scope.sft)
         self.log(describe(result))
         return raise_if_failed(self.paths, step, task)
 

@@ -14,6 +14,9 @@ from core.layout import HF_CONFIG_FILE as CONFIG_NAME
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""Where transformers saves a tokenizer's chat template (it wins over ``tokenizer_config.json``'s)."""
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that only ``torch.load`` (pickle) reads; tokenmill never unpickles what it is given."""
 
@@ -57,3 +60,25 @@ def weight_files(folder: Path) -> list[Path]:
                           "from_pretrained(folder).save_pretrained(folder)` writes model.safetensors.")
     raise ConfigError(f"{folder}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}; model.from_pretrained needs the "
                       "weights (use model.hf_config to start from random weights).")
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the model folder carries a chat template where transformers looks for one (``chat_template.jinja``,
+    else ``chat_template`` in ``tokenizer_config.json``)."""
+    if (model_dir / CHAT_TEMPLATE_FILE).is_file():
+        return True
+    try:
+        config = json.loads((model_dir / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def require_chat_template(model_dir: Path) -> Path:
+    """``model_dir`` when it has a chat template to chat with; ConfigError naming it and the fix otherwise (torch-free:
+    ``tokenmill generate --chat`` says so before loading anything)."""
+    if not has_chat_template(model_dir):
+        raise ConfigError(f"{model_dir}: the model has no chat template ({CHAT_TEMPLATE_FILE} or 'chat_template' in "
+                          f"{TOKENIZER_CONFIG_FILE}) to chat with; fine-tune it on conversations (train.mode: sft, "
+                          "docs/sft.md), whose export carries the template, or leave out --chat to continue text")
+    return model_dir

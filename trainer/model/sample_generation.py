@@ -1,8 +1,10 @@
 """Exported model (``model/``) -> one sample generation in ``metrics/sample_generation.json``, made once per export.
 
-The report shows it without loading a model: a report stays a render of the run's files. Whether the file is
-current is answered from file stats (:func:`sample_is_current`, no torch); only a new export pays for importing
-torch and sampling (:func:`write_sample_generation`).
+The report shows it without loading a model: a report stays a render of the run's files. An export with a chat
+template (a supervised fine-tuning run's) answers instead of continuing: the sample is its reply to the prompt,
+rendered through the template as ``tokenmill generate --chat`` does (the record says ``"chat": true``). Whether the
+file is current is answered from file stats (:func:`sample_is_current`, no torch); only a new export pays for
+importing torch and sampling (:func:`write_sample_generation`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ SAMPLE_SETTINGS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 50, "seed"
 """How the sample is drawn (the ``tokenmill generate`` defaults, shorter): the same export gives the same text."""
 PROMPT_CHARS = 40
 """The prompt is the first line of the first validation document, cut to this many characters."""
+CHAT_PROMPT_CHARS = 400
+"""For a chat model the first line is a message (a conversation's first): kept whole, up to this many characters."""
 
 
 def export_fingerprint(paths: RunPaths) -> str | None:
@@ -50,20 +54,27 @@ def sample_is_current(paths: RunPaths) -> bool:
 def write_sample_generation(paths: RunPaths) -> dict[str, Any]:
     """Sample from ``model/`` (imports torch) and record it; returns the record.
 
-    Keys: ``export_fingerprint``, ``prompt``, ``completion`` and SAMPLE_SETTINGS, or ``error`` (one line) when
-    the export or the documents do not load: the report says so instead of failing, and a new export is tried
-    again.
+    Keys: ``export_fingerprint``, ``prompt``, ``completion`` and SAMPLE_SETTINGS (and ``chat: true`` when the
+    completion is a chat reply), or ``error`` (one line) when the export or the documents do not load: the report
+    says so instead of failing, and a new export is tried again.
     """
-    from trainer.model.generate import generate_text, load_exported_model  # torch: only when an export is new
+    from trainer.model.generate import chat_reply, generate_text, load_chat_template_of, load_exported_model
+    from trainer.model.hf_files import has_chat_template
 
     current = export_fingerprint(paths)
     if current is None:
         raise TokenmillError(f"{paths.model}: no exported model (config.json); run `tokenmill train` first.")
     try:
-        prompt = sample_prompt(paths)
+        chat = has_chat_template(paths.model)
+        prompt = sample_prompt(paths, CHAT_PROMPT_CHARS if chat else PROMPT_CHARS)
         model, tokenizer, special, context_len = load_exported_model(paths.model)
-        text = generate_text(model, tokenizer, special, context_len, prompt, **SAMPLE_SETTINGS)
-        outcome: dict[str, Any] = {"prompt": prompt, "completion": text[len(prompt):], **SAMPLE_SETTINGS}
+        if chat:
+            completion = chat_reply(model, load_chat_template_of(paths.model), context_len, prompt, **SAMPLE_SETTINGS)
+        else:
+            completion = generate_text(model, tokenizer, special, context_len, prompt,
+                                       **SAMPLE_SETTINGS)[len(prompt):]
+        outcome: dict[str, Any] = {"prompt": prompt, "completion": completion, **SAMPLE_SETTINGS,
+                                   **({"chat": True} if chat else {})}
     except TokenmillError as err:
         outcome = {"error": str(err).splitlines()[0]}
     record = {"export_fingerprint": current, **outcome}
@@ -71,11 +82,11 @@ def write_sample_generation(paths: RunPaths) -> dict[str, Any]:
     return record
 
 
-def sample_prompt(paths: RunPaths) -> str:
+def sample_prompt(paths: RunPaths, max_chars: int = PROMPT_CHARS) -> str:
     """The first line of the first kept validation document (of a train one without a val split), cut to
-    PROMPT_CHARS; ``""`` (generate from the start of a document) when the run has no documents."""
+    ``max_chars``; ``""`` (generate from the start of a document) when the run has no documents."""
     for split in ("val", "train"):
         for batch in iter_documents(paths, split=split, columns=["doc_id", "split", "source", "text"]):
             if batch.num_rows:
-                return str(batch.column("text")[0].as_py()).split("\n", 1)[0][:PROMPT_CHARS]
+                return str(batch.column("text")[0].as_py()).split("\n", 1)[0][:max_chars]
     return ""

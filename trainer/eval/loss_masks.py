@@ -1,0 +1,36 @@
+"""The loss masks of a split's chat shards, for scoring only the tokens a supervised fine-tuning run trains on.
+
+An SFT run's validation loss is the loss of the tokens whose ``loss_mask`` is 1 (:mod:`core.shards.chat`): the
+assistant's replies with their end-of-turn token under ``chat.loss: assistant``. Scored over every token, the number
+would mostly measure how well the model predicts the user's questions and the template's headers, which it is
+not trained to do. Whether a run is SFT is its recipe's ``train.mode`` (:func:`train_mode`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.eval_results import SCORED_TOKENS
+
+SFT_MODE = "sft"
+
+
+def train_mode(train: Any) -> str:
+    """``train.mode`` of a TrainConfig: ``pretrain`` or ``sft``; ``pretrain`` for a config without the key (read with
+    a default so evaluation works with every TrainConfig, those written before SFT included)."""
+    return str(getattr(train, "mode", "pretrain"))
+
+
+def is_sft(train: Any) -> bool:
+    return train_mode(train) == SFT_MODE
+
+
+def scored_tokens(recipe: dict[str, Any]) -> str:
+    """The tokens an SFT run's loss is over, for labels: the recipe's ``chat.loss`` (``assistant`` by default).
+
+    ``recipe``: the run's recorded recipe (run.yaml), read as data: only one of
+    :data:`core.eval_results.SCORED_TOKENS` comes back (anything else reads as ``loss_mask``, the column the scores
+    follow)."""
+    chat = recipe.get("chat") if isinstance(recipe, dict) else None
+    loss = chat.get("loss", "assistant") if isinstance(chat, dict) else "assistant"
+    return loss if loss in SCORED_TOKENS else "loss_mask"
