@@ -555,6 +555,39 @@ def test_continue_recipe_adapts_the_quick_start_export_and_keeps_the_old_domain(
     assert exported["model_type"] == "llama" and (run_dir / "model" / "tokenizer.json").is_file()
 
 
+SFT_EXAMPLE = re.compile(r"`(tokenmill run configs/sft\.yaml)`, then\s+"
+                         r"`(tokenmill generate runs/sft \"[^\"`]+\" --chat)`")
+"""The README's fine-tuning sentence: its two commands, run as written after the quick start (whose export is the
+example's base model)."""
+
+
+def test_the_fine_tuning_example_trains_on_replies_and_answers_through_its_template(
+        quick_start: QuickStart, prefect_home: Path) -> None:
+    found = SFT_EXAMPLE.search(" ".join(README_TEXT.split()))
+    assert found, "the README's fine-tuning sentence names `tokenmill run configs/sft.yaml`, then a generate --chat"
+    run, generate = found.groups()
+    checkout, env = quick_start.checkout, user_env(prefect_home)
+    result = run_shell(f".venv/bin/{run}", cwd=checkout, env=env, timeout_s=QUICK_START_TIMEOUT_S)
+    assert result.returncode == 0, result.tail()
+    run_dir = checkout / "runs" / "sft"
+    rows = eval_rows(run_dir)
+    print([(row["step"], round(row["val_loss"], 3)) for row in rows])
+    assert rows[0]["step"] == 0 and rows[-1]["val_loss"] < 0.85 * rows[0]["val_loss"], "the replies were not learned"
+    template = (checkout / "configs" / "sft-chat.jinja").read_text()
+    assert (run_dir / "model" / "chat_template.jinja").read_text() == template, "the export renders as training did"
+    trained = run_table_command(["tokenmill", "query", "runs/sft", "SELECT sum(num_loss_tokens)::BIGINT AS loss, "
+                                 "sum(num_tokens)::BIGINT AS tokens FROM sequences WHERE split = 'train'",
+                                 "--format", "json"], checkout, env)
+    assert trained.returncode == 0, trained.tail()
+    counts = json.loads(trained.stdout)[0]
+    assert 0 < counts["loss"] < counts["tokens"], f"assistant-only loss trains on part of each row: {counts}"
+    status = run_table_command(["tokenmill", "status", "runs/sft", "configs/sft.yaml", "--format", "json"], checkout,
+                               env)
+    assert status.returncode == 0 and json.loads(status.stdout)["redo"] == [], status.tail()
+    reply = run_shell(f".venv/bin/{generate}", cwd=checkout, env=env)
+    assert reply.returncode == 0 and reply.stdout.strip(), reply.tail()
+
+
 def test_version_is_the_installed_version(checkout: Path, prefect_home: Path) -> None:
     result = run_shell(table_command(["tokenmill", "--version"]), cwd=checkout, env=user_env(prefect_home))
     assert result.returncode == 0 and result.stdout.strip() == f"tokenmill {version('tokenmill')}", result.tail()

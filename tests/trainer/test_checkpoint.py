@@ -71,8 +71,8 @@ def test_save_writes_the_documented_layout(tmp_path: Path) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     assert sorted(manifest["files"]) == [n for n in names if n != "manifest.json"]
     assert json.loads((folder / "trainer_state.json").read_text())["states"]["loop"] == {
-        "step": 1, "tokens_seen": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0, "spike_steps": 0,
-        "spikes_in_a_row": 0, "rollbacks": 0, "recent_losses": []}
+        "step": 1, "tokens_seen": 0, "loss_tokens_seen": 0, "skipped_steps": 0, "nonfinite_in_a_row": 0,
+        "spike_steps": 0, "spikes_in_a_row": 0, "rollbacks": 0, "recent_losses": []}
     assert json.loads((tmp_path / "checkpoints" / "latest").read_text()) == {"path": "step-0000001", "step": 1}
     assert verify_checkpoint(folder) is None
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")] == []
