@@ -18,6 +18,8 @@ from pathlib import Path
 HF_CONFIG_FILE = "config.json"
 """A Hugging Face model folder's config (``model/config.json`` is one of :attr:`RunLayout.run_dir_signs`)."""
 TOKENIZER_FILE = "tokenizer.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""A model folder's chat template, where transformers reads it first (and the run's tokenizer folder's)."""
 """A Hugging Face ``tokenizers`` file: ``tokenizer/tokenizer.json`` and the one in every model folder."""
 CHECKPOINT_MANIFEST = "manifest.json"
 """Written last into a checkpoint folder (trainer.checkpoint.layout): a folder without it is incomplete."""
@@ -230,6 +232,11 @@ class RunLayout:
     @property
     def tokenizer(self) -> Path:
         return self.tokenizer_dir / TOKENIZER_FILE
+
+    @property
+    def tokenizer_chat_template(self) -> Path:
+        """``tokenizer/chat_template.jinja``: a chat template put beside the run's tokenizer (the export's fallback)."""
+        return self.tokenizer_dir / CHAT_TEMPLATE_FILE
 
     @property
     def special_tokens(self) -> Path:

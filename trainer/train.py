@@ -369,7 +369,7 @@ def run_chat_template(paths: RunPaths, chat_template_file: str | None) -> str | 
     rendered_with = read_chat_template(paths) if chat_template_file is None else None
     if rendered_with is not None:
         return rendered_with
-    path = paths.tokenizer_dir / CHAT_TEMPLATE_FILE if chat_template_file is None else paths.root / chat_template_file
+    path = paths.tokenizer_chat_template if chat_template_file is None else paths.root / chat_template_file
     if chat_template_file is None and not path.is_file():
         return None
     try:

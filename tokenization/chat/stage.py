@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from core.conversations import Conversation, Rejection, parse_record
 from core.documents import document_part_files, iter_documents
 from core.files.atomic import read_json, sha256_file
-from core.layout import PACK_STATE_FILES, TOKENIZER_FILE, pack_unit, pack_unit_pair
+from core.layout import CHAT_TEMPLATE_FILE, PACK_STATE_FILES, TOKENIZER_FILE, pack_unit, pack_unit_pair
 from core.rundir import RunPaths
 from core.schemas import REJECTS_SCHEMA
 from core.shards.chat import ChatRows, write_chat_shard
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 STATE_VERSION = 2
 """Bumped when the same inputs give other shards or another state.json (2: shards under ``shards/``, from the
 documents of a chat source)."""
-TEMPLATE_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TEMPLATE_FILES = (TOKENIZER_FILE, "tokenizer_config.json", CHAT_TEMPLATE_FILE, "special_tokens_map.json")
 """The model dir's files that decide how a conversation renders (the tokenizer and its template)."""
 SPLITS = ("train", "val")
 DOCUMENT_COLUMNS = ["doc_id", "source_id", "uri", "record"]

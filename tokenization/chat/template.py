@@ -21,8 +21,9 @@ import jinja2
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from core.errors import ConfigError
+from core.layout import CHAT_TEMPLATE_FILE
 
-TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATE_FILE = CHAT_TEMPLATE_FILE
 """Where transformers >= 4.43 saves a model's chat template (it wins over ``tokenizer_config.json``'s)."""
 TOKENIZER_CONFIG = "tokenizer_config.json"
 

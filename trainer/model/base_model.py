@@ -18,7 +18,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.files.atomic import TEMP_PREFIX, replace_folder, sha256_file
-from core.layout import TOKENIZER_FILE
+from core.layout import CHAT_TEMPLATE_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths
 from core.stage import Inputs, Progress, Stage, run_stage
 from trainer.config import ModelConfig
@@ -26,7 +26,7 @@ from trainer.model.hf_files import CONFIG_NAME, WEIGHTS_INDEX_NAME, config_file,
 
 STAGE = "base-model"
 COMPANION_FILES = ("generation_config.json", TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja")
+                   CHAT_TEMPLATE_FILE)
 """Files of a model folder brought along when present (the tokenizer stage may use the model's tokenizer; the export
 carries its chat template, :mod:`trainer.train`)."""
 

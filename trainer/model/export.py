@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from core.files.atomic import TEMP_PREFIX, out_of_space, read_json
+from core.layout import CHAT_TEMPLATE_FILE as CHAT_TEMPLATE_FILE  # re-exported: trainer.train
 from core.layout import HF_CONFIG_FILE, TOKENIZER_FILE
 from core.rundir import RunPaths
 from tokenization.special_tokens import load_tokenizer, model_special_tokens
@@ -28,7 +29,6 @@ from trainer.checkpoint.layout import EXPORT_STATE_NAME, exported_step  # noqa: 
 from trainer.loader.batches import EOS_ID, PAD_ID
 from trainer.model.llama import INIT_STD, ModelShape
 
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
 """Where a model folder keeps its chat template (transformers >= 4.43 saves it there, and reads it first)."""
 
 

@@ -10,12 +10,11 @@ import json
 from pathlib import Path
 
 from core.errors import ConfigError
+from core.layout import CHAT_TEMPLATE_FILE as CHAT_TEMPLATE_FILE  # re-exported: where transformers reads it
 from core.layout import HF_CONFIG_FILE as CONFIG_NAME
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-"""Where transformers saves a tokenizer's chat template (it wins over ``tokenizer_config.json``'s)."""
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that only ``torch.load`` (pickle) reads; tokenmill never unpickles what it is given."""

@@ -58,8 +58,9 @@ def write_sample_generation(paths: RunPaths) -> dict[str, Any]:
     completion is a chat reply), or ``error`` (one line) when the export or the documents do not load: the report
     says so instead of failing, and a new export is tried again.
     """
-    from trainer.model.generate import chat_reply, generate_text, load_chat_template_of, load_exported_model
-    from trainer.model.hf_files import has_chat_template
+    # torch and transformers: here, when a report samples, not when the report module is imported
+    from trainer.model.generate import chat_reply, generate_text, load_chat_template_of, load_exported_model  # torch
+    from trainer.model.hf_files import has_chat_template  # (with generate)
 
     current = export_fingerprint(paths)
     if current is None:
