@@ -567,9 +567,17 @@ def test_the_fine_tuning_example_trains_on_replies_and_answers_through_its_templ
     assert found, "the README's fine-tuning sentence names `tokenmill run configs/sft.yaml`, then a generate --chat"
     run, generate = found.groups()
     checkout, env = quick_start.checkout, user_env(prefect_home)
+    run_dir = checkout / "runs" / "sft"
+    try:
+        check_the_fine_tuning_example(checkout, env, run, generate, run_dir)
+    finally:  # the tests below find runs/ as the quick start left it
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def check_the_fine_tuning_example(checkout: Path, env: dict[str, str], run: str, generate: str,
+                                  run_dir: Path) -> None:
     result = run_shell(f".venv/bin/{run}", cwd=checkout, env=env, timeout_s=QUICK_START_TIMEOUT_S)
     assert result.returncode == 0, result.tail()
-    run_dir = checkout / "runs" / "sft"
     rows = eval_rows(run_dir)
     print([(row["step"], round(row["val_loss"], 3)) for row in rows])
     assert rows[0]["step"] == 0 and rows[-1]["val_loss"] < 0.85 * rows[0]["val_loss"], "the replies were not learned"
