@@ -120,7 +120,8 @@ class SftDataStage(Stage):
         template_files = [Path(config.model_dir) / name for name in TEMPLATE_FILES]
         files = {f"template:{path.name}": _digest(path) for path in template_files}
         if config.template_file is not None:
-            files[f"template_file:{config.template_file}"] = _digest(config.template_file)
+            # keyed by its name: the marker holds no absolute path (a copied run dir must still read as done)
+            files[f"template_file:{Path(config.template_file).name}"] = _digest(config.template_file)
         # the files naming the documents dedupe and decontamination removed (a unit reads only the others)
         files.update({self.paths.key(path): _digest(path) for path in (self.paths.duplicates, self.paths.contaminated)})
         settings = {**config.chat.model_dump(mode="json", exclude={"template_file"}), "seq_len": config.seq_len,

@@ -195,6 +195,17 @@ def test_builds_and_reports_status_before_anything_exists(tmp_path: Path) -> Non
     assert stage_status(stage, UNIT).state == "to do"
 
 
+def test_the_marker_names_no_absolute_path_of_the_template_file(tmp_path: Path) -> None:
+    """A copied run dir must still read as done: the recipe's template file is recorded by name and digest."""
+    template_file = tmp_path / "recipes" / "chat.jinja"
+    template_file.parent.mkdir()
+    template_file.write_text(CHATML_MARKED)
+    stage = SftDataStage(RunPaths(tmp_path / "run"), SftDataConfig(model_dir=tmp_path / "no-model",
+                                                                     template_file=template_file), ["chat"])
+    files = stage.inputs(UNIT).files
+    assert "template_file:chat.jinja" in files and not any(str(tmp_path) in key for key in files), files
+
+
 @pytest.mark.parametrize("records", ["text", "chat"])
 def test_built_only_for_a_recipe_with_a_chat_source(tmp_path: Path, records: str) -> None:
     (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": RECORDS[0]["messages"]}) + "\n")
