@@ -235,20 +235,22 @@ class TrainConfig(FrozenConfig):
         if self.lora is not None:
             check_lora_options(self)
         if self.async_checkpoint:
-            sharded = {"train.fsdp": self.fsdp, "train.deepspeed_config": self.deepspeed_config is not None,
-                       "train.tensor_parallel_size > 1": self.tensor_parallel_size > 1}
-            for key, combined in sharded.items():
+            for key, combined in sharding_engines(self).items():
                 if combined:
                     raise ValueError(f"train.async_checkpoint cannot be combined with {key} (its checkpoints are "
                                      f"written by every rank together); set async_checkpoint: false")
         return self
 
 
+def sharding_engines(train: TrainConfig) -> dict[str, bool]:
+    """Each setting that shards the model across ranks, by its recipe key, and whether the recipe turns it on."""
+    return {"train.fsdp": train.fsdp, "train.deepspeed_config": train.deepspeed_config is not None,
+            "train.tensor_parallel_size > 1": train.tensor_parallel_size > 1}
+
+
 def check_lora_options(train: TrainConfig) -> None:
     """ValueError naming ``train.lora`` when it is combined with a sharding engine it does not work with."""
-    refusals = {"train.fsdp": train.fsdp, "train.deepspeed_config": train.deepspeed_config is not None,
-                "train.tensor_parallel_size > 1": train.tensor_parallel_size > 1}
-    for key, combined in refusals.items():
+    for key, combined in sharding_engines(train).items():
         if combined:
             raise ValueError(f"train.lora cannot be combined with {key} (tokenmill's LoRA trains whole, data-parallel "
                              f"models only); remove {key.split(' ')[0]}, or remove train.lora for full training")
