@@ -78,9 +78,10 @@ def chat_record_batch(chat: ChatRows, dtype: np.dtype, metadata: dict[str, str])
 
 
 def write_chat_shard(run_dir: Path, relpath: str, chat: ChatRows, *, split: str, source: str,
-                     tokenizer_sha256: str, vocab_size: int) -> ShardInfo:
+                     tokenizer_sha256: str, vocab_size: int, records: str | None = None) -> ShardInfo:
     """Write one chat shard atomically, with the metadata of :func:`core.shards.store.write_shard` (same bytes for the
-    same rows and settings)."""
+    same rows and settings); ``records``: what its rows hold when not conversations (``preference``: whole pairs,
+    :mod:`core.shards.preference`)."""
     num_rows, seq_len = chat.rows.input_ids.shape
     dtype = token_dtype_for_vocab(vocab_size)
     metadata = {
@@ -88,6 +89,8 @@ def write_chat_shard(run_dir: Path, relpath: str, chat: ChatRows, *, split: str,
         "seq_len": str(seq_len), "vocab_size": str(vocab_size), "dtype": dtype.name,
         "split": split, "source": source,
     }
+    if records is not None:
+        metadata["records"] = records
     batch = chat_record_batch(chat, dtype, metadata)
     from core.shards.check import file_sha256  # it imports core.shards
 
