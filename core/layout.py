@@ -286,6 +286,23 @@ class RunLayout:
         stage could not render and mask (rows of REJECTS_SCHEMA; its shards are at :meth:`shard_folder`)."""
         return self.rejects / f"sft-{split}-{source}.parquet"
 
+    # ---- preference tuning ----------------------------------------------------------------------------------
+
+    def preference_rejects(self, split: str, source: str) -> Path:
+        """``rejects/preference-<split>-<source>.parquet``: the pairs of a preference source's split that the
+        preference data stage could not render, mask or fit in a row (rows of REJECTS_SCHEMA)."""
+        return self.rejects / f"preference-{split}-{source}.parquet"
+
+    @property
+    def reference(self) -> Path:
+        """``reference/``: the reference model's log-probs of every pair, one file per (split, source)."""
+        return self.root / "reference"
+
+    def reference_logps(self, split: str, source: str) -> Path:
+        """``reference/split=<split>/source=<source>.parquet``: the reference model's summed log-probs of each pair
+        of that split's preference shards of that source (trainer.preference.reference_store's schema)."""
+        return self.reference / f"split={split}" / f"source={source}.parquet"
+
     # ---- training -------------------------------------------------------------------------------------------
 
     @property
@@ -445,6 +462,11 @@ class RunLayout:
     def eval_results(self) -> Path:
         """``eval/results/``: see :meth:`eval_result`."""
         return self.eval / "results"
+
+    def preference_scores(self, step: int) -> Path:
+        """``eval/results/step-NNNNNNN/preference_logps.parquet``: the checkpoint's own summed log-probs of each
+        pair (a DPO run's per-checkpoint scores; the ``preference_pairs`` view joins them to the reference's)."""
+        return self.eval_results / step_dir_name(step) / "preference_logps.parquet"
 
     def eval_result(self, step: int, task: str) -> Path:
         """``eval/results/step-NNNNNNN/<task>.json``: one (checkpoint, task) result, keyed by both fingerprints."""

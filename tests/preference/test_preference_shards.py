@@ -82,3 +82,27 @@ def test_side_ids_number_the_sides_as_pair_batch_does() -> None:
 def _table(path: Path) -> pa.Table:
     with pa.memory_map(str(path)) as source:
         return ipc.open_file(source).read_all()
+
+
+def test_packed_rows_give_each_pair_the_log_probs_it_has_alone() -> None:
+    """The shard rows' batch (:func:`trainer.preference.shard_rows.rows_pair_batch`) against one padded row per side
+    (:func:`trainer.preference.pair_batch.pad_pairs`), under a tiny transformers Llama."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.preference.pair_batch import pad_pairs, pair_logps
+    from trainer.preference.shard_rows import rows_pair_batch
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, use_cache=False)).eval()
+    chat = pack_pairs(PAIRS, seq_len=12, pad_id=0, dtype=np.dtype(np.uint16))
+    rows = chat.rows
+    batch, doc_ids = rows_pair_batch(rows.input_ids, chat.loss_mask, rows.doc_ids, rows.doc_starts, rows.num_tokens)
+    with torch.no_grad():
+        packed = pair_logps(model, batch)
+        alone = pair_logps(model, pad_pairs([pair for _, pair in PAIRS], pad_id=0))
+    order = [doc_id - 10 for doc_id in doc_ids]
+    torch.testing.assert_close(packed.chosen, alone.chosen[order], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed.rejected, alone.rejected[order], rtol=0, atol=1e-5)
+    assert not torch.equal(packed.chosen, packed.rejected)
