@@ -559,19 +559,28 @@ SFT_EXAMPLE = re.compile(r"`(tokenmill run configs/sft\.yaml)`, then\s+"
                          r"`(tokenmill generate runs/sft \"[^\"`]+\" --chat)`")
 """The README's fine-tuning sentence: its two commands, run as written after the quick start (whose export is the
 example's base model)."""
+DPO_EXAMPLE = re.compile(r"`(tokenmill run configs/dpo\.yaml)`, then\s+`(tokenmill query runs/dpo \"([^\"`]+)\")`")
+"""The README's preference-tuning sentence: its two commands (the run, then a query of the ``preference_pairs``
+view), run as written after the fine-tuning example (whose export is its base model)."""
 
 
 def test_the_fine_tuning_example_trains_on_replies_and_answers_through_its_template(
         quick_start: QuickStart, prefect_home: Path) -> None:
-    found = SFT_EXAMPLE.search(" ".join(README_TEXT.split()))
+    """Then the preference-tuning sentence, which continues from this example's export: one test, so that both run
+    dirs are removed after it whatever fails."""
+    text = " ".join(README_TEXT.split())
+    found, preference = SFT_EXAMPLE.search(text), DPO_EXAMPLE.search(text)
     assert found, "the README's fine-tuning sentence names `tokenmill run configs/sft.yaml`, then a generate --chat"
+    assert preference, "the README's preference sentence names `tokenmill run configs/dpo.yaml`, then a query"
     run, generate = found.groups()
     checkout, env = quick_start.checkout, user_env(prefect_home)
-    run_dir = checkout / "runs" / "sft"
+    run_dir, dpo_dir = checkout / "runs" / "sft", checkout / "runs" / "dpo"
     try:
         check_the_fine_tuning_example(checkout, env, run, generate, run_dir)
+        check_the_preference_example(checkout, env, *preference.groups(), dpo_dir)
     finally:  # the tests below find runs/ as the quick start left it
         shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(dpo_dir, ignore_errors=True)
 
 
 def check_the_fine_tuning_example(checkout: Path, env: dict[str, str], run: str, generate: str,
@@ -594,6 +603,39 @@ def check_the_fine_tuning_example(checkout: Path, env: dict[str, str], run: str,
     assert status.returncode == 0 and json.loads(status.stdout)["redo"] == [], status.tail()
     reply = run_shell(f".venv/bin/{generate}", cwd=checkout, env=env)
     assert reply.returncode == 0 and reply.stdout.strip(), reply.tail()
+
+
+def check_the_preference_example(checkout: Path, env: dict[str, str], run: str, query: str, sql: str,
+                                 run_dir: Path) -> None:
+    """DPO from the SFT export: at step 0 the policy is the stored reference (every pair's loss log 2), the
+    preferences are learned, the reference stage is up to date, and the README's query of the view answers."""
+    result = run_shell(f".venv/bin/{run}", cwd=checkout, env=env, timeout_s=QUICK_START_TIMEOUT_S)
+    assert result.returncode == 0, result.tail()
+    rows = eval_rows(run_dir)
+    print([(row["step"], round(row["val_loss"], 4)) for row in rows])
+    assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(math.log(2), abs=1e-4), \
+        "at step 0 the policy is the reference: the stored reference log-probs are the base model's"
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.05, "the val pairs' preferences were not learned"
+    trained = run_table_command(["tokenmill", "query", "runs/dpo", 'SELECT step, "rewards/accuracy" AS accuracy, '
+                                 '"rewards/margin" AS margin FROM train_metrics ORDER BY step', "--format", "json"],
+                                checkout, env)
+    assert trained.returncode == 0, trained.tail()
+    steps = json.loads(trained.stdout)
+    quarter = max(1, len(steps) // 4)
+    first, last = steps[:quarter], steps[-quarter:]
+    print([(row["step"], round(row["accuracy"], 2), round(row["margin"], 3)) for row in first + last])
+    assert sum(row["accuracy"] for row in last) / quarter > max(0.6, sum(row["accuracy"] for row in first) / quarter)
+    assert sum(row["margin"] for row in last) > sum(row["margin"] for row in first), "the reward margin grew"
+    status = run_table_command(["tokenmill", "status", "runs/dpo", "configs/dpo.yaml", "--format", "json"], checkout,
+                               env)
+    assert status.returncode == 0 and json.loads(status.stdout)["redo"] == [], status.tail()
+    assert any("reference" in unit["stage"] for unit in json.loads(status.stdout)["units"]), "no reference stage"
+    answered = run_shell(f".venv/bin/{query}", cwd=checkout, env=env, timeout_s=60)
+    assert answered.returncode == 0 and "accuracy" in answered.stdout, answered.tail()
+    accuracy = {(row["split"], row["step"]): row["accuracy"] for row in run_query(run_dir, sql).to_pylist()}
+    print(accuracy)
+    last_step = max(step for _, step in accuracy)
+    assert {split for split, _ in accuracy} == {"train", "val"} and accuracy[("train", last_step)] > 0.6, accuracy
 
 
 def test_version_is_the_installed_version(checkout: Path, prefect_home: Path) -> None:
