@@ -22,9 +22,10 @@ write of its cache file is left out). The rates are given without it and with on
 one-epoch run, the case where the precompute weighs most; a run of E epochs pays 1/E of it per epoch).
 
 Rounds alternate the variants, so a shared machine's load hits all alike; the median round counts. Rates are per
-CPU second of this process (wall time swings with other processes' load) and per wall second. The last two lines
-are JSON: tokenmill (stored reference, one precompute pass included) against TRL with its precompute (its pass
-included), then against TRL computing the reference every step; pairs per CPU second.
+CPU second of this process (wall time swings with other processes' load) and per wall second, on one torch thread
+by default (``--threads``): with more threads than free cores, threads that wait for one spin and count as work.
+The last two lines are JSON: tokenmill (stored reference, one precompute pass included) against TRL computing the
+reference every step, then against TRL with its precompute (its pass included); pairs per CPU second.
 
     python -m benchmarks.dpo_throughput --quick      # seconds
     python -m benchmarks.dpo_throughput              # a few minutes on 2 cores
@@ -73,14 +74,16 @@ PASSES = {"tokenmill_stored": "tokenmill_reference_pass", "trl_precompute": "trl
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=None, help="pairs of the example's corpus (default 240, quick 16)")
+    parser.add_argument("--pairs", type=int, default=None, help="pairs of the example's corpus (default 160, quick 16)")
     parser.add_argument("--seq-len", type=int, default=256, help="row length; a pair (both sides) must fit")
     parser.add_argument("--micro-batch-size", type=int, default=None, help="packed rows per batch (default 4, quick 2)")
     parser.add_argument("--vocab-size", type=int, default=None, help="default 4096 (the quick start's), quick 512")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds per variant (default 3, quick 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds then count "
+                        "work, not the spinning of threads waiting for a core on a loaded machine)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     args = parser.parse_args(argv)
-    defaults = {"pairs": (16, 240), "micro_batch_size": (2, 4), "vocab_size": (512, 4096), "rounds": (1, 3)}
+    defaults = {"pairs": (16, 160), "micro_batch_size": (2, 4), "vocab_size": (512, 4096), "rounds": (1, 3)}
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -141,8 +144,11 @@ def reference_pass(reference: nn.Module, batches: list[tuple[PairBatch, list[int
 
 def tokenmill_runner(policy: nn.Module, batches: list[tuple[PairBatch, list[int]]], num_pairs: int,
                      stored: PairLogps | None, reference: nn.Module | None) -> Callable[[], int]:
-    """One epoch of DPO steps: the stored reference values, or ``reference`` run under no_grad every step."""
+    """One epoch of DPO steps: the stored reference values, or ``reference`` run under no_grad in eval mode every
+    step (as trainer.preference.objective's StoredReference and ModelReference give them)."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
+    if reference is not None:
+        reference.eval().requires_grad_(False)
 
     def run() -> int:
         policy.train()
@@ -270,6 +276,7 @@ def report(rate: dict[tuple[str, str], float]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
         runners, summary = build_runners(args, Path(scratch))
         rate = measure(runners, args.rounds)
