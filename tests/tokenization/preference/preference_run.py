@@ -1,0 +1,113 @@
+"""A small preference corpus from the standard library's docstrings, with planted faults, and a run dir prepared from
+it by ``tokenmill prepare`` (the session fixture ``preference_run`` in conftest.py).
+
+Each pair asks what a stdlib function does: chosen answers with its docstring's first paragraph (real text), rejected
+with another function's. The three shapes TRL reads are all there (conversational, plain strings, implicit prompt).
+Planted: a second pair on one prompt (exact dedupe keeps one), a pair whose two sides each fit ``pack.seq_len`` but not
+together (``too_many_tokens`` from the stage), and records that are not pairs (identical sides, an empty side, no
+``rejected``, broken JSON). The model is a ChatML tokenizer with Qwen's stock template (prefix-diff masks).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.tokenization.chat import chat_tokenizers as ct
+from tests.tokenization.chat.chat_run import MODULES, assistant, long_answer, user
+
+SEQ_LEN = 384
+VAL_FRACTION = 0.2
+
+
+def answers() -> list[tuple[str, str]]:
+    """(question, answer) per documented public function of MODULES (answers of 60 to 400 chars)."""
+    out = []
+    for module in MODULES:
+        for name in sorted(vars(module)):
+            function = getattr(module, name)
+            doc = inspect.getdoc(function) if callable(function) and not name.startswith("_") else None
+            answer = " ".join(doc.split("\n\n")[0].split()) if doc else ""
+            if 60 <= len(answer) <= 400:
+                out.append((f"What does {module.__name__}.{name} do?", answer))
+    return out
+
+
+def pair_record(index: int, question: str, chosen: str, rejected: str) -> dict[str, Any]:
+    """The pair in one of the three shapes, by ``index``: conversational, plain, implicit prompt."""
+    if index % 3 == 0:
+        return {"prompt": [user(question)], "chosen": [assistant(chosen)], "rejected": [assistant(rejected)]}
+    if index % 3 == 1:
+        return {"prompt": question, "chosen": chosen, "rejected": rejected}
+    return {"chosen": [user(question), assistant(chosen)], "rejected": [user(question), assistant(rejected)]}
+
+
+def other_answer(qa: list[tuple[str, str]], index: int) -> str:
+    """The next answer that is not ``qa[index]``'s (two functions may share a docstring)."""
+    return next(answer for _, answer in qa[index + 1:] + qa[:index] if answer != qa[index][1])
+
+
+@dataclass(frozen=True)
+class PreferenceCorpus:
+    lines: list[str]
+    """The jsonl source's lines."""
+    pairs: list[dict[str, Any]]
+    """The good pairs, in line order (the first ``len(pairs)`` lines)."""
+    same_prompt: dict[str, Any]
+    """A second pair on the prompt of ``pairs[0]``: removed by exact dedupe (the prompt is the document's text)."""
+    too_long: dict[str, Any]
+    bad: dict[int, str]
+    """{line number (1-based): the ingest reject reason}."""
+
+
+def preference_corpus() -> PreferenceCorpus:
+    qa = answers()
+    pairs = [pair_record(index, question, answer, other_answer(qa, index))
+             for index, (question, answer) in enumerate(qa)]
+    first_question = qa[0][0]
+    same_prompt = {"prompt": [user(first_question)], "chosen": [assistant(qa[2][1])],
+                   "rejected": [assistant(qa[3][1])]}
+    too_long = {"prompt": [user("Quote json.dumps's documentation twice.")],
+                "chosen": [assistant(long_answer(50))], "rejected": [assistant(long_answer(45))]}
+    lines = [json.dumps(record) for record in [*pairs, same_prompt, too_long]]
+    bad_lines = [
+        (json.dumps({"prompt": "Which is right?", "chosen": "This one.", "rejected": "This one."}), "identical_sides"),
+        (json.dumps({"prompt": [user("Anyone?")], "chosen": [assistant("Yes.")], "rejected": []}), "empty_side"),
+        (json.dumps({"prompt": "Only one side?", "chosen": "Yes, only this one."}), "bad_record"),
+        ('{"prompt": "cut', "invalid_json"),
+    ]
+    bad = {}
+    for line, reason in bad_lines:
+        lines.append(line)
+        bad[len(lines)] = reason
+    return PreferenceCorpus(lines, pairs, same_prompt, too_long, bad)
+
+
+def write_recipe(root: Path, corpus: PreferenceCorpus, chat: dict[str, Any] | None = None) -> Path:
+    """Model dir, preference source, manifest and recipe under ``root``; returns the recipe."""
+    model = ct.save_model_dir(root / "model", ct.CHATML_FAMILY, ct.CHATML)
+    vocab_size = len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) + 16
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": SEQ_LEN}))
+    (root / "pairs.jsonl").write_text("\n".join(corpus.lines) + "\n")
+    (root / "manifest.yaml").write_text(yaml.safe_dump({"name": "stdlib-preference", "sources": [
+        {"name": "pairs", "path": "pairs.jsonl", "format": "jsonl", "records": "preference"}]}))
+    recipe = root / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "preference", "run_dir": str(root / "run"),
+        "data": {"manifests": ["manifest.yaml"], "val_fraction": VAL_FRACTION},
+        # near dedupe off: the prompts share their wording ("What does X do?"), so MinHash would pair some
+        "dedupe": {"near": {"enabled": False}},
+        "pack": {"seq_len": SEQ_LEN, "rows_per_shard": 4},
+        "chat": chat or {"truncation": "error"},
+        "model": {"hf_config": "model"},
+        "eval": {"enabled": False},
+    }))
+    return recipe
