@@ -4,7 +4,8 @@ it by ``tokenmill prepare`` (the session fixture ``preference_run`` in conftest.
 Each pair asks what a stdlib function does: chosen answers with its docstring's first paragraph (real text), rejected
 with another function's. The three shapes TRL reads are all there (conversational, plain strings, implicit prompt).
 Planted: a second pair on one prompt (exact dedupe keeps one), a pair whose two sides each fit ``pack.seq_len`` but not
-together (``too_many_tokens`` from the stage), and records that are not pairs (identical sides, an empty side, no
+together (``too_many_tokens`` from the stage), a long pair whose sides differ only at their ends (the same once cut
+under ``truncation: truncate``), and records that are not pairs (identical sides, an empty side, no
 ``rejected``, broken JSON). The model is a ChatML tokenizer with Qwen's stock template (prefix-diff masks).
 """
 
@@ -61,6 +62,9 @@ class PreferenceCorpus:
     same_prompt: dict[str, Any]
     """A second pair on the prompt of ``pairs[0]``: removed by exact dedupe (the prompt is the document's text)."""
     too_long: dict[str, Any]
+    """Each side fits ``pack.seq_len``, the two together do not: ``too_many_tokens`` (``truncation: error``)."""
+    same_once_cut: dict[str, Any]
+    """Too long, and its sides differ only at their ends: ``identical_sides`` once cut (``truncation: truncate``)."""
     bad: dict[int, str]
     """{line number (1-based): the ingest reject reason}."""
 
@@ -73,8 +77,12 @@ def preference_corpus() -> PreferenceCorpus:
     same_prompt = {"prompt": [user(first_question)], "chosen": [assistant(qa[2][1])],
                    "rejected": [assistant(qa[3][1])]}
     too_long = {"prompt": [user("Quote json.dumps's documentation twice.")],
-                "chosen": [assistant(long_answer(50))], "rejected": [assistant(long_answer(45))]}
-    lines = [json.dumps(record) for record in [*pairs, same_prompt, too_long]]
+                "chosen": [assistant(long_answer(50))],
+                "rejected": [assistant(" ".join(reversed(long_answer(45).split())))]}  # differs from its first word
+    shared = long_answer(120)
+    same_once_cut = {"prompt": [user("Quote json.dumps's documentation, then say if it is right.")],
+                     "chosen": [assistant(shared + " Right.")], "rejected": [assistant(shared + " Wrong.")]}
+    lines = [json.dumps(record) for record in [*pairs, same_prompt, too_long, same_once_cut]]
     bad_lines = [
         (json.dumps({"prompt": "Which is right?", "chosen": "This one.", "rejected": "This one."}), "identical_sides"),
         (json.dumps({"prompt": [user("Anyone?")], "chosen": [assistant("Yes.")], "rejected": []}), "empty_side"),
@@ -85,7 +93,7 @@ def preference_corpus() -> PreferenceCorpus:
     for line, reason in bad_lines:
         lines.append(line)
         bad[len(lines)] = reason
-    return PreferenceCorpus(lines, pairs, same_prompt, too_long, bad)
+    return PreferenceCorpus(lines, pairs, same_prompt, too_long, same_once_cut, bad)
 
 
 def write_recipe(root: Path, corpus: PreferenceCorpus, chat: dict[str, Any] | None = None) -> Path:

@@ -44,7 +44,7 @@ def test_pairs_are_documents_whose_text_is_the_prompt(preference_run: Preference
         prompt = json.loads(row["record"])["prompt"]
         assert row["text"] == prompt[0]["content"] and prompt[0]["role"] == "user"
         assert set(json.loads(row["record"])) == {"prompt", "chosen", "rejected"}
-    assert len(kept) == len(corpus.pairs) + 1  # and the too-long pair: the stage rejects it, ingest keeps it
+    assert len(kept) == len(corpus.pairs) + 2  # and the too-long pairs: the stage rejects them, ingest keeps them
 
 
 def test_a_second_pair_on_one_prompt_is_an_exact_duplicate(preference_run: PreferenceRun) -> None:
@@ -71,10 +71,10 @@ def test_a_pair_too_long_for_one_row_is_a_stage_reject(preference_run: Preferenc
     assert max(sides) <= SEQ_LEN < sum(sides)  # each side fits alone: the pair does not
     rows = [row for split in ("train", "val")
             for row in pq.read_table(RunPaths(run).preference_rejects(split, "pairs")).to_pylist()]
-    (row,) = rows
+    assert sorted(row["uri"] for row in rows) == [f"pairs.jsonl:{len(corpus.pairs) + n}" for n in (2, 3)]
+    row = next(row for row in rows if json.loads(row["raw"]) == json.loads(normalised(corpus.too_long)))
     assert row["reason"] == "too_many_tokens"
     assert f"{sides[0]} + {sides[1]} = {sum(sides)} tokens" in row["detail"] and f"{SEQ_LEN} (seq_len)" in row["detail"]
-    assert json.loads(row["raw"]) == json.loads(normalised(corpus.too_long))
     assert normalised(corpus.too_long) in documents(run)  # kept by ingest: the stage decides, and says why
 
 
@@ -148,5 +148,5 @@ def test_the_funnel_counts_each_record_once_and_the_report_says_what_a_pair_reje
     assert funnel["records_read"] == len(corpus.lines)  # a stage reject is a document too
     assert funnel["rejected"] == len(corpus.bad)
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
-    assert "| too_many_tokens | 1 |" in report and PREFERENCE_REJECT_REASONS["too_many_tokens"] in report
+    assert "| too_many_tokens | 2 |" in report and PREFERENCE_REJECT_REASONS["too_many_tokens"] in report
     assert "| identical_sides | 1 |" in report and PREFERENCE_REJECT_REASONS["identical_sides"] in report
