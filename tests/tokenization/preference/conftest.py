@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.tokenization.chat.chat_run import tokenmill
+from tests.tokenization.chat.chat_run import prepare
 from tests.tokenization.preference.preference_run import PreferenceCorpus, preference_corpus, write_recipe
 
 
 @pytest.fixture(scope="session")
 def preference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PreferenceCorpus]:
     """``tokenmill prepare`` once on the preference corpus: (run dir, corpus)."""
-    root = tmp_path_factory.mktemp("preference-run")
     corpus = preference_corpus()
-    result = tokenmill("prepare", str(write_recipe(root, corpus)), cwd=root)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root / "run", corpus
+    return prepare(write_recipe(tmp_path_factory.mktemp("preference-run"), corpus)), corpus

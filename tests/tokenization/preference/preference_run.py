@@ -11,7 +11,6 @@ under ``truncation: truncate``), and records that are not pairs (identical sides
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,23 +19,10 @@ from typing import Any
 import yaml
 
 from tests.tokenization.chat import chat_tokenizers as ct
-from tests.tokenization.chat.chat_run import MODULES, assistant, long_answer, user
+from tests.tokenization.chat.chat_run import assistant, docstring_answers, long_answer, user
 
 SEQ_LEN = 384
 VAL_FRACTION = 0.2
-
-
-def answers() -> list[tuple[str, str]]:
-    """(question, answer) per documented public function of MODULES (answers of 60 to 400 chars)."""
-    out = []
-    for module in MODULES:
-        for name in sorted(vars(module)):
-            function = getattr(module, name)
-            doc = inspect.getdoc(function) if callable(function) and not name.startswith("_") else None
-            answer = " ".join(doc.split("\n\n")[0].split()) if doc else ""
-            if 60 <= len(answer) <= 400:
-                out.append((f"What does {module.__name__}.{name} do?", answer))
-    return out
 
 
 def pair_record(index: int, question: str, chosen: str, rejected: str) -> dict[str, Any]:
@@ -70,7 +56,7 @@ class PreferenceCorpus:
 
 
 def preference_corpus() -> PreferenceCorpus:
-    qa = answers()
+    qa = docstring_answers(max_chars=400)
     pairs = [pair_record(index, question, answer, other_answer(qa, index))
              for index, (question, answer) in enumerate(qa)]
     first_question = qa[0][0]

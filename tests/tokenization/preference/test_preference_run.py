@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
+import yaml
 
 from core.preference_pairs import PREFERENCE_REJECT_REASONS, PreferencePair, parse_pair
 from core.rundir import RunPaths
@@ -18,7 +19,7 @@ from core.shards.store import read_shard_index, verify_shards
 from flows.run_sql import run_query
 from pipeline.sql.query import data_funnel
 from tests.tokenization.chat.chat_run import tokenmill
-from tests.tokenization.preference.preference_run import SEQ_LEN, PreferenceCorpus
+from tests.tokenization.preference.preference_run import SEQ_LEN, PreferenceCorpus, preference_corpus, write_recipe
 from tokenization.chat.template import load_chat_template
 from tokenization.preference.masks import MaskedPair, mask_pair
 
@@ -150,3 +151,16 @@ def test_the_funnel_counts_each_record_once_and_the_report_says_what_a_pair_reje
     report = (run / "report" / "report.md").read_text(encoding="utf-8")
     assert "| too_many_tokens | 2 |" in report and PREFERENCE_REJECT_REASONS["too_many_tokens"] in report
     assert "| identical_sides | 1 |" in report and PREFERENCE_REJECT_REASONS["identical_sides"] in report
+
+
+def test_preference_sources_without_a_model_to_render_them_are_one_error_line(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, preference_corpus())
+    settings = yaml.safe_load(recipe.read_text())
+    del settings["model"]  # the built-in model: no chat template to render pairs with
+    settings["tokenizer"] = {"vocab_size": 512}
+    recipe.write_text(yaml.safe_dump(settings))
+    result = tokenmill("prepare", str(recipe), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "sources ['pairs'] have records: preference" in result.stderr and "model.from_pretrained" in result.stderr
+    assert not (tmp_path / "run" / "docs").exists()  # before any work
