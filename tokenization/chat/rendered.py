@@ -33,7 +33,7 @@ from core.schemas import REJECTS_SCHEMA
 from core.shards.chat import ChatRows, write_chat_shard
 from core.shards.check import shard_intact
 from core.shards.store import ShardInfo, ShardRows, shard_relpath
-from core.stage import Inputs, Stage
+from core.stage import Inputs, Progress, Stage
 from tokenization.chat.config import ChatConfig
 from tokenization.stage import part_fingerprints
 
@@ -152,6 +152,22 @@ class RenderedDataStage(Stage):
         """``(doc_id, source_id, uri, record)`` of the unit's kept documents, in documents order."""
         for batch in iter_documents(self.paths, split=split, source=source, columns=DOCUMENT_COLUMNS):
             yield from zip(*(batch.column(name).to_pylist() for name in DOCUMENT_COLUMNS), strict=True)
+
+    def render_documents(self, split: str, source: str, render: Callable[[str], T | Rejection],
+                         on_progress: Progress) -> tuple[list[tuple[int, T]], list[ChatReject]]:
+        """Each kept document's ``record`` through ``render``: ``(doc_id, what it gave)`` kept, in documents order,
+        or the rejection as a :class:`ChatReject`; progress every :data:`PROGRESS_EVERY` records."""
+        kept: list[tuple[int, T]] = []
+        rejects: list[ChatReject] = []
+        for number, (doc_id, source_id, uri, record) in enumerate(self.documents(split, source), start=1):
+            rendered = render(record)
+            if isinstance(rendered, Rejection):
+                rejects.append(ChatReject(source_id, uri, rendered.code, rendered.reason, record))
+            else:
+                kept.append((doc_id, rendered))
+            if number % PROGRESS_EVERY == 0:
+                on_progress(number, None, {"rejects": len(rejects)})
+        return kept, rejects
 
     def write_unit(self, split: str, source: str, template: ChatTemplate, rows: ChatRows, rejects: list[ChatReject],
                    counts: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from core.rundir import RunPaths
 from core.shards.store import token_dtype_for_vocab
 from core.stage import Progress
 from tokenization.chat.rendered import (
-    PROGRESS_EVERY,
     ChatReject,
     RenderedDataConfig,
     RenderedDataStage,
@@ -71,18 +70,14 @@ class SftDataStage(RenderedDataStage):
         split, source = pack_unit_pair(str(unit))
         config = self.config
         template = load_chat_template(Path(config.model_dir), config.template_file)
-        kept: list[tuple[int, MaskedConversation]] = []
-        rejects: list[ChatReject] = []
-        for number, (doc_id, source_id, uri, record) in enumerate(self.documents(split, source), start=1):
+
+        def render(record: str) -> MaskedConversation | Rejection:
             parsed = parsed_record(record, parse_record)
-            if not isinstance(parsed, Rejection):
-                parsed = mask_conversation(template, parsed, config.chat.loss, config.seq_len, config.chat.truncation)
             if isinstance(parsed, Rejection):
-                rejects.append(ChatReject(source_id, uri, parsed.code, parsed.reason, record))
-            else:
-                kept.append((doc_id, parsed))
-            if number % PROGRESS_EVERY == 0:
-                on_progress(number, None, {"rejects": len(rejects)})
+                return parsed
+            return mask_conversation(template, parsed, config.chat.loss, config.seq_len, config.chat.truncation)
+
+        kept, rejects = self.render_documents(split, source, render, on_progress)
         return self._write(split, source, template, kept, rejects)
 
     def _write(self, split: str, source: str, template: ChatTemplate, kept: list[tuple[int, MaskedConversation]],

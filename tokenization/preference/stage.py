@@ -29,7 +29,6 @@ from core.shards.preference import PREFERENCE_RECORDS
 from core.shards.store import token_dtype_for_vocab
 from core.stage import Progress
 from tokenization.chat.rendered import (
-    PROGRESS_EVERY,
     ChatReject,
     RenderedDataConfig,
     RenderedDataStage,
@@ -72,16 +71,8 @@ class PreferenceDataStage(RenderedDataStage):
 
         split, source = pack_unit_pair(str(unit))
         template = load_chat_template(Path(self.config.model_dir), self.config.template_file)
-        kept: list[tuple[int, MaskedPair]] = []
-        rejects: list[ChatReject] = []
-        for number, (doc_id, source_id, uri, record) in enumerate(self.documents(split, source), start=1):
-            masked = self._masked(template, record)
-            if isinstance(masked, Rejection):
-                rejects.append(ChatReject(source_id, uri, masked.code, masked.reason, record))
-            else:
-                kept.append((doc_id, masked))
-            if number % PROGRESS_EVERY == 0:
-                on_progress(number, None, {"rejects": len(rejects)})
+        kept, rejects = self.render_documents(split, source, lambda record: self._masked(template, record),
+                                              on_progress)
         return self._write(split, source, template, kept, rejects)
 
     def _masked(self, template: ChatTemplate, record: str) -> MaskedPair | Rejection:

@@ -117,14 +117,20 @@ def chat_corpus() -> ChatCorpus:
     return ChatCorpus(lines, records[0], near_copy_of, near_copy, contaminated, too_long, bad, parquet_records)
 
 
-def write_recipe(root: Path, corpus: ChatCorpus, chat: dict[str, Any] | None = None) -> Path:
-    """Model dir, chat sources, eval file, manifest and recipe under ``root``; returns the recipe."""
-    model = ct.save_model_dir(root / "model", ct.CHATML_FAMILY, ct.CHATML)
+def write_model_dir(folder: Path, seq_len: int) -> Path:
+    """A tiny Llama config beside a ChatML tokenizer with Qwen's stock template (prefix-diff masks) in ``folder``."""
+    model = ct.save_model_dir(folder, ct.CHATML_FAMILY, ct.CHATML)
     vocab_size = len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) + 16
     (model / "config.json").write_text(json.dumps({
         "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": SEQ_LEN}))
+        "max_position_embeddings": seq_len}))
+    return model
+
+
+def write_recipe(root: Path, corpus: ChatCorpus, chat: dict[str, Any] | None = None) -> Path:
+    """Model dir, chat sources, eval file, manifest and recipe under ``root``; returns the recipe."""
+    write_model_dir(root / "model", SEQ_LEN)
     (root / "chat").mkdir()
     (root / "chat" / "docstrings.jsonl").write_text("\n".join(corpus.lines) + "\n")
     table = pa.Table.from_pylist(corpus.parquet_records)

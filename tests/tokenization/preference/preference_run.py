@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.tokenization.chat import chat_tokenizers as ct
-from tests.tokenization.chat.chat_run import assistant, docstring_answers, long_answer, user
+from tests.tokenization.chat.chat_run import assistant, docstring_answers, long_answer, user, write_model_dir
 
 SEQ_LEN = 384
 VAL_FRACTION = 0.2
@@ -84,12 +83,7 @@ def preference_corpus() -> PreferenceCorpus:
 
 def write_recipe(root: Path, corpus: PreferenceCorpus, chat: dict[str, Any] | None = None) -> Path:
     """Model dir, preference source, manifest and recipe under ``root``; returns the recipe."""
-    model = ct.save_model_dir(root / "model", ct.CHATML_FAMILY, ct.CHATML)
-    vocab_size = len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) + 16
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": SEQ_LEN}))
+    write_model_dir(root / "model", SEQ_LEN)
     (root / "pairs.jsonl").write_text("\n".join(corpus.lines) + "\n")
     (root / "manifest.yaml").write_text(yaml.safe_dump({"name": "stdlib-preference", "sources": [
         {"name": "pairs", "path": "pairs.jsonl", "format": "jsonl", "records": "preference"}]}))
