@@ -94,6 +94,7 @@ def test_the_stage_under_truncate_packs_the_long_pair_cut(tmp_path: Path, prefer
     stage = PreferenceDataStage(paths, config, ["pairs"])
     for unit in stage.units():
         assert not run_stage(stage, unit).skipped  # truncation changed: every unit is redone
+        assert run_stage(stage, unit).skipped  # and then done
     rejects = [row for split in ("train", "val")
                for row in pq.read_table(paths.preference_rejects(split, "pairs")).to_pylist()]
     assert [(json.loads(row["raw"]), row["reason"]) for row in rejects] == [
