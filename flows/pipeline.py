@@ -72,8 +72,9 @@ def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> 
         return results[name][0].as_summary() if name in results else None
 
     indexed = results["shard-index"][0].summary
-    chat = {"sft_data": {str(result.unit): result.as_summary() for result in results["sft_data"]}} \
-        if "sft_data" in results else {}  # a recipe with chat sources: each (split, source)'s conversations
+    # a recipe with chat or preference sources: each (split, source)'s conversations or pairs
+    chat = {name: {str(result.unit): result.as_summary() for result in results[name]}
+            for name in ("sft_data", "preference_data") if name in results}
     return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
             "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
             "eval_tasks": one("eval-tasks"),

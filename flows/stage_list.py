@@ -16,6 +16,7 @@ from pipeline.dedupe.decontaminate import DecontaminateStage
 from pipeline.dedupe.stage import DedupeStage
 from pipeline.ingest.stage import IngestStage
 from tokenization.chat.stage import SftDataStage
+from tokenization.preference.stage import PreferenceDataStage
 from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
@@ -33,7 +34,8 @@ PREPARE_STAGES: tuple[type[Stage], ...] = (
     TokenizerStage,  # train documents, a given file or the model's -> tokenizer/tokenizer.json
     PackStage,  # kept documents of text sources -> shards/split=*/source=*/ (one unit per (split, source))
     SftDataStage,  # kept conversations of chat sources -> chat shards there too, rejects/sft-*.parquet (same units)
-    ShardIndexStage,  # the pack and chat states -> shards/index.parquet
+    PreferenceDataStage,  # kept pairs of preference sources -> preference shards, rejects/preference-*.parquet
+    ShardIndexStage,  # the pack, chat and preference states -> shards/index.parquet
     ReportStage,  # the run dir -> report/
 )
 """``tokenmill prepare``'s stages, in run order."""
