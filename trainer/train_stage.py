@@ -107,9 +107,10 @@ def upstream_fingerprint(paths: RunPaths, stage: str) -> str:
     """The fingerprint ``stage``'s marker records, or ``none`` (a stage the recipe leaves out, not run yet); for a
     stage of several units (``stages/<stage>/<unit>.json``), a digest of each unit's."""
     marker = paths.marker(stage)
-    if not marker.is_file() and marker.with_suffix("").is_dir():
-        units = sorted(marker.with_suffix("").glob("*.json"))
-        found = {unit.stem: upstream_fingerprint_of(unit) for unit in units}
+    folder = marker.with_suffix("")
+    if not marker.is_file() and folder.is_dir():
+        units = sorted(folder.rglob("*.json"))  # a unit may name a folder: split=train/source=web
+        found = {unit.relative_to(folder).as_posix(): upstream_fingerprint_of(unit) for unit in units}
         return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest() if found else "none"
     return upstream_fingerprint_of(marker)
 

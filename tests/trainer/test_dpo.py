@@ -184,7 +184,7 @@ def test_each_bad_dpo_setting_is_refused_in_one_line() -> None:
 
 def test_sigmoid_dpo_without_a_pretrained_model_is_refused_in_one_line(tmp_path: Path, stdlib_corpus: Corpus) -> None:
     run_dir = make_preference_run_dir(tmp_path, stdlib_corpus, model_type=None, references=False)
-    with pytest.raises(ConfigError, match=r"train\.mode dpo with train\.dpo\.loss sigmoid needs model\.from_pretrained"):
+    with pytest.raises(ConfigError, match=r"train\.mode dpo with train\.dpo\.loss sigmoid needs model\.from_pre"):
         read_trainer_config(run_dir)
 
 
