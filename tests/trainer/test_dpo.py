@@ -9,6 +9,7 @@ import math
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from trainer.loop import TrainingLoop
 from trainer.metrics.sink import read_metric_rows
 from trainer.preference.dpo_loss import PairLogps, PreferenceLoss, dpo_loss, mean_logps, simpo_loss
 from trainer.preference.pair_batch import num_loss_tokens, pair_logps
+from trainer.preference.reference_store import PairKey
 from trainer.run_config import read_trainer_config
 from trainer.train import main
 
@@ -209,3 +211,42 @@ def test_each_mode_refuses_the_other_kinds_of_shard_in_one_line(
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"error: {run_dir}/shards/split="), err
         assert message in err, err
+
+
+def test_the_spike_guard_skips_a_dpo_step_whose_pairs_have_corrupted_reference_values(dpo_template: Path,
+                                                                                     tmp_path: Path) -> None:
+    """The pairs of step 5 get reference log-probs 10^4 nats too high on their chosen side (as a reference file of
+    another model would have): that step's loss jumps to ~beta * 10^4 and its update is skipped."""
+    run_dir = copied(dpo_template, tmp_path)
+    edit_recipe(run_dir, "train", spike_zscore=6.0, spike_window=3)
+    corrupt_reference_of_step(run_dir, 5)
+    loop = build_loop(run_dir)
+    results = [loop.train_step() for _ in range(6)]
+    assert [result.spike_z_score is not None for result in results] == [False] * 4 + [True, False]
+    assert [result.applied for result in results] == [True] * 4 + [False, True]
+    assert results[4].loss > 100 and results[4].rewards["rewards/accuracy"] == 0.0
+    assert loop.counters.spike_steps == 1
+
+
+def corrupt_reference_of_step(run_dir: Path, step: int) -> None:
+    """Add 10^4 to the stored chosen reference log-prob of every pair the loader serves at ``step`` (1-based)."""
+    from core.rundir import RunPaths
+    from trainer.loader.batches import PAD_ID, BatchLayout, SplitRows, TrainLoader
+    from trainer.loader.pair_rows import PairRows
+    from trainer.preference.reference_store import reference_table, write_reference_logps
+
+    rows = SplitRows(run_dir, "train", PAD_ID, mode="dpo")
+    loader = TrainLoader(rows, BatchLayout(STEP["micro_batch_size"], STEP["grad_accum_steps"]), seed=0,
+                         document_masking=True, pairs=PairRows(rows))
+    for _ in range(step - 1):
+        loader.next_step()
+    corrupted = {key for micro in loader.next_step() for key in micro.keys}
+    paths = RunPaths(run_dir)
+    for source in ("email", "web"):
+        path = paths.reference_logps("train", source)
+        table = pq.read_table(path)
+        keys = [PairKey(doc_id, "train", source) for doc_id in table.column("doc_id").to_pylist()]
+        chosen = table.column("chosen_logp").to_numpy().copy()
+        chosen[[key in corrupted for key in keys]] += 1e4
+        write_reference_logps(paths, path, reference_table(keys, chosen, table.column("rejected_logp").to_numpy(),
+                                                           table.column("reference_sha256")[0].as_py()))
