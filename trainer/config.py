@@ -321,6 +321,9 @@ def check_dpo_options(train: TrainConfig) -> None:
     if train.tensor_parallel_size > 1:
         raise ValueError("train.mode dpo cannot be combined with train.tensor_parallel_size > 1 (not supported by "
                          "tokenmill's preference loss); set tensor_parallel_size: 1 (use train.fsdp to shard)")
+    if train.log_row_losses:
+        raise ValueError("train.log_row_losses has no rows to log with train.mode dpo (its loss is per pair: the "
+                         "per-pair rewards are in train_metrics); remove log_row_losses")
     assert train.dpo is not None  # filled in by _sft_masks_documents
     if train.dpo.uses_reference and not train.dpo.stored_reference and train.lora is None:
         for key, combined in sharding_engines(train).items():

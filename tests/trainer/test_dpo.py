@@ -175,6 +175,7 @@ def test_each_bad_dpo_setting_is_refused_in_one_line() -> None:
         "train.dpo.precompute false cannot be combined with train.fsdp": {"dpo": {"precompute": False},
                                                                           "fsdp": True, "num_processes": 2},
         "train.lora cannot be combined with train.fsdp": {"lora": LORA, "fsdp": True, "num_processes": 2},
+        "train.log_row_losses has no rows to log with train.mode dpo": {"log_row_losses": True},
     }
     for message, settings in refused.items():
         with pytest.raises(ValidationError, match=message):
