@@ -58,7 +58,7 @@ from trainer.parallel.accelerator import (
 from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision
 from trainer.preference.evaluate import PairEvaluator
-from trainer.preference.objective import ModelReference, PreferenceObjective, StoredReference, reference_units
+from trainer.preference.objective import PreferenceObjective, build_objective
 from trainer.run_config import TrainerSections, read_trainer_config
 
 
@@ -177,7 +177,7 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
                          train.document_masking, pairs)
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
-    preference = preference_objective(paths, config, (train_rows, val_rows), accelerator, precision)
+    preference = build_objective(paths, config, (train_rows, val_rows), accelerator, precision.autocast)
     counters = LoopCounters()
     states = {"signature": model_signature(spec, train), "loop": counters, "loader": loader}
     if precision.scaler is not None:
@@ -204,27 +204,6 @@ def build_evaluator(train: TrainConfig, val_rows: SplitRows, accelerator: Accele
     return Evaluator(rows, train.micro_batch_size, train.eval_batches, accelerator, precision.autocast,
                      document_masking=train.document_masking)
 
-
-def preference_objective(paths: RunPaths, config: TrainerSections, splits: tuple[SplitRows, SplitRows],
-                         accelerator: Accelerator, precision: MixedPrecision) -> PreferenceObjective | None:
-    """A dpo run's loss with its reference: the stored log-probs (precompute), the policy with adapters off (LoRA),
-    or a frozen copy of the base model on this device; None unless ``train.mode`` is dpo."""
-    train = config.train
-    if train.mode != "dpo" or train.dpo is None:
-        return None
-    dpo = train.dpo
-    if not dpo.uses_reference:
-        return PreferenceObjective(dpo, None)
-    if dpo.stored_reference:
-        train_rows, val_rows = splits
-        return PreferenceObjective(dpo, StoredReference(paths, reference_units({"train": train_rows,
-                                                                                "val": val_rows})))
-    if train.lora is not None:
-        return PreferenceObjective(dpo, ModelReference(None, accelerator.unwrap_model, precision.autocast))
-    special = read_special_tokens(paths)
-    spec = model_spec(config.model, paths, splits[0].vocab_size, splits[0].seq_len, special.eos_id, special.pad_id)
-    reference = spec.build(train.seed).to(accelerator.device)
-    return PreferenceObjective(dpo, ModelReference(reference, accelerator.unwrap_model, precision.autocast))
 
 
 def model_signature(spec: ModelSpec, train: TrainConfig) -> ModelSignature:

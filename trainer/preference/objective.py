@@ -20,8 +20,11 @@ from torch import nn
 
 from core.errors import ConfigError
 from core.rundir import RunPaths
+from tokenization.special_tokens import read_special_tokens
 from trainer.config import DpoConfig
+from trainer.loader.batches import SplitRows
 from trainer.loader.pair_rows import PairMicroBatch
+from trainer.model.spec import model_spec
 from trainer.preference.dpo_loss import PairLogps, PreferenceLoss, dpo_loss, mean_logps, simpo_loss
 from trainer.preference.pair_batch import num_loss_tokens, pair_logps
 from trainer.preference.reference_store import StoredLogps, read_reference_logps, reference_model_sha256
@@ -133,7 +136,28 @@ def reward_metrics(sums: torch.Tensor | list[float]) -> dict[str, float]:
             "rewards/accuracy": correct / pairs, "rewards/margin": margin / pairs}
 
 
-def reference_units(rows_by_split: dict[str, Any]) -> list[tuple[str, str]]:
+def reference_units(splits: tuple[SplitRows, ...]) -> list[tuple[str, str]]:
     """The (split, source) pairs of the opened splits' shards (each one reference file)."""
-    return sorted({(split, source) for split, rows in rows_by_split.items() for source in rows.shard_sources})
+    return sorted({(rows.split, source) for rows in splits for source in rows.shard_sources})
+
+
+def build_objective(paths: RunPaths, config: Any, splits: tuple[SplitRows, SplitRows], accelerator: Any,
+                    autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> PreferenceObjective | None:
+    """A dpo run's loss with its reference (``config``: the trainer's sections): the stored log-probs (precompute),
+    the policy with adapters off (LoRA), or a frozen copy of the base model on the accelerator's device; None unless
+    ``train.mode`` is dpo."""
+    train = config.train
+    if train.mode != "dpo" or train.dpo is None:
+        return None
+    dpo = train.dpo
+    if not dpo.uses_reference:
+        return PreferenceObjective(dpo, None)
+    if dpo.stored_reference:
+        return PreferenceObjective(dpo, StoredReference(paths, reference_units(splits)))
+    if train.lora is not None:
+        return PreferenceObjective(dpo, ModelReference(None, accelerator.unwrap_model, autocast))
+    special = read_special_tokens(paths)
+    spec = model_spec(config.model, paths, splits[0].vocab_size, splits[0].seq_len, special.eos_id, special.pad_id)
+    reference = spec.build(train.seed).to(accelerator.device)
+    return PreferenceObjective(dpo, ModelReference(reference, accelerator.unwrap_model, autocast))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.errors import TokenmillError
+from core.errors import ConfigError, TokenmillError
 from core.layout import pack_unit, pack_unit_pair
 from core.rundir import RunPaths
 from core.shards.preference import is_preference_shard
@@ -74,6 +74,10 @@ class ReferenceStage(Stage):
     def run(self, unit: str | None, on_progress: Progress) -> dict[str, Any]:
         from trainer.preference.reference import compute_unit_reference  # torch: here, not at import
 
+        if self.model.from_pretrained is None:
+            raise ConfigError("train.mode dpo with train.dpo.loss sigmoid needs model.from_pretrained: the reference "
+                              "model is the run's base model (the SFT model it continues from); set "
+                              "model.from_pretrained, or use train.dpo.loss: simpo (reference-free)")
         split, source = pack_unit_pair(str(unit))
         return compute_unit_reference(self.paths, self.model, split, source,
                                       reference_model_sha256(self.paths.base_model), on_progress)
