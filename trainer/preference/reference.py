@@ -9,6 +9,7 @@ the same values every step with :func:`trainer.preference.pair_batch.pair_logps`
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,10 @@ def reference_logps_for(table: pa.Table, keys: Sequence[PairKey]) -> PairLogps:
 ROWS_PER_BATCH = 8
 """Shard rows per reference forward (several pairs each)."""
 
+_ONE_UNIT_AT_A_TIME = threading.Lock()
+"""The flow runs a stage's units on its thread pool: the units take turns (torch already uses every core within one
+forward), so one copy of the reference model is in memory at a time, not one per unit."""
+
 
 def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: str, source: str,
                            reference_sha256: str, on_progress: Progress) -> dict[str, Any]:
@@ -68,19 +73,21 @@ def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: st
     special = read_special_tokens(paths)
     rows = SplitRows(paths.root, split, special.pad_id, special.pad_is_eos, mode="dpo", source=source)
     try:
-        pairs = PairRows(rows)
-        spec = model_spec(model_config, paths, rows.vocab_size, rows.seq_len, special.eos_id, special.pad_id)
-        model = spec.build(0)  # the base model's weights (from_pretrained); the seed draws nothing
-        keys: list[PairKey] = []
+        with _ONE_UNIT_AT_A_TIME:
+            pairs = PairRows(rows)
+            spec = model_spec(model_config, paths, rows.vocab_size, rows.seq_len, special.eos_id, special.pad_id)
+            model = spec.build(0)  # the base model's weights (from_pretrained); the seed draws nothing
+            keys: list[PairKey] = []
 
-        def batches() -> Iterator[PairBatch]:
-            for start in range(0, rows.num_rows, ROWS_PER_BATCH):
-                micro = pairs.micro_batch(np.arange(start, min(start + ROWS_PER_BATCH, rows.num_rows)))
-                keys.extend(micro.keys)
-                yield micro.batch
-                on_progress(len(keys), None)
+            def batches() -> Iterator[PairBatch]:
+                for start in range(0, rows.num_rows, ROWS_PER_BATCH):
+                    micro = pairs.micro_batch(np.arange(start, min(start + ROWS_PER_BATCH, rows.num_rows)))
+                    keys.extend(micro.keys)
+                    yield micro.batch
+                    on_progress(len(keys), None)
 
-        logps = compute_reference_logps(model, batches())
+            logps = compute_reference_logps(model, batches())
+            del model  # freed before the next unit loads its copy
     finally:
         rows.close()
     store_reference_logps(paths, paths.reference_logps(split, source), keys, logps, reference_sha256)
