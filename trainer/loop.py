@@ -67,11 +67,14 @@ class LoopCounters:
     recent_losses: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "loss_tokens_seen": self.loss_tokens_seen,
-                "pairs_seen": self.pairs_seen, "skipped_steps": self.skipped_steps,
-                "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
-                "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
-                "recent_losses": list(self.recent_losses)}
+        state = {"step": self.step, "tokens_seen": self.tokens_seen, "loss_tokens_seen": self.loss_tokens_seen,
+                 "skipped_steps": self.skipped_steps,
+                 "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
+                 "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
+                 "recent_losses": list(self.recent_losses)}
+        if self.pairs_seen:  # dpo runs only: the other modes' checkpoints keep their layout
+            state["pairs_seen"] = self.pairs_seen
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
