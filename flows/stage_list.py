@@ -23,6 +23,7 @@ from tokenization.train_tokenizer import TokenizerStage
 from trainer.eval.stages import DownstreamStage, ExportStage, ValSplitStage
 from trainer.eval.tasks import EvalTasksStage
 from trainer.model.base_model import BaseModelStage
+from trainer.preference.reference_stage import ReferenceStage
 from trainer.train_stage import TrainStage
 
 PREPARE_STAGES: tuple[type[Stage], ...] = (
@@ -40,8 +41,11 @@ PREPARE_STAGES: tuple[type[Stage], ...] = (
 )
 """``tokenmill prepare``'s stages, in run order."""
 
-TRAIN_STAGES: tuple[type[Stage], ...] = (TrainStage,)  # shards -> checkpoints/, model/
-"""``tokenmill train``'s stage (the report follows it)."""
+TRAIN_STAGES: tuple[type[Stage], ...] = (
+    ReferenceStage,  # (split, preference source) -> reference/: the base model's log-probs of each pair (dpo)
+    TrainStage,  # shards -> checkpoints/, model/
+)
+"""``tokenmill train``'s stages (the report follows them)."""
 
 EVAL_STAGES: tuple[type[Stage], ...] = (
     ValSplitStage,  # (checkpoint) -> eval/results/step-N/val_split.json: the whole validation split
