@@ -1,0 +1,103 @@
+"""A DPO run's per-checkpoint evaluation: every pair of both splits scored under the checkpoint (the values each pair
+has alone), the val pairs' DPO loss and rewards as its ``preference`` result, and the stage that runs it in place
+of the val split's token loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from core.eval_results import PREFERENCE_SCORES_SCHEMA, PREFERENCE_TASK, all_rows, read_result
+from core.rundir import RunPaths
+from core.stage import stage_status
+from tests.trainer.eval.conftest import BETA, STEPS, ScoredRun
+from trainer.config import EvalConfig
+from trainer.eval.loss_masks import dpo_settings
+from trainer.eval.preference_stage import PreferenceEvalStage
+from trainer.eval.stages import EvalScope, ValSplitStage
+
+
+def test_every_pair_of_both_splits_is_scored_as_it_scores_alone(scored_run: ScoredRun) -> None:
+    for step in STEPS:
+        table = pq.read_table(RunPaths(scored_run.run_dir).preference_scores(step))
+        assert table.schema.equals(PREFERENCE_SCORES_SCHEMA)
+        rows = {row["doc_id"]: row for row in table.to_pylist()}
+        assert sorted(rows) == sorted(scored_run.pairs), "each pair once, train and val"
+        for doc_id, (split, source, pair) in scored_run.pairs.items():
+            row = rows[doc_id]
+            assert (row["step"], row["split"], row["source"]) == (step, split, source)
+            assert (row["chosen_tokens"], row["rejected_tokens"]) == (pair.chosen.num_loss_tokens,
+                                                                      pair.rejected.num_loss_tokens)
+            chosen, rejected = scored_run.expected[step][doc_id]
+            assert row["chosen_logp"] == pytest.approx(chosen, abs=1e-4)
+            assert row["rejected_logp"] == pytest.approx(rejected, abs=1e-4)
+
+
+def expected_result(scored_run: ScoredRun, step: int, source: str | None) -> dict[str, float]:
+    """The val pairs' sigmoid DPO by hand (numpy, float64) from the pairs' log-probs alone."""
+    ids = [doc_id for doc_id, (split, name, _) in scored_run.pairs.items()
+           if split == "val" and source in (None, name)]
+    policy = np.array([scored_run.expected[step][doc_id] for doc_id in ids])
+    reference = np.array([scored_run.expected[0][doc_id] for doc_id in ids])
+    chosen, rejected = BETA * (policy[:, 0] - reference[:, 0]), BETA * (policy[:, 1] - reference[:, 1])
+    return {"loss": float(np.mean(np.log1p(np.exp(-(chosen - rejected))))),
+            "rewards/chosen": float(chosen.mean()), "rewards/rejected": float(rejected.mean()),
+            "rewards/accuracy": float(np.mean(chosen > rejected)), "rewards/margin": float(np.mean(chosen - rejected)),
+            "logps/chosen": float(policy[:, 0].mean()), "logps/rejected": float(policy[:, 1].mean()),
+            "pairs": len(ids)}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_the_val_pairs_dpo_loss_and_rewards_are_the_checkpoints_result(scored_run: ScoredRun, step: int) -> None:
+    paths = RunPaths(scored_run.run_dir)
+    result = read_result(paths.eval_result(step, PREFERENCE_TASK))
+    assert result["status"] == "ok", result["error"]
+    rows = [row for row in all_rows(paths) if row["step"] == step and row["task"] == PREFERENCE_TASK]
+    for source in (None, "code", "qa"):
+        expected = expected_result(scored_run, step, source)
+        got = {row["metric"]: row for row in rows if row["source"] == source}
+        assert set(got) == set(expected) - {"pairs"}, source
+        for metric, row in got.items():
+            assert row["value"] == pytest.approx(expected[metric], abs=1e-4), (source, metric)
+            assert row["num_samples"] == expected["pairs"]
+    assert 0 < expected_result(scored_run, step, None)["rewards/accuracy"] < 1, "the data shows both cases"
+
+
+def scope(dpo: dict | None, steps: tuple[int, ...] = (4,)) -> EvalScope:
+    return EvalScope(steps, True, {}, EvalConfig(), "fp32", False, dpo=dpo)
+
+
+def test_a_dpo_run_scores_pairs_in_place_of_the_val_splits_token_loss(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    settings = dpo_settings(SimpleNamespace(mode="dpo"))
+    assert PreferenceEvalStage(paths, scope(settings)).units() == ["step-0000004"]
+    assert ValSplitStage(paths, scope(settings)).units() == []
+    assert PreferenceEvalStage(paths, scope(None)).units() == []
+    assert ValSplitStage(paths, scope(None)).units() == ["step-0000004"]
+    assert PreferenceEvalStage(paths, scope(settings)).outputs("step-0000004") == [
+        paths.preference_scores(4), paths.eval_result(4, PREFERENCE_TASK)]
+
+
+def test_a_new_beta_or_reference_rescores_the_checkpoint(scored_run: ScoredRun) -> None:
+    paths = RunPaths(scored_run.run_dir)
+    settings = dpo_settings(SimpleNamespace(mode="dpo", dpo=SimpleNamespace(beta=BETA)))
+    stage = PreferenceEvalStage(paths, scope(settings, (2,)))
+    inputs = stage.inputs("step-0000002")
+    assert inputs.settings["beta"] == BETA
+    assert any("reference/split=val/source=qa.parquet" in name for name in inputs.files)
+    other_beta = PreferenceEvalStage(paths, scope({**settings, "beta": 0.5}, (2,))).inputs("step-0000002")
+    assert other_beta.fingerprint() != inputs.fingerprint()
+    assert stage_status(stage, "step-0000002").state == "to do", "never run by the stage: no marker"
+
+
+def test_dpo_settings_are_read_with_the_defaults_and_only_for_dpo() -> None:
+    assert dpo_settings(SimpleNamespace(mode="sft")) is None and dpo_settings(SimpleNamespace()) is None
+    assert dpo_settings(SimpleNamespace(mode="dpo")) == {"beta": 0.1, "label_smoothing": 0.0, "loss": "sigmoid",
+                                                         "simpo_gamma": 0.5}
+    section = SimpleNamespace(beta=0.3, label_smoothing=0.1, loss="simpo", simpo_gamma=1.0)
+    assert dpo_settings(SimpleNamespace(mode="dpo", dpo=section)) == {"beta": 0.3, "label_smoothing": 0.1,
+                                                                      "loss": "simpo", "simpo_gamma": 1.0}
