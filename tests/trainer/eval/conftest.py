@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 from accelerate.state import AcceleratorState, GradientState
+from tokenizers import Tokenizer, models
 
 from core.rundir import RunPaths
 from core.schemas import CHAT_DOCUMENTS_SCHEMA
@@ -82,7 +83,8 @@ def write_shards(run_dir: Path, by_unit: dict[tuple[str, str], list[tuple[int, M
     """Each (split, source) in two shards (so a batch spans shards), and the index."""
     tokenizer = RunPaths(run_dir).tokenizer
     tokenizer.parent.mkdir(parents=True)
-    tokenizer.write_text("{}", encoding="utf-8")  # only its sha256 is read: scores are token ids
+    # a word per id: the scores read token ids only, the report counts the ids its vocabulary holds
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB_SIZE)}, unk_token="w0")).save(str(tokenizer))
     infos = []
     for (split, source), pairs in by_unit.items():
         chat = pack_pairs(pairs, SEQ_LEN, pad_id=1, dtype=np.dtype(np.uint16))
