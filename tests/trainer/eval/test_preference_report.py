@@ -65,6 +65,8 @@ def test_the_rewards_and_checkpoint_accuracy_plots_draw_what_was_logged(dpo_repo
         by_label = {line.get_label(): list(line.get_xdata()) for line in accuracy.get_lines()}
         assert by_label == {"all": sorted(STEPS), "code": sorted(STEPS), "qa": sorted(STEPS)}
         assert (accuracy.get_ylabel(), loss.get_ylabel()) == ("reward accuracy", "DPO loss")
+    with drawn_figure(PLOT_FUNCTIONS["eval_tasks"], data, (7, 3.6)) as figure:
+        assert not figure.axes[0].get_lines(), "the pairs' metrics are no downstream task"
 
 
 def test_a_run_of_another_mode_hides_the_dpo_plots_and_labels_an_sft_loss() -> None:
