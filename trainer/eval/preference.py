@@ -42,7 +42,7 @@ from trainer.preference.dpo_loss import PairLogps, PreferenceLoss, dpo_loss, mea
 from trainer.preference.pair_batch import PairBatch, num_loss_tokens, pair_logps
 from trainer.preference.shard_rows import rows_pair_batch
 
-ROW_COLUMNS = ("input_ids", "loss_mask", "doc_ids", "doc_starts", "num_tokens")
+LINEAGE = ("doc_ids", "doc_starts", "num_tokens")
 VALUES = 4
 """Per pair: chosen log-prob, rejected log-prob, chosen loss tokens, rejected loss tokens."""
 
@@ -51,11 +51,16 @@ VALUES = 4
 class PairRows:
     """Every row of a run's preference shards (both splits, index order) and the pairs each holds."""
 
-    tables: list[pa.Table]
-    items: list[tuple[int, int]]
-    """(table, row) of every row, in order."""
+    tokens: list[np.ndarray]
+    """Each shard's ``input_ids`` [rows, seq_len] (memory-mapped, no copy)."""
+    masks: list[np.ndarray]
+    """Each shard's ``loss_mask`` [rows, seq_len]."""
     labels: list[tuple[str, str]]
-    """(split, source) of each table."""
+    """(split, source) of each shard."""
+    items: list[tuple[int, int]]
+    """(shard, row) of every row, in order."""
+    lineage: list[tuple[list[int], list[int], int]]
+    """Each row's ``doc_ids``, ``doc_starts`` and ``num_tokens``."""
     pair_doc_ids: list[list[int]]
     """Each row's pairs' doc ids, in row order (the order :func:`rows_pair_batch` gives their values)."""
 
@@ -63,26 +68,28 @@ class PairRows:
 def read_pair_rows(paths: RunPaths) -> PairRows:
     """The run's preference shards as the index lists them, each checked against its sha256; ConfigError naming a
     shard that is not a preference shard (a DPO run trains on pairs only), ShardFormatError for a damaged one."""
-    tables, items, labels, pair_doc_ids = [], [], [], []
+    rows = PairRows([], [], [], [], [], [])
     for info in read_shard_index(paths.root):
         path = checked_shard_path(paths.root, info)
-        with pa.memory_map(str(path)) as source:
-            reader = ipc.open_file(source)
-            if (reader.schema.metadata or {}).get(RECORDS_KEY.encode()) != PREFERENCE_RECORDS.encode():
-                raise ConfigError(f"{path}: not a preference shard (no `{RECORDS_KEY}: {PREFERENCE_RECORDS}` in its "
-                                  "metadata); a DPO run scores pairs only: prepare it from `records: preference` "
-                                  "sources in a fresh run dir.")
-            table = reader.read_all().select(list(ROW_COLUMNS))
-        for row, (ids, starts, count) in enumerate(zip(*(table.column(name).to_pylist()
-                                                          for name in ROW_COLUMNS[2:]), strict=True)):
+        reader = ipc.open_file(pa.memory_map(str(path)))
+        if (reader.schema.metadata or {}).get(RECORDS_KEY.encode()) != PREFERENCE_RECORDS.encode():
+            raise ConfigError(f"{path}: not a preference shard (no `{RECORDS_KEY}: {PREFERENCE_RECORDS}` in its "
+                              "metadata); a DPO run scores pairs only: prepare it from `records: preference` "
+                              "sources in a fresh run dir.")
+        table = reader.read_all()
+        seq_len = table.schema.field("input_ids").type.list_size
+        for name, arrays in (("input_ids", rows.tokens), ("loss_mask", rows.masks)):
+            values = table.column(name).combine_chunks().values.to_numpy(zero_copy_only=False)
+            arrays.append(values.reshape(-1, seq_len))
+        for row, lineage in enumerate(zip(*(table.column(name).to_pylist() for name in LINEAGE), strict=True)):
             try:
-                pair_doc_ids.append([pair.doc_id for pair in row_pairs(ids, starts, count)])
+                rows.pair_doc_ids.append([pair.doc_id for pair in row_pairs(*lineage)])
             except ValueError as err:
                 raise ShardFormatError(f"{path}: row {row}: {err}; re-run `tokenmill prepare`.") from None
-            items.append((len(tables), row))
-        tables.append(table)
-        labels.append((info.split, info.source))
-    return PairRows(tables, items, labels, pair_doc_ids)
+            rows.items.append((len(rows.labels), row))
+            rows.lineage.append(lineage)
+        rows.labels.append((info.split, info.source))
+    return rows
 
 
 class PairScorer:
@@ -104,41 +111,36 @@ class PairScorer:
         """float64 [pairs, VALUES] of every pair in row order (on every process; only the main one writes).
 
         Runs on the unwrapped module in eval mode; under FSDP a replica with a shorter share runs (and discards)
-        forwards until every rank has run as many, as :class:`trainer.eval.evaluate.Evaluator` does."""
+        forwards until every rank has run as many, as :class:`trainer.eval.evaluate.Evaluator` does. The rows
+        done are estimated from this process's forwards, every row at the last one."""
         module = self.accelerator.unwrap_model(model)
         was_training = module.training
         module.eval()
         values = torch.zeros(max(self.share_pairs, default=0), VALUES, dtype=torch.float64)
-        filled = 0
+        filler = self.share[:1] if len(self.share) else np.zeros(1, dtype=np.int64)  # FSDP lockstep only
+        filled, total = 0, len(self.rows.items)
         try:
             with self.autocast():
-                for start in range(0, self.num_forwards * self.micro_batch_size, self.micro_batch_size):
-                    items = self.share[start:start + self.micro_batch_size]
-                    scored = self._score(module, items if len(items) else self.share[:1] if len(self.share)
-                                         else np.zeros(1, dtype=np.int64))
+                for forward in range(self.num_forwards):
+                    items = self.share[forward * self.micro_batch_size:(forward + 1) * self.micro_batch_size]
+                    scored = self._score(module, items if len(items) else filler)
                     if len(items):
                         values[filled:filled + len(scored)] = scored
                         filled += len(scored)
                     if on_progress is not None:
-                        done = min(len(self.rows.items), round((start // self.micro_batch_size + 1)
-                                                                / max(self.num_forwards, 1) * len(self.rows.items)))
-                        on_progress(done, len(self.rows.items))
+                        on_progress(min(total, round((forward + 1) / self.num_forwards * total)), total)
         finally:
             module.train(was_training)
         return self._gathered(values)
 
     def _score(self, module: nn.Module, items: np.ndarray) -> torch.Tensor:
-        tables = self.rows.tables
-        picked = [self.rows.items[int(item)] for item in items]
-
-        def stacked(name: str) -> np.ndarray:
-            return np.stack([tables[t].column(name)[r].values.to_numpy(zero_copy_only=False) for t, r in picked])
-
-        def listed(name: str) -> list[Any]:
-            return [tables[t].column(name)[r].as_py() for t, r in picked]
-
-        batch, _ = rows_pair_batch(stacked("input_ids"), stacked("loss_mask"), listed("doc_ids"),
-                                   listed("doc_starts"), listed("num_tokens"))
+        """[pairs of these rows, VALUES]: their pairs' log-probs and loss tokens, in row order."""
+        rows = self.rows
+        picked = [rows.items[int(item)] for item in items]
+        lineage = [rows.lineage[int(item)] for item in items]
+        batch, _ = rows_pair_batch(np.stack([rows.tokens[shard][row] for shard, row in picked]),
+                                   np.stack([rows.masks[shard][row] for shard, row in picked]),
+                                   *(list(column) for column in zip(*lineage, strict=True)))
         batch = _on_device(batch, self.accelerator.device)
         logps, tokens = pair_logps(module, batch), num_loss_tokens(batch)
         return torch.stack([logps.chosen, logps.rejected, tokens.chosen, tokens.rejected], dim=1).double().cpu()
@@ -163,8 +165,8 @@ def scores_table(rows: PairRows, step: int, values: np.ndarray) -> pa.Table:
     """The rows of :data:`core.eval_results.PREFERENCE_SCORES_SCHEMA` for every pair of ``rows`` (``values`` in
     row order, as :meth:`PairScorer.score` returns them)."""
     splits, sources, doc_ids = [], [], []
-    for (table, _), pairs in zip(rows.items, rows.pair_doc_ids, strict=True):
-        split, source = rows.labels[table]
+    for (shard, _), pairs in zip(rows.items, rows.pair_doc_ids, strict=True):
+        split, source = rows.labels[shard]
         splits.extend([split] * len(pairs))
         sources.extend([source] * len(pairs))
         doc_ids.extend(pairs)
