@@ -89,7 +89,7 @@ class ReportStage(Stage):
 
     name = REPORT_STAGE
     reads = ("ingest", "dedupe", "decontaminate", "eval-tasks", "base-model", "tokenizer", "pack", "shard-index",
-             "train", "evaluate", "preference-eval")
+             "train", "evaluate", "evaluate-pairs")
 
     def inputs(self, unit: str | None) -> Inputs:
         """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, one digest per

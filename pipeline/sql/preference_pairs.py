@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from core.config import RUN_YAML_FIX, load_yaml_mapping
 from core.errors import ConfigError, QueryError
-from core.layout import STEP_DIR_PATTERN
+from core.layout import CHECKPOINT_FOLDERS, PREFERENCE_SCORES_FILE, REFERENCE_FILES, STEP_DIR_PATTERN
 from core.rundir import RunPaths
 
 PREFERENCE_PAIRS_VIEW = "preference_pairs"
@@ -39,19 +39,18 @@ PREFERENCE_PAIRS_SCHEMA = pa.schema([
 KEY = ["split", "source", "doc_id"]
 SCORE_COLUMNS = ["step", *KEY, "chosen_logp", "rejected_logp", "chosen_tokens", "rejected_tokens"]
 REFERENCE_COLUMNS = [*KEY, "chosen_logp", "rejected_logp"]
-SCORES_FILE = "preference_logps.parquet"
 
 
 def score_files(paths: RunPaths) -> list[Path]:
     """Every checkpoint's ``eval/results/step-N/preference_logps.parquet``, in step order."""
-    folders = sorted(paths.eval_results.glob("step-*")) if paths.eval_results.is_dir() else []
-    return [folder / SCORES_FILE for folder in folders
-            if STEP_DIR_PATTERN.match(folder.name) and (folder / SCORES_FILE).exists()]
+    folders = sorted(paths.eval_results.glob(CHECKPOINT_FOLDERS)) if paths.eval_results.is_dir() else []
+    return [folder / PREFERENCE_SCORES_FILE for folder in folders
+            if STEP_DIR_PATTERN.match(folder.name) and (folder / PREFERENCE_SCORES_FILE).exists()]
 
 
 def reference_files(paths: RunPaths) -> list[Path]:
     """Every ``reference/split=S/source=N.parquet``."""
-    return sorted(paths.reference.glob("split=*/source=*.parquet")) if paths.reference.is_dir() else []
+    return sorted(paths.reference.glob(REFERENCE_FILES)) if paths.reference.is_dir() else []
 
 
 def preference_pairs_table(run_dir: Path, scores: list[Path], references: list[Path]) -> pa.Table:
@@ -100,7 +99,7 @@ def _beta(paths: RunPaths) -> float:
     if not paths.recipe.is_file():
         return DEFAULT_BETA
     try:
-        recipe = load_yaml_mapping(paths.recipe, "run.yaml", RUN_YAML_FIX)
+        recipe = load_yaml_mapping(paths.recipe, paths.recipe.name, RUN_YAML_FIX)
     except ConfigError as err:
         raise QueryError(str(err)) from None
     train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}

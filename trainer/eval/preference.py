@@ -1,6 +1,6 @@
 """A DPO run's checkpoint -> every pair's summed log-probs under it, and the val pairs' DPO loss and rewards.
 
-``python -m trainer.eval.checkpoint --pairs`` (the ``preference-eval`` stage, :mod:`trainer.eval.preference_stage`)
+``python -m trainer.eval.checkpoint --pairs`` (the ``evaluate-pairs`` stage, :mod:`trainer.eval.preference_stage`)
 restores a checkpoint and calls :func:`score_preference_pairs`: every row of both splits' preference shards goes
 through :func:`trainer.preference.shard_rows.rows_pair_batch` and :func:`trainer.preference.pair_batch.pair_logps`
 (no gradients, eval mode: the values the training step and the reference stage compute for the same pair), each

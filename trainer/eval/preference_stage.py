@@ -26,7 +26,7 @@ from trainer.eval.stages import EvalStage, raise_if_failed, refused_checkpoint, 
 class PreferenceEvalStage(EvalStage):
     """Every preference pair of both splits under one checkpoint, and the val pairs' DPO result (DPO runs only)."""
 
-    name = "preference-eval"
+    name = "evaluate-pairs"
     reads = ("train", "reference")
     progress_unit = "rows"
 

@@ -144,5 +144,5 @@ def test_a_damaged_checkpoint_is_a_recorded_preference_failure_and_no_marker(tmp
         run_stage(stage, "step-0000004")
     failed = read_result(paths.eval_result(4, PREFERENCE_TASK))
     assert failed["status"] == "failed" and str(folder) in failed["error"]
-    assert read_marker(paths, "preference-eval", "step-0000004") is None
+    assert read_marker(paths, "evaluate-pairs", "step-0000004") is None
     assert stage_status(stage, "step-0000004").state == "to do", "the next run scores it again"
