@@ -22,7 +22,7 @@ from trainer.eval.loss_masks import dpo_settings
 from trainer.eval.preference import read_pair_rows
 from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import EvalScope, EvaluationFailed, ValSplitStage
-from trainer.parallel.launch import launch_command
+from trainer.parallel.launch import eval_launch_command, launch_command
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -146,3 +146,13 @@ def test_a_damaged_checkpoint_is_a_recorded_preference_failure_and_no_marker(tmp
     assert failed["status"] == "failed" and str(folder) in failed["error"]
     assert read_marker(paths, "evaluate-pairs", "step-0000004") is None
     assert stage_status(stage, "step-0000004").state == "to do", "the next run scores it again"
+
+
+def test_the_unit_launches_the_checkpoint_evaluator_to_score_pairs() -> None:
+    from trainer.eval.checkpoint import parse_args
+
+    argv = eval_launch_command(Path("runs/dpo"), 2, 4, score=False, export=False, pairs=True)
+    flags = argv[argv.index("trainer.eval.checkpoint") + 1:]
+    args = parse_args(flags)
+    assert (args.step, args.pairs, args.score, args.export) == (4, True, False, False)
+    assert "--pairs" not in eval_launch_command(Path("runs/dpo"), 2, 4, score=True, export=False)
