@@ -19,8 +19,8 @@ DPO_DEFAULTS: dict[str, Any] = {"beta": 0.1, "label_smoothing": 0.0, "loss": "si
 
 
 def train_mode(train: Any) -> str:
-    """``train.mode`` of a TrainConfig: ``pretrain`` or ``sft``; ``pretrain`` for a config without the key (read with
-    a default so evaluation works with every TrainConfig, those written before SFT included)."""
+    """``train.mode`` of a TrainConfig: ``pretrain``, ``sft`` or ``dpo``; ``pretrain`` for a config without the key
+    (read with a default so evaluation works with every TrainConfig, those written before SFT included)."""
     return str(getattr(train, "mode", "pretrain"))
 
 
@@ -29,13 +29,18 @@ def is_sft(train: Any) -> bool:
 
 
 def dpo_settings(train: Any) -> dict[str, Any] | None:
-    """``beta``, ``label_smoothing``, ``loss`` and ``simpo_gamma`` of a DPO run's ``train.dpo`` (defaults for keys it
-    does not have), None for a run of another mode: what a checkpoint's pair scores and DPO result depend on."""
+    """``beta``, ``label_smoothing``, ``loss`` and ``simpo_gamma`` of a DPO run's ``train.dpo`` (the default of a key it
+    does not have or leaves unset), None for a run of another mode: what a checkpoint's pair scores and DPO result
+    depend on."""
     if train_mode(train) != DPO_MODE:
         return None
     section = getattr(train, "dpo", None)
     read = section.get if isinstance(section, dict) else lambda key, default: getattr(section, key, default)
-    return {key: type(default)(read(key, default)) for key, default in DPO_DEFAULTS.items()}
+    settings = {}
+    for key, default in DPO_DEFAULTS.items():
+        value = read(key, default)
+        settings[key] = default if value is None else type(default)(value)
+    return settings
 
 
 def scored_tokens(recipe: dict[str, Any]) -> str:

@@ -104,6 +104,8 @@ def test_dpo_settings_are_read_with_the_defaults_and_only_for_dpo() -> None:
     assert dpo_settings(SimpleNamespace(mode="sft")) is None and dpo_settings(SimpleNamespace()) is None
     assert dpo_settings(SimpleNamespace(mode="dpo")) == {"beta": 0.1, "label_smoothing": 0.0, "loss": "sigmoid",
                                                          "simpo_gamma": 0.5}
+    unset = SimpleNamespace(beta=0.2, label_smoothing=0.0, loss="sigmoid", simpo_gamma=None)  # trainer.config's
+    assert dpo_settings(SimpleNamespace(mode="dpo", dpo=unset))["simpo_gamma"] == 0.5
     section = SimpleNamespace(beta=0.3, label_smoothing=0.1, loss="simpo", simpo_gamma=1.0)
     assert dpo_settings(SimpleNamespace(mode="dpo", dpo=section)) == {"beta": 0.3, "label_smoothing": 0.1,
                                                                       "loss": "simpo", "simpo_gamma": 1.0}
