@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import duckdb
 import pyarrow as pa
 
-from core.conversations import RENDERING_REASONS
 from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
@@ -214,12 +213,12 @@ def duckdb_error_line(err: duckdb.Error) -> str:
 # ---- named questions ---------------------------------------------------------------------------
 
 
-DOCUMENT_REJECT_REASONS = ", ".join(f"'{reason}'" for reason in ("contaminated", *RENDERING_REASONS))
-"""Reasons of rejects that are also in ``_docs`` (a contaminated document; a conversation the SFT data stage could
-not render): the funnel counts them read once. Code constants, never data."""
+# A reject that is also in _docs (a contaminated document; a conversation or pair the SFT or preference data stage
+# could not render or fit) was read once: told apart by its (source, uri), not its reason (a pair's identical_sides
+# is an ingest reject as written, a document once rendered).
 FUNNEL_SQL = """
 WITH read_docs AS (SELECT source, count(*) AS n FROM _docs GROUP BY source),
-     rej AS (SELECT source, count(*) AS n FROM rejects WHERE reason NOT IN (""" + DOCUMENT_REJECT_REASONS + """)
+     rej AS (SELECT source, count(*) AS n FROM rejects WHERE (source, uri) NOT IN (SELECT source, uri FROM _docs)
              GROUP BY source),
      contaminated AS (SELECT source, count(*) AS n FROM rejects WHERE reason = 'contaminated' GROUP BY source),
      dup AS (SELECT source, count(*) FILTER (WHERE kind = 'exact') AS exact,
@@ -287,8 +286,8 @@ def data_funnel(run_dir: Path) -> list[dict[str, Any]]:
     """Per source: ``source, records_read, rejected, exact_duplicates, near_duplicates, contaminated, kept``.
 
     ``records_read`` counts every record once: a contaminated document is in ``docs`` and in ``rejects``, and so is
-    a conversation the SFT data stage could not render (counted kept here: a document, not trained on; the rejects
-    table says why).
+    a conversation or preference pair the SFT or preference data stage could not render (counted kept here: a
+    document, not trained on; the rejects table says why).
     """
     return _rows(run_dir, FUNNEL_SQL)
 
