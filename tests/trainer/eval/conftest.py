@@ -1,8 +1,8 @@
 """A tiny DPO run dir built from the shared contract, and scored: preference shards (pairs packed by
 :func:`tokenization.preference.pack.pack_pairs`, written by :func:`core.shards.chat.write_chat_shard` with
 ``records="preference"``) and their index, the pairs as documents (``record``: the pair as JSON), a reference
-model's log-probs in ``reference/`` and two checkpoints' scores (:func:`trainer.eval.preference.score_preference_pairs`
-with two tiny models of tokenmill's own Llama).
+model's log-probs in ``reference/`` (written by the reference store) and two checkpoints' scores
+(:func:`trainer.eval.preference.score_preference_pairs` with two tiny models of tokenmill's own Llama).
 
 The expectations come from another path: each pair's log-probs under each model with one padded row per side
 (:func:`trainer.preference.pair_batch.pad_pairs`), not the packed shard rows the code under test reads.
@@ -35,6 +35,7 @@ from trainer.eval.preference import score_preference_pairs
 from trainer.model.llama import ModelShape, build_model
 from trainer.parallel.accelerator import build_accelerator
 from trainer.preference.pair_batch import pad_pairs, pair_logps
+from trainer.preference.reference_store import PairKey, reference_table, write_reference_logps
 
 VOCAB_SIZE = 64
 SEQ_LEN = 40
@@ -120,17 +121,12 @@ def write_documents(paths: RunPaths, pairs: dict[int, tuple[str, str, MaskedPair
 
 def write_reference(paths: RunPaths, pairs: dict[int, tuple[str, str, MaskedPair]],
                     values: dict[int, tuple[float, float]]) -> None:
-    """``reference/split=S/source=N.parquet`` in the reference store's schema (doc_id int64, split, source, ...)."""
+    """``reference/split=S/source=N.parquet`` as the reference stage writes them (its reference_store)."""
     for split, source in SPLITS:
-        ids = sorted(doc_id for doc_id, (s, n, _) in pairs.items() if (s, n) == (split, source))
-        table = pa.table({"doc_id": pa.array(ids, pa.int64()), "split": [split] * len(ids),
-                          "source": [source] * len(ids),
-                          "chosen_logp": pa.array([values[i][0] for i in ids], pa.float32()),
-                          "rejected_logp": pa.array([values[i][1] for i in ids], pa.float32()),
-                          "reference_sha256": ["r"] * len(ids)})
-        path = paths.reference_logps(split, source)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path)
+        keys = [PairKey(doc_id, split, source) for doc_id, (in_split, in_source, _) in sorted(pairs.items())
+                if (in_split, in_source) == (split, source)]
+        chosen, rejected = (np.array([values[key.doc_id][side] for key in keys]) for side in (0, 1))
+        write_reference_logps(paths, paths.reference_logps(split, source), reference_table(keys, chosen, rejected, "r"))
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,6 @@ of the val split's token loss."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,12 +17,9 @@ from core.stage import read_marker, run_stage, stage_status
 from tests.trainer.eval.conftest import BETA, STEPS, ScoredRun
 from trainer.config import EvalConfig
 from trainer.eval.loss_masks import dpo_settings
-from trainer.eval.preference import read_pair_rows
 from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import EvalScope, EvaluationFailed, ValSplitStage
-from trainer.parallel.launch import eval_launch_command, launch_command
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from trainer.parallel.launch import eval_launch_command
 
 
 def test_every_pair_of_both_splits_is_scored_as_it_scores_alone(scored_run: ScoredRun) -> None:
@@ -109,31 +104,6 @@ def test_dpo_settings_are_read_with_the_defaults_and_only_for_dpo() -> None:
     section = SimpleNamespace(beta=0.3, label_smoothing=0.1, loss="simpo", simpo_gamma=1.0)
     assert dpo_settings(SimpleNamespace(mode="dpo", dpo=section)) == {"beta": 0.3, "label_smoothing": 0.1,
                                                                       "loss": "simpo", "simpo_gamma": 1.0}
-
-
-def test_two_processes_score_every_pair_as_one_does(scored_run: ScoredRun, tmp_path: Path) -> None:
-    """Each process scores a share of the rows (the shares hold different numbers of pairs) and the main one writes
-    them all, in the order one process gives."""
-    run_dir = tmp_path / "copy"
-    shutil.copytree(scored_run.run_dir, run_dir)
-    step, seed = next(iter(STEPS.items()))
-    argv = launch_command(run_dir, 2, module="tests.trainer.eval.two_process_scores",
-                          module_args=["--step", "99", "--seed", str(seed)])
-    completed = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
-    paths = RunPaths(run_dir)
-    pairs_per_row = [len(pairs) for pairs in read_pair_rows(paths).pair_doc_ids]
-    assert sum(pairs_per_row[:len(pairs_per_row) // 2]) != sum(pairs_per_row[len(pairs_per_row) // 2:])
-    two = pq.read_table(paths.preference_scores(99)).drop_columns(["step"])
-    one = pq.read_table(paths.preference_scores(step)).drop_columns(["step"])
-    assert two.column("doc_id").to_pylist() == one.column("doc_id").to_pylist()
-    for name in ("chosen_logp", "rejected_logp"):
-        assert np.allclose(two.column(name).to_numpy(), one.column(name).to_numpy(), rtol=0, atol=1e-6)
-    assert two.select(["split", "source", "chosen_tokens", "rejected_tokens"]).equals(
-        one.select(["split", "source", "chosen_tokens", "rejected_tokens"]))
-    two_rows, one_rows = (read_result(paths.eval_result(at, PREFERENCE_TASK))["rows"] for at in (99, step))
-    assert [(row["metric"], row["source"]) for row in two_rows] == [(row["metric"], row["source"]) for row in one_rows]
-    assert [row["value"] for row in two_rows] == pytest.approx([row["value"] for row in one_rows], abs=1e-5)
 
 
 def test_a_damaged_checkpoint_is_a_recorded_preference_failure_and_no_marker(tmp_path: Path) -> None:
