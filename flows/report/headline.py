@@ -42,8 +42,10 @@ VOCAB_BATCH_ROWS = 8192
 def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict[str, Any]) -> dict[str, Any]:
     """The headline's values; ``data`` is the report's (its ``train``, ``eval`` and ``results`` rows)."""
     recipe = paths.recipe.read_text(encoding="utf-8", errors="replace") if readable(paths, paths.recipe) else None
+    train = recorded_train(recipe)
     return {
-        "val": final_val(data, recorded_train(recipe)),
+        "train_mode": train[0],
+        "val": final_val(data, train),
         "num_parameters": exported_parameters(paths),
         "tokens_trained": _last(data["train"], "tokens_seen"),
         "tokens_per_char": con.sql(

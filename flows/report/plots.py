@@ -118,7 +118,8 @@ def _plot_loss(axes: Any, data: dict[str, Any]) -> None:
     axes.plot(*train, label="train loss")
     axes.plot(*evals, marker="o", label="validation loss")
     axes.set_xlabel("step")
-    axes.set_ylabel("cross-entropy (nats/token)")
+    # a DPO run's loss is per pair: -log sigmoid of its reward margin (train_metrics' and the in-loop eval's)
+    axes.set_ylabel("DPO loss (per pair)" if data.get("train_mode") == "dpo" else "cross-entropy (nats/token)")
     tokens = _tokens_seen(data["train"])
     if tokens is not None:
         steps, seen = tokens

@@ -65,6 +65,7 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                 "GROUP BY ALL ORDER BY task"),
         }
         data["headline"] = collect_headline(RunPaths(run_dir), con, data)
+        data["train_mode"] = data["headline"]["train_mode"]
         return data
     finally:
         con.close()

@@ -52,6 +52,8 @@ def test_the_headline_and_plots_of_a_dpo_run(dpo_report: Path) -> None:
 
 def test_the_rewards_and_checkpoint_accuracy_plots_draw_what_was_logged(dpo_report: Path) -> None:
     data = collect_report_data(dpo_report)
+    with drawn_figure(PLOT_FUNCTIONS["loss"], data, (7, 3.6)) as figure:
+        assert figure.axes[0].get_ylabel() == "DPO loss (per pair)"
     with drawn_figure(PLOT_FUNCTIONS["rewards"], data, (7, 5)) as figure:
         rewards, accuracy = figure.axes
         lines = {line.get_label(): list(line.get_ydata()) for line in rewards.get_lines() if
