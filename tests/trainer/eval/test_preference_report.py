@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from core.eval_results import read_result
 from core.rundir import RunPaths
+from flows.report.artifacts import whole_split_loss
 from flows.report.headline import final_val, headline_figures, recorded_train
 from flows.report.plots import PLOT_FUNCTIONS, drawn_figure
 from flows.report.stage import collect_report_data, write_report
@@ -86,3 +88,9 @@ def test_a_run_of_another_mode_hides_the_dpo_plots_and_labels_an_sft_loss() -> N
                              "tokens_per_char": None})[:2] == [
         ("val DPO loss (in-loop subset)", "2.5000", "in-loop subset of the val pairs, step 1"),
         ("reward accuracy", "—", "not recorded (needs stored reference log-probs)")]
+
+
+def test_the_run_summarys_final_val_loss_of_a_dpo_run_is_its_val_pairs_dpo_loss(scored_run: ScoredRun) -> None:
+    rows = read_result(RunPaths(scored_run.run_dir).eval_result(max(STEPS), "preference"))["rows"]
+    loss = next(row["value"] for row in rows if row["metric"] == "loss" and row["source"] is None)
+    assert whole_split_loss(scored_run.run_dir) == {"step": max(STEPS), "value": pytest.approx(loss)}
