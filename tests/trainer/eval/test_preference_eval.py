@@ -17,6 +17,7 @@ from core.stage import read_marker, run_stage, stage_status
 from tests.trainer.eval.conftest import BETA, STEPS, ScoredRun
 from trainer.config import EvalConfig
 from trainer.eval.loss_masks import dpo_settings
+from trainer.eval.preference import val_result_rows
 from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import EvalScope, EvaluationFailed, ValSplitStage
 from trainer.parallel.launch import eval_launch_command
@@ -128,3 +129,20 @@ def test_the_unit_launches_the_checkpoint_evaluator_to_score_pairs() -> None:
     args = parse_args(flags)
     assert (args.step, args.pairs, args.score, args.export) == (4, True, False, False)
     assert "--pairs" not in eval_launch_command(Path("runs/dpo"), 2, 4, score=True, export=False)
+
+
+def test_without_a_reference_only_log_probs_and_simpo_needs_none(scored_run: ScoredRun, tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)  # no reference/ here: precompute false
+    step = max(STEPS)
+    table = pq.read_table(RunPaths(scored_run.run_dir).preference_scores(step))
+    sigmoid = val_result_rows(paths, table, dpo_settings(SimpleNamespace(mode="dpo")))
+    assert {row["metric"] for row in sigmoid} == {"logps/chosen", "logps/rejected"}
+    simpo = dpo_settings(SimpleNamespace(mode="dpo", dpo={"loss": "simpo", "beta": 2.0, "simpo_gamma": 0.3}))
+    got = {row["metric"]: row["value"] for row in val_result_rows(paths, table, simpo) if row["source"] is None}
+    val = [(doc_id, pair) for doc_id, (split, _, pair) in scored_run.pairs.items() if split == "val"]
+    chosen = np.array([scored_run.expected[step][d][0] / pair.chosen.num_loss_tokens for d, pair in val])
+    rejected = np.array([scored_run.expected[step][d][1] / pair.rejected.num_loss_tokens for d, pair in val])
+    logits = 2.0 * (chosen - rejected) - 0.3
+    assert got["loss"] == pytest.approx(float(np.mean(np.log1p(np.exp(-logits)))), abs=1e-5)
+    assert got["rewards/chosen"] == pytest.approx(float(np.mean(2.0 * chosen)), abs=1e-5)
+    assert got["rewards/accuracy"] == pytest.approx(float(np.mean(chosen > rejected)))

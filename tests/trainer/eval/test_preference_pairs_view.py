@@ -95,3 +95,14 @@ def test_tokenmill_query_lists_and_reads_the_view(scored_run: ScoredRun) -> None
     assert result.returncode == 0, result.stderr
     right = sum(expected_margin(scored_run, step, doc_id) > 0 for step in STEPS for doc_id in scored_run.pairs)
     assert result.stdout.split() == ["n", str(right)]
+
+
+def test_without_stored_reference_values_the_margin_is_null(scored_run: ScoredRun, tmp_path: Path) -> None:
+    run_dir = tmp_path / "no-reference"
+    shutil.copytree(scored_run.run_dir, run_dir)
+    shutil.rmtree(run_dir / "reference")  # precompute: false, or SimPO
+    rows = run_query(run_dir, "SELECT * FROM preference_pairs").to_pylist()
+    assert len(rows) == len(STEPS) * len(scored_run.pairs)
+    assert all(row[name] is None for row in rows for name in ("reference_chosen_logp", "reference_rejected_logp",
+                                                              "margin", "prefers_chosen"))
+    assert all(row["policy_chosen_logp"] is not None for row in rows)
