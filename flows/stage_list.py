@@ -20,6 +20,7 @@ from tokenization.preference.stage import PreferenceDataStage
 from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
+from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import DownstreamStage, ExportStage, ValSplitStage
 from trainer.eval.tasks import EvalTasksStage
 from trainer.model.base_model import BaseModelStage
@@ -49,6 +50,7 @@ TRAIN_STAGES: tuple[type[Stage], ...] = (
 
 EVAL_STAGES: tuple[type[Stage], ...] = (
     ValSplitStage,  # (checkpoint) -> eval/results/step-N/val_split.json: the whole validation split
+    PreferenceEvalStage,  # (checkpoint) -> eval/results/step-N/preference*: a DPO run's pairs scored (in its place)
     ExportStage,  # (checkpoint) -> eval/models/step-N/: the Hugging Face export a downstream task loads
     DownstreamStage,  # (checkpoint, task) -> eval/results/step-N/<task>.json: lm-eval
 )
