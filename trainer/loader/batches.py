@@ -18,7 +18,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -32,8 +32,18 @@ from trainer.loader.document_mask import ShardDocStarts, position_ids
 from trainer.loader.mixture import MixtureOrder
 from trainer.model.llama import IGNORE_INDEX
 
-if TYPE_CHECKING:
-    from trainer.loader.pair_rows import PairMicroBatch, PairRows
+
+class PairSource(Protocol):
+    """What the loader needs of a split's pairs (:class:`trainer.loader.pair_rows.PairRows`, which reads this
+    module's :class:`SplitRows`: named by this protocol, not imported, so the two modules do not import each other)."""
+
+    def num_pairs(self, row_ids: np.ndarray) -> int:
+        """Whole pairs in rows ``row_ids``."""
+        ...
+
+    def micro_batch(self, row_ids: np.ndarray) -> Any:
+        """Rows ``row_ids`` as one batch of pairs (a :class:`trainer.loader.pair_rows.PairMicroBatch`)."""
+        ...
 
 EOS_ID = 0
 """``<|endoftext|>`` (ends every document in a packed row) in a tokenizer tokenmill trained. Pack looks the
@@ -294,7 +304,7 @@ class TrainLoader:
 
     def __init__(self, rows: TokenRows, layout: BatchLayout, seed: int, allow_data_change: bool = False,
                  mixture: MixtureOrder | None = None, document_masking: bool = False,
-                 pairs: PairRows | None = None) -> None:
+                 pairs: PairSource | None = None) -> None:
         """``allow_data_change``: accept a saved position taken on other shards (an incremental refresh).
 
         ``mixture``: interleave sources by weight; None = every row equally likely (one permutation per epoch).
@@ -353,7 +363,7 @@ class TrainLoader:
         self.samples_consumed += count
         return rows.reshape(num_steps, layout.world_size, -1)
 
-    def next_step(self) -> list[Batch] | list[PairMicroBatch]:
+    def next_step(self) -> list[Batch] | list[Any]:
         """This rank's ``grad_accum_steps`` micro-batches of the next optimizer step; advances the position."""
         layout = self.layout
         per_rank = layout.micro_batch_size * layout.grad_accum_steps
