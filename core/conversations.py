@@ -112,7 +112,8 @@ CHAT_REJECT_REASONS: dict[str, str] = {
     "special_tokens": "a message contains the tokenizer's special tokens (they would write turn boundaries)",
     "template_error": "the chat template refuses the conversation",
     "unmaskable": "the assistant turns' tokens cannot be told apart from the prompt's with this template",
-    "too_many_tokens": "the conversation is longer than pack.seq_len tokens with chat.truncation: error",
+    "too_many_tokens": "the conversation (a preference pair: its two sides together) is longer than pack.seq_len "
+                       "tokens with chat.truncation: error",
     "no_loss_tokens": "no token carries loss under the asked loss mode",
     "all_tokens_loss": "every token carries loss although assistant-only loss was asked",
 }

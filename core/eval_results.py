@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from core.files.atomic import read_json, sha256_file
 from core.layout import CHECKPOINT_MANIFEST, EVAL_RESULT_FILES, RELATIVE, run_key
 from core.numbers import rounded
@@ -26,6 +28,23 @@ SCORED_TOKENS = ("assistant", "last_assistant", "all", "loss_mask")
 """What a supervised fine-tuning run's val-split loss is over: its recipe's ``chat.loss`` (``loss_mask``: the chat
 shards' mask, whatever made it)."""
 RESULT_COLUMNS = ("step", "checkpoint", "task", "metric", "value", "stderr", "num_samples", "source")
+PREFERENCE_TASK = "preference"
+"""A DPO run's val split as preference pairs (:mod:`trainer.eval.preference`): the DPO loss and reward metrics of
+the val pairs under the checkpoint, overall and per source, beside every pair's scores in
+``preference_logps.parquet``."""
+PREFERENCE_SCORES_SCHEMA = pa.schema([
+    pa.field("step", pa.int64(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("doc_id", pa.int64(), nullable=False),
+    pa.field("chosen_logp", pa.float32(), nullable=False),
+    pa.field("rejected_logp", pa.float32(), nullable=False),
+    pa.field("chosen_tokens", pa.int32(), nullable=False),
+    pa.field("rejected_tokens", pa.int32(), nullable=False),
+], metadata={"format": "tokenmill.preference_logps", "format_version": "1"})
+"""``eval/results/step-N/preference_logps.parquet``: one row per pair of both splits' preference shards, the
+checkpoint's summed log-probs of its chosen and rejected completion (float32, as computed) and each side's number of
+loss tokens (SimPO's normalisation; a per-token log-prob in SQL). ``doc_id`` is the pair's document."""
 
 
 def checkpoint_fingerprint(folder: Path) -> str:

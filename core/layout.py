@@ -53,6 +53,10 @@ STEP_DIR_PATTERN = re.compile(r"^step-(\d{7})$")
 CHECKPOINT_FOLDERS = "step-*"
 EVAL_RESULT_FILES = "step-*/*.json"
 PACK_STATE_FILES = f"split=*/source=*/{PACK_STATE_FILE}"
+PREFERENCE_SCORES_FILE = "preference_logps.parquet"
+"""In an eval result folder (``eval/results/step-N/``): a DPO run's per-pair scores under that checkpoint."""
+REFERENCE_FILES = "split=*/source=*.parquet"
+"""Glob under ``reference/`` of every (split, source)'s reference log-probs."""
 """Glob under ``shards/`` of every (split, source) folder's pack state."""
 
 SYNC_STATE_SUFFIX = ".sync.json"
@@ -466,7 +470,7 @@ class RunLayout:
     def preference_scores(self, step: int) -> Path:
         """``eval/results/step-NNNNNNN/preference_logps.parquet``: the checkpoint's own summed log-probs of each
         pair (a DPO run's per-checkpoint scores; the ``preference_pairs`` view joins them to the reference's)."""
-        return self.eval_results / step_dir_name(step) / "preference_logps.parquet"
+        return self.eval_results / step_dir_name(step) / PREFERENCE_SCORES_FILE
 
     def eval_result(self, step: int, task: str) -> Path:
         """``eval/results/step-NNNNNNN/<task>.json``: one (checkpoint, task) result, keyed by both fingerprints."""

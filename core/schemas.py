@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from core.conversations import CHAT_REJECT_REASONS
+from core.preference_pairs import PREFERENCE_REJECT_REASONS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 """What a corpus or source name may be: it becomes a shard folder (``source=<name>``) and a column value."""
@@ -27,13 +27,15 @@ DOCUMENTS_SCHEMA = pa.schema(
 )
 
 CHAT_DOCUMENTS_SCHEMA = DOCUMENTS_SCHEMA.append(pa.field("record", pa.large_string(), nullable=False))
-"""The documents of a source with ``records: chat``: DOCUMENTS_SCHEMA plus ``record``, the conversation normalised,
-as JSON (:meth:`core.conversations.Conversation.normalised_json`). A text source's parts keep DOCUMENTS_SCHEMA (the
-``documents`` view shows ``record`` as null for their rows when a run has both)."""
+"""The documents of a source with ``records: chat`` or ``records: preference``: DOCUMENTS_SCHEMA plus ``record``, the
+conversation (:meth:`core.conversations.Conversation.normalised_json`) or the pair
+(:meth:`core.preference_pairs.PreferencePair.normalised_json`) normalised, as JSON. A text source's parts keep
+DOCUMENTS_SCHEMA (the ``documents`` view shows ``record`` as null for their rows when a run has both)."""
 
 
 def documents_schema(chat: bool) -> pa.Schema:
-    """The schema of a documents part: CHAT_DOCUMENTS_SCHEMA for a chat source's, else DOCUMENTS_SCHEMA."""
+    """The schema of a documents part: CHAT_DOCUMENTS_SCHEMA for a chat or preference source's (``chat``: its records
+    are not text), else DOCUMENTS_SCHEMA."""
     return CHAT_DOCUMENTS_SCHEMA if chat else DOCUMENTS_SCHEMA
 
 REJECTS_SCHEMA = pa.schema(
@@ -145,10 +147,11 @@ NON_FILTER_REJECT_REASONS: dict[str, str] = {
     "not_a_regular_file": "a FIFO, socket or device in the source folder; not opened (only regular files are read)",
     "missing_file": "a file planned for an ingest part that was deleted or renamed before the part read it; "
                     "nothing to read (its name is kept)",
-    **CHAT_REJECT_REASONS,
+    **PREFERENCE_REJECT_REASONS,  # the chat reasons (core.conversations) and the pairs' own
 }
 """The ``rejects.reason`` values that are not quality filters (a record or file that cannot be read, a train
-document that is contaminated, a conversation that cannot be trained on: ``core.conversations``),
+document that is contaminated, a conversation or preference pair that cannot be trained on: ``core.conversations``,
+``core.preference_pairs``),
 with their meaning; later stages may add reasons, never rename them. Each quality filter's reason is a row of
 ``pipeline.filters.screen.QUALITY_FILTERS``;
 ``pipeline.filters.screen.REJECT_REASONS`` holds them all."""

@@ -20,7 +20,8 @@ from core.stage import read_marker, stage_status
 from flows.recipe import ResolvedRun
 from flows.run_code import eval_task_folders
 from trainer.checkpoint.layout import chosen_checkpoints
-from trainer.eval.loss_masks import is_sft
+from trainer.eval.loss_masks import dpo_settings, is_sft
+from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import DownstreamStage, EvalScope, EvalStage, ExportStage, ValSplitStage
 from trainer.eval.tasks import EvalTasksStage
 
@@ -33,8 +34,10 @@ def evaluation_stages(run: ResolvedRun, checkpoint: str | None, task: str | None
     steps = tuple(step for step, _ in chosen_checkpoints(paths, checkpoint or recipe.eval.checkpoints))
     scope = EvalScope(steps, task in (None, VAL_SPLIT_TASK), dict(task_fps), recipe.eval, recipe.train.precision,
                       recipe.train.document_masking, recipe.train.num_processes, run.trust.model_code,
-                      tuple(include), tuple(sorted(run.trust.task_folders)), is_sft(recipe.train))
-    return [ValSplitStage(paths, scope), ExportStage(paths, scope), DownstreamStage(paths, scope)]
+                      tuple(include), tuple(sorted(run.trust.task_folders)), is_sft(recipe.train),
+                      dpo_settings(recipe.train))
+    return [ValSplitStage(paths, scope), PreferenceEvalStage(paths, scope), ExportStage(paths, scope),
+            DownstreamStage(paths, scope)]
 
 
 def unchanged_task_fingerprints(run: ResolvedRun, task: str | None) -> tuple[dict[str, str], list[Path]] | None:

@@ -32,6 +32,7 @@ from trainer.eval.downstream import check_tasks
 from trainer.eval.next_line_task import TASK_NAME as NEXT_LINE_TASK
 from trainer.eval.stages import EvalStage
 from trainer.eval.tasks import prepare_eval_tasks, write_builtin_task
+from trainer.preference.reference_stage import ReferenceStage
 from trainer.train_stage import TrainStage
 
 
@@ -72,8 +73,9 @@ def _prepare_summary(paths: RunPaths, results: dict[str, list[StageResult]]) -> 
         return results[name][0].as_summary() if name in results else None
 
     indexed = results["shard-index"][0].summary
-    chat = {"sft_data": {str(result.unit): result.as_summary() for result in results["sft_data"]}} \
-        if "sft_data" in results else {}  # a recipe with chat sources: each (split, source)'s conversations
+    # a recipe with chat or preference sources: each (split, source)'s conversations or pairs
+    chat = {name: {str(result.unit): result.as_summary() for result in results[name]}
+            for name in ("sft_data", "preference_data") if name in results}
     return {"run_dir": str(paths.root), "parts_ingested": sum(not result.skipped for result in results["ingest"]),
             "dedupe": one("dedupe"), "decontaminate": one("decontaminate"),
             "eval_tasks": one("eval-tasks"),
@@ -96,6 +98,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     with paths.lock():
         _refuse_corrupt_shards(paths)  # also fails with "run `tokenmill prepare` first" when there are no shards
         record_run(run)
+        reference = run_reference_stage(run)  # a dpo run's reference log-probs, before the train stage is judged
         train = TrainStage.build(run, refresh=refresh)
         if stage_status(train).state == "done":
             get_run_logger().info("train: at step %d already, nothing changed since: skipped (up to date)",
@@ -103,7 +106,7 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
         else:
             refuse_untrusted_model_code(run)
             write_launch_config(run)  # what the launched trainer reads, in place of run.yaml
-        train_runs = submit_stage(*in_flow([train]))
+        train_runs = submit_stage(*in_flow([train]), reference)
         try:
             for future in train_runs:
                 future.result()
@@ -119,6 +122,17 @@ def train_model(recipe: str | ResolvedRun, run_dir: str | None = None, refresh: 
     if evaluation is not None:
         trained["eval"] = evaluation
     return trained
+
+
+def run_reference_stage(run: ResolvedRun) -> list[Submitted]:
+    """Every unit of the reference stage (none unless the run is a dpo run on stored reference log-probs), finished:
+    the first failure raises."""
+    stage = ReferenceStage.build(run)
+    if stage is None:
+        return []
+    submitted = submit_stage(stage)
+    stage_results({stage.name: submitted})
+    return submitted
 
 
 @recipe_flow(name="data-to-model")

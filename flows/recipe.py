@@ -28,7 +28,7 @@ from pipeline.manifest import (
 )
 from pipeline.objects import check_url, is_remote
 from tokenization.chat.config import ChatConfig
-from tokenization.chat.stage import chat_sources
+from tokenization.chat.rendered import sources_with_records
 from tokenization.config import PackConfig, TokenizerConfig
 from trainer.config import EvalConfig, ModelConfig, TrainConfig
 from trainer.loader.mixture_config import MixtureScheduleConfig
@@ -48,7 +48,8 @@ class RunRecipe(FrozenConfig):
     """None (no section): a Hugging Face model's own tokenizer (its folder's tokenizer.json); required otherwise."""
     pack: PackConfig = PackConfig()
     chat: ChatConfig | None = None
-    """How sources with ``records: chat`` render and mask (docs/recipe.md, ``chat``); None: the defaults."""
+    """How sources with ``records: chat`` or ``records: preference`` render and mask (docs/recipe.md, ``chat``);
+    None: the defaults."""
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -427,17 +428,21 @@ def check_mixture_schedule(recipe: RunRecipe, weights: dict[str, float]) -> None
 
 
 def check_chat_template(run: ResolvedRun) -> None:
-    """ConfigError (one line) before any work when the recipe has chat sources (``records: chat``) but no Hugging
-    Face model to render them with, or a chat template that does not fit the model's tokenizer (it emits special
-    tokens the tokenizer lacks, or fails on a plain conversation): :func:`tokenization.chat.template.load_chat_template`
-    on the model folder the recipe names and its ``chat.template_file``. Imports transformers only for such a run."""
-    sources = chat_sources(run)
-    if not sources or not run.manifests:
+    """ConfigError (one line) before any work when the recipe has chat or preference sources (``records: chat``,
+    ``records: preference``) but no Hugging Face model to render them with, or a chat template that does not fit the
+    model's tokenizer (it emits special tokens the tokenizer lacks, or fails on a plain conversation):
+    :func:`tokenization.chat.template.load_chat_template` on the model folder the recipe names and its
+    ``chat.template_file``. Imports transformers only for such a run."""
+    by_records = {records: sources for records in ("chat", "preference")
+                  if (sources := sources_with_records(run, records))}
+    if not by_records or not run.manifests:
         return
     source = model_source(run.recipe, run.base)
     if source is None:
-        raise ConfigError(f"sources {sources} have records: chat, which render with a Hugging Face model's tokenizer "
-                          "and chat template; set model.from_pretrained (or model.hf_config) to a local model folder")
+        records, sources = next(iter(by_records.items()))
+        raise ConfigError(f"sources {sources} have records: {records}, which render with a Hugging Face model's "
+                          "tokenizer and chat template; set model.from_pretrained (or model.hf_config) to a local "
+                          "model folder")
     from tokenization.chat.template import load_chat_template  # transformers (~2 s): only for a chat run
 
     chat = run.recipe.chat or ChatConfig()

@@ -16,12 +16,15 @@ from pipeline.dedupe.decontaminate import DecontaminateStage
 from pipeline.dedupe.stage import DedupeStage
 from pipeline.ingest.stage import IngestStage
 from tokenization.chat.stage import SftDataStage
+from tokenization.preference.stage import PreferenceDataStage
 from tokenization.shard_index import ShardIndexStage
 from tokenization.stage import PackStage
 from tokenization.train_tokenizer import TokenizerStage
+from trainer.eval.preference_stage import PreferenceEvalStage
 from trainer.eval.stages import DownstreamStage, ExportStage, ValSplitStage
 from trainer.eval.tasks import EvalTasksStage
 from trainer.model.base_model import BaseModelStage
+from trainer.preference.reference_stage import ReferenceStage
 from trainer.train_stage import TrainStage
 
 PREPARE_STAGES: tuple[type[Stage], ...] = (
@@ -33,16 +36,21 @@ PREPARE_STAGES: tuple[type[Stage], ...] = (
     TokenizerStage,  # train documents, a given file or the model's -> tokenizer/tokenizer.json
     PackStage,  # kept documents of text sources -> shards/split=*/source=*/ (one unit per (split, source))
     SftDataStage,  # kept conversations of chat sources -> chat shards there too, rejects/sft-*.parquet (same units)
-    ShardIndexStage,  # the pack and chat states -> shards/index.parquet
+    PreferenceDataStage,  # kept pairs of preference sources -> preference shards, rejects/preference-*.parquet
+    ShardIndexStage,  # the pack, chat and preference states -> shards/index.parquet
     ReportStage,  # the run dir -> report/
 )
 """``tokenmill prepare``'s stages, in run order."""
 
-TRAIN_STAGES: tuple[type[Stage], ...] = (TrainStage,)  # shards -> checkpoints/, model/
-"""``tokenmill train``'s stage (the report follows it)."""
+TRAIN_STAGES: tuple[type[Stage], ...] = (
+    ReferenceStage,  # (split, preference source) -> reference/: the base model's log-probs of each pair (dpo)
+    TrainStage,  # shards -> checkpoints/, model/
+)
+"""``tokenmill train``'s stages (the report follows them)."""
 
 EVAL_STAGES: tuple[type[Stage], ...] = (
     ValSplitStage,  # (checkpoint) -> eval/results/step-N/val_split.json: the whole validation split
+    PreferenceEvalStage,  # (checkpoint) -> eval/results/step-N/preference*: a DPO run's pairs scored (in its place)
     ExportStage,  # (checkpoint) -> eval/models/step-N/: the Hugging Face export a downstream task loads
     DownstreamStage,  # (checkpoint, task) -> eval/results/step-N/<task>.json: lm-eval
 )

@@ -135,13 +135,17 @@ class SourceConfig(FrozenConfig):
     """Files under ``path`` to read (when ``path`` is a folder)."""
     exclude: list[str] = []
     """Glob patterns (relative to ``path``) of files to skip."""
-    records: Literal["text", "chat"] = "text"
-    """What a record is: ``text`` (a document in ``text_field``) or ``chat`` (a conversation: a ``messages`` list, or
-    ``prompt``/``completion``, read by :mod:`core.conversations`; a record that is not one is rejected with its
-    reason). A chat document's ``text`` is its messages' contents joined by a blank line (what dedupe, the filters
-    and decontamination read) and its ``record`` the normalised conversation the SFT data stage renders."""
+    records: Literal["text", "chat", "preference"] = "text"
+    """What a record is: ``text`` (a document in ``text_field``), ``chat`` (a conversation: a ``messages`` list, or
+    ``prompt``/``completion``, read by :mod:`core.conversations`) or ``preference`` (a pair: ``prompt`` or
+    ``messages`` with ``chosen`` and ``rejected``, or ``chosen``/``rejected`` alone with an implicit prompt, read
+    by :mod:`core.preference_pairs`); a record that is not one is rejected with its reason. A chat document's
+    ``text`` is its messages' contents joined by a blank line, a pair's its prompt's (what dedupe, the filters and
+    decontamination read: two pairs on one prompt dedupe to one); its ``record`` is the normalised conversation or
+    pair the SFT or preference data stage renders."""
     text_field: str = "text"
-    """Field/column holding the document text (jsonl, parquet, hf_disk, hf_local); not read with ``records: chat``."""
+    """Field/column holding the document text (jsonl, parquet, hf_disk, hf_local); not read with ``records: chat``
+    or ``records: preference``."""
     id_field: str | None = None
     """Field/column holding the record's own id, kept as ``source_id``."""
     license: str | None = None
@@ -153,9 +157,9 @@ class SourceConfig(FrozenConfig):
 
     @model_validator(mode="after")
     def _chat_records_have_fields(self) -> SourceConfig:
-        if self.records == "chat" and self.format == "text":
-            raise ValueError("records: chat needs a format whose records have fields (jsonl, parquet, hf_disk, "
-                             "hf_local); format: text reads one document per file")
+        if self.records != "text" and self.format == "text":
+            raise ValueError(f"records: {self.records} needs a format whose records have fields (jsonl, parquet, "
+                             "hf_disk, hf_local); format: text reads one document per file")
         return self
 
     @field_validator("storage_options")

@@ -1,5 +1,5 @@
 """Shard-index stage: every (split, source) ``state.json`` -> ``shards/index.parquet`` (what training reads): the
-pack stage's token shards and the SFT data stage's chat shards alike."""
+pack stage's token shards, the SFT data stage's chat shards and the preference data stage's preference shards alike."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class ShardIndexStage(Stage):
     """The pack states -> the shard index; its inputs are the states themselves (by content)."""
 
     name = "shard-index"
-    reads = ("pack", "sft_data")
+    reads = ("pack", "sft_data", "preference_data")
 
     def inputs(self, unit: str | None) -> Inputs:
         states = sorted(self.paths.shards.glob(PACK_STATE_FILES))

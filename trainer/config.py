@@ -90,7 +90,50 @@ class ModelConfig(FrozenConfig):
         return self.dims if self.dims is not None else MODEL_PRESETS[self.preset or "tiny"]
 
 
-TrainMode = Literal["pretrain", "sft"]
+TrainMode = Literal["pretrain", "sft", "dpo"]
+
+
+class DpoConfig(FrozenConfig):
+    """Preference tuning (``train.dpo``, with ``train.mode: dpo``): the loss over chosen/rejected pairs."""
+
+    beta: float = Field(default=0.1, gt=0)
+    """Strength of the KL penalty: rewards are beta * (policy - reference) summed log-probs (SimPO: beta * mean)."""
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
+    """Probability that a pair's preference is flipped (conservative DPO); 0 = plain sigmoid DPO."""
+    loss: Literal["sigmoid", "simpo"] = "sigmoid"
+    """sigmoid: DPO against the reference model (the run's base model); simpo: SimPO, reference-free, on each side's
+    mean log-prob per completion token."""
+    simpo_gamma: float | None = Field(default=None, ge=0)
+    """SimPO only: the target reward margin subtracted inside the sigmoid; None = 0.5 (TRL's CPOConfig default)."""
+    precompute: bool | None = None
+    """sigmoid only: read the reference log-probs the reference stage stored (reference/), never loading the
+    reference model while training (None = true); false computes them every step (the policy with adapters off
+    under LoRA)."""
+
+    @model_validator(mode="after")
+    def _settings_that_apply(self) -> DpoConfig:
+        if self.loss == "simpo" and self.precompute is not None:
+            raise ValueError("train.dpo.precompute has no effect with train.dpo.loss simpo (reference-free: there are "
+                             "no reference log-probs to compute); remove precompute, or set loss: sigmoid")
+        if self.loss == "sigmoid" and self.simpo_gamma is not None:
+            raise ValueError("train.dpo.simpo_gamma has no effect with train.dpo.loss sigmoid; remove simpo_gamma, "
+                             "or set loss: simpo")
+        return self
+
+    @property
+    def gamma(self) -> float:
+        """SimPO's target margin (``simpo_gamma``, 0.5 when unset)."""
+        return 0.5 if self.simpo_gamma is None else self.simpo_gamma
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the loss reads a reference model's log-probs (sigmoid DPO; SimPO has none)."""
+        return self.loss == "sigmoid"
+
+    @property
+    def stored_reference(self) -> bool:
+        """Whether training reads the reference log-probs the reference stage stored (sigmoid, precompute not off)."""
+        return self.uses_reference and self.precompute is not False
 
 
 class LoraConfig(FrozenConfig):
@@ -113,7 +156,10 @@ class LoraConfig(FrozenConfig):
 class TrainConfig(FrozenConfig):
     mode: TrainMode = "pretrain"
     """pretrain: every token of a token shard is a target; sft: supervised fine-tuning on chat shards, only the
-    tokens their loss_mask marks are targets, and a step's loss is the mean over its trained tokens."""
+    tokens their loss_mask marks are targets, and a step's loss is the mean over its trained tokens; dpo: preference
+    tuning on preference shards (``train.dpo``), a step's loss is the mean over its pairs."""
+    dpo: DpoConfig | None = None
+    """The preference loss (``train.mode: dpo`` only; filled with its defaults when the mode is dpo)."""
     lora: LoraConfig | None = None
     """Train low-rank adapters of a Hugging Face model instead of all its weights (None: full training)."""
     max_steps: int = Field(default=200, ge=1)
@@ -199,9 +245,14 @@ class TrainConfig(FrozenConfig):
     @model_validator(mode="before")
     @classmethod
     def _sft_masks_documents(cls, data: object) -> object:
-        """SFT packs several conversations into a row: each must see only itself, so masking is on unless refused."""
-        if isinstance(data, dict) and data.get("mode") == "sft" and data.get("document_masking") is None:
-            return {**data, "document_masking": True}
+        """SFT and DPO pack several conversations (pair sides) into a row: each must see only itself, so masking is
+        on unless refused; a dpo run gets the ``dpo`` section's defaults."""
+        if not isinstance(data, dict) or data.get("mode") not in ("sft", "dpo"):
+            return data
+        if data.get("document_masking") is None:
+            data = {**data, "document_masking": True}
+        if data["mode"] == "dpo" and data.get("dpo") is None:
+            data = {**data, "dpo": {}}
         return data
 
     @field_validator("trackers")
@@ -234,6 +285,7 @@ class TrainConfig(FrozenConfig):
             check_tensor_parallel_options(self)
         if self.lora is not None:
             check_lora_options(self)
+        check_dpo_options(self)
         if self.async_checkpoint:
             for key, combined in sharding_engines(self).items():
                 if combined:
@@ -254,6 +306,30 @@ def check_lora_options(train: TrainConfig) -> None:
         if combined:
             raise ValueError(f"train.lora cannot be combined with {key} (tokenmill's LoRA trains whole, data-parallel "
                              f"models only); remove {key.split(' ')[0]}, or remove train.lora for full training")
+
+
+def check_dpo_options(train: TrainConfig) -> None:
+    """ValueError naming the key when ``train.dpo`` / ``train.mode: dpo`` is combined with what it cannot run with."""
+    if train.mode != "dpo":
+        if train.dpo is not None:
+            raise ValueError(f"train.dpo is set but train.mode is {train.mode}; set train.mode: dpo, or remove "
+                             "train.dpo")
+        return
+    if not train.document_masking:
+        raise ValueError("train.mode dpo needs train.document_masking (a row holds both sides of its pairs, which "
+                         "must not see each other); remove document_masking: false")
+    if train.tensor_parallel_size > 1:
+        raise ValueError("train.mode dpo cannot be combined with train.tensor_parallel_size > 1 (not supported by "
+                         "tokenmill's preference loss); set tensor_parallel_size: 1 (use train.fsdp to shard)")
+    if train.log_row_losses:
+        raise ValueError("train.log_row_losses has no rows to log with train.mode dpo (its loss is per pair: the "
+                         "per-pair rewards are in train_metrics); remove log_row_losses")
+    assert train.dpo is not None  # filled in by _sft_masks_documents
+    if train.dpo.uses_reference and not train.dpo.stored_reference and train.lora is None:
+        for key, combined in sharding_engines(train).items():
+            if combined:
+                raise ValueError(f"train.dpo.precompute false cannot be combined with {key} (the on-the-fly reference "
+                                 "is a whole second model in every process); set train.dpo.precompute: true")
 
 
 def check_tensor_parallel_options(train: TrainConfig) -> None:

@@ -28,6 +28,7 @@ from trainer.config import TrainConfig
 from trainer.eval.evaluate import Evaluator
 from trainer.guard import NonFiniteGuard, state_counts
 from trainer.loader.batches import Batch, TrainLoader
+from trainer.loader.pair_rows import PairMicroBatch
 from trainer.loader.sft_loss import sft_loss
 from trainer.metrics.segments import RowLossLog, row_mean_losses
 from trainer.metrics.sink import MetricsSink
@@ -36,6 +37,7 @@ from trainer.model.llama import next_token_loss
 from trainer.model.spec import ModelSpec, output_logits
 from trainer.parallel.accelerator import sync_data_parallel_gradients
 from trainer.precision import MixedPrecision
+from trainer.preference.objective import PreferenceObjective, reward_metrics, reward_sums
 from trainer.spike_guard import SpikeGuard
 
 
@@ -49,13 +51,14 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class LoopCounters:
-    """Optimizer steps taken, tokens processed (all ranks, padding included), SFT's trained tokens (all ranks),
-    skipped updates, the spike guard's state (:mod:`trainer.spike_guard`: spikes counted, the current streak,
-    rollbacks, the recent losses)."""
+    """Optimizer steps taken, tokens processed (all ranks, padding included), SFT's trained tokens and DPO's pairs
+    (all ranks), skipped updates, the spike guard's state (:mod:`trainer.spike_guard`: spikes counted, the current
+    streak, rollbacks, the recent losses)."""
 
     step: int = 0
     tokens_seen: int = 0
     loss_tokens_seen: int = 0
+    pairs_seen: int = 0
     skipped_steps: int = 0
     nonfinite_in_a_row: int = 0
     spike_steps: int = 0
@@ -64,15 +67,19 @@ class LoopCounters:
     recent_losses: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "loss_tokens_seen": self.loss_tokens_seen,
-                "skipped_steps": self.skipped_steps,
-                "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
-                "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
-                "recent_losses": list(self.recent_losses)}
+        state = {"step": self.step, "tokens_seen": self.tokens_seen, "loss_tokens_seen": self.loss_tokens_seen,
+                 "skipped_steps": self.skipped_steps,
+                 "nonfinite_in_a_row": self.nonfinite_in_a_row, "spike_steps": self.spike_steps,
+                 "spikes_in_a_row": self.spikes_in_a_row, "rollbacks": self.rollbacks,
+                 "recent_losses": list(self.recent_losses)}
+        if self.pairs_seen:  # dpo runs only: the other modes' checkpoints keep their layout
+            state["pairs_seen"] = self.pairs_seen
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.loss_tokens_seen = int(state.get("loss_tokens_seen", 0))  # absent before SFT existed
+        self.pairs_seen = int(state.get("pairs_seen", 0))  # absent before DPO existed
         self.skipped_steps, self.nonfinite_in_a_row = state_counts(state)
         # Checkpoints older than the spike guard have none of its keys: a fresh guard.
         self.spike_steps, self.spikes_in_a_row = int(state.get("spike_steps", 0)), int(state.get("spikes_in_a_row", 0))
@@ -114,6 +121,10 @@ class StepResult:
     """Set when the loss was a spike (its z-score over the recent losses): the update was skipped."""
     loss_tokens: int | None = None
     """SFT: the tokens the step trained on, over all ranks (its loss is their mean); None when pretraining."""
+    pairs: int | None = None
+    """DPO: the pairs the step trained on, over all ranks (its loss is their mean); None otherwise."""
+    rewards: dict[str, float] | None = None
+    """DPO: the step's ``rewards/*`` metrics over its pairs on all ranks."""
 
 
 def as_float(value: Any) -> float | None:
@@ -149,8 +160,11 @@ class TrainingLoop:
     chat_template_file: str | None = None
     """The chat template the run's conversations were rendered with, for the exports (see
     :func:`trainer.train.run_chat_template`); None: the run's ``tokenizer/chat_template.jinja``, if any."""
+    preference: PreferenceObjective | None = None
+    """A dpo run's loss (``train.dpo``); None for pretrain and sft."""
     _window: list[StepResult] = field(default_factory=list)
     _step_row_losses: list[torch.Tensor] = field(default_factory=list)
+    _step_rewards: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.precision is None:
@@ -175,19 +189,52 @@ class TrainingLoop:
         first_sample = self.loader.samples_consumed + layout.rank * layout.micro_batch_size * layout.grad_accum_steps
         with timer.phase("data_wait_s"):
             batches = self.loader.next_step()
-        loss_tokens = self.loader.step_loss_tokens
+        loss_tokens, pairs = self.loader.step_loss_tokens, self.loader.step_pairs
         with timer.phase("fwd_bwd_s"):
-            local_loss = self.forward_backward(batches, loss_tokens)
+            if self.preference is not None:
+                local_loss = self.forward_backward_pairs(batches, pairs)
+            else:
+                local_loss = self.forward_backward(batches, loss_tokens)
         with timer.phase("optimizer_s"):
             loss, grad_norm, applied, spike_z_score = self.optimizer_step(local_loss)
+            rewards = None if self.preference is None else self.step_rewards()
         self.counters.step = step
         self.counters.tokens_seen += self.tokens_per_step
         self.counters.loss_tokens_seen += loss_tokens or 0
+        self.counters.pairs_seen += pairs or 0
         if self.row_losses is not None:
             self.row_losses.write(step, first_sample, self._step_row_losses)
         for callback in self.callbacks:
             callback.on_step_end(step)
-        return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score, loss_tokens)
+        return StepResult(loss, grad_norm, lr, timer.seconds, applied, spike_z_score, loss_tokens,
+                          pairs if self.preference is not None else None, rewards)
+
+    def forward_backward_pairs(self, batches: list[PairMicroBatch], step_pairs: int) -> torch.Tensor:
+        """This rank's share of a dpo step's loss: every pair of the step weighs the same, however micro-batches and
+        ranks share them (``step_pairs``: the step's pairs over all ranks, as SFT's trained tokens; each
+        micro-batch's loss is multiplied by the replicas and the accumulation steps, which DDP's gradient mean and
+        Accelerate's backward divide by again). Keeps the summed rewards for :meth:`step_rewards`."""
+        device = self.accelerator.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        rewards = torch.zeros(5, dtype=torch.float64, device=device)
+        replicas = self.loader.layout.world_size
+        for micro in batches:
+            with self.accelerator.accumulate(self.model):
+                with self.precision.autocast():
+                    result = self.preference.loss(self.model, micro.to(device), step_pairs)
+                    loss = result.loss * replicas
+                self.accelerator.backward(self.precision.scale(loss * self.accelerator.gradient_accumulation_steps))
+                loss_sum += loss.detach().double()
+                rewards += reward_sums(result)
+        assert self.accelerator.sync_gradients, "the last micro-batch of a step must sync gradients"
+        sync_data_parallel_gradients(self.model, self.accelerator)
+        self._step_rewards = rewards
+        return loss_sum
+
+    def step_rewards(self) -> dict[str, float]:
+        """The last step's ``rewards/*`` over its pairs on all ranks (collective: one all-reduce of five sums)."""
+        assert self._step_rewards is not None, "no dpo step taken"
+        return reward_metrics(self.accelerator.reduce(self._step_rewards, reduction="sum").tolist())
 
     def forward_backward(self, batches: list[Batch], step_loss_tokens: int | None = None) -> torch.Tensor:
         """This rank's share of the step's loss (the mean over ranks is the step's loss); gradients accumulate,
@@ -324,6 +371,8 @@ class TrainingLoop:
                "skipped_steps": self.counters.skipped_steps, "loss_scale": self.precision.loss_scale}
         if last.loss_tokens is not None:  # SFT: the tokens the logged step trained on, and all so far
             row.update(loss_tokens=last.loss_tokens, loss_tokens_seen=self.counters.loss_tokens_seen)
+        if last.pairs is not None:  # DPO: the logged step's pairs and rewards, and the pairs so far
+            row.update(pairs=last.pairs, pairs_seen=self.counters.pairs_seen, **(last.rewards or {}))
         if (mix := self.loader.pop_mix_counts()) is not None:  # [{stage, source, samples}] since the last row
             row["mix"] = mix
         if self.spikes.zscore is not None:  # the guard's columns, in every row of a guarded run
@@ -337,6 +386,8 @@ class TrainingLoop:
             row.update(tokens_per_s=tokens / max(seconds, 1e-9), step_time_s=seconds / len(window))
         if last.loss_tokens is not None:  # SFT throughput that counts: trained tokens per second, same clock
             row["loss_tokens_per_s"] = row["tokens_per_s"] * sum(result.loss_tokens or 0 for result in window) / tokens
+        if last.pairs is not None:  # DPO throughput: pairs per second, same clock
+            row["pairs_per_s"] = row["tokens_per_s"] * sum(result.pairs or 0 for result in window) / tokens
         self._window = []
         self.metrics.log_train(row)
         mfu = f" | mfu {row['mfu']:.1%}" if math.isfinite(row.get("mfu") or math.nan) else ""
@@ -352,6 +403,7 @@ class TrainingLoop:
             return None
         row = {"step": self.counters.step, "tokens_seen": self.counters.tokens_seen, **result}
         self.metrics.log_eval(row)
-        self.accelerator.print(f"eval step {row['step']} | val_loss {row['val_loss']:.4f} | "
-                               f"val_ppl {row['val_ppl']:.2f}", flush=True)
+        scores = (f"val_ppl {row['val_ppl']:.2f}" if "val_ppl" in row
+                  else f"rewards/accuracy {row['rewards/accuracy']:.3f}")  # dpo: no perplexity
+        self.accelerator.print(f"eval step {row['step']} | val_loss {row['val_loss']:.4f} | {scores}", flush=True)
         return row

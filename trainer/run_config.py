@@ -48,6 +48,11 @@ class TrainerSections(FrozenConfig):
         if self.mixture is not None and self.mixture_schedule is not None:
             raise ValueError("mixture and mixture_schedule are both set; keep one (a recipe with a "
                              "mixture_schedule records no mixture: remove the mixture section)")
+        dpo = self.train.dpo
+        if dpo is not None and dpo.uses_reference and self.model.from_pretrained is None:
+            raise ValueError("train.mode dpo with train.dpo.loss sigmoid needs model.from_pretrained: the reference "
+                             "model is the run's base model (the SFT model it continues from); set "
+                             "model.from_pretrained, or use train.dpo.loss: simpo (reference-free)")
         return self
 
 

@@ -35,6 +35,7 @@ from trainer.loader.batches import BatchLayout, SplitRows, TrainLoader
 from trainer.loader.chat_rows import check_one_conversation_per_row
 from trainer.loader.mixture import MixtureOrder, MixtureStage, resolve_weights
 from trainer.loader.mixture_config import MixtureScheduleConfig
+from trainer.loader.pair_rows import PairRows
 from trainer.loop import LoopCounters, ModelSignature, TrainingLoop, seed_everything
 from trainer.metrics.segments import RowLossLog, append_segment, segment_record
 from trainer.metrics.sink import MetricsSink
@@ -56,6 +57,8 @@ from trainer.parallel.accelerator import (
 )
 from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision
+from trainer.preference.evaluate import PairEvaluator
+from trainer.preference.objective import PreferenceObjective, build_objective
 from trainer.run_config import TrainerSections, read_trainer_config
 
 
@@ -168,26 +171,39 @@ def build_training_loop(paths: RunPaths, config: TrainerSections, accelerator: A
         _KEPT_UNTIL_EXIT.append(model)
     # The processes of one tensor-parallel group are one data-parallel replica: they read the same batch.
     layout = BatchLayout(train.micro_batch_size, train.grad_accum_steps, *data_parallel_coordinates(accelerator))
+    pairs = PairRows(train_rows) if train.mode == "dpo" else None
     loader = TrainLoader(train_rows, layout, train.seed, allow_data_change,
                          build_mixture(train_rows, config.mixture, train.seed, config.mixture_schedule),
-                         train.document_masking)
+                         train.document_masking, pairs)
     precision = MixedPrecision(train.precision, accelerator.device.type, train.loss_scale_growth_interval,
                                sharded=is_sharded(accelerator))
+    preference = build_objective(paths, config, (train_rows, val_rows), accelerator, precision.autocast)
     counters = LoopCounters()
     states = {"signature": model_signature(spec, train), "loop": counters, "loader": loader}
     if precision.scaler is not None:
         states["precision"] = precision
     return TrainingLoop(
         accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
-        evaluator=Evaluator(val_rows if val_rows.num_rows else None, train.micro_batch_size, train.eval_batches,
-                            accelerator, precision.autocast, document_masking=train.document_masking),
+        evaluator=build_evaluator(train, val_rows, accelerator, precision, preference),
         checkpointer=Checkpointer(accelerator, paths, train.keep_last, states,
                                   build_shards(accelerator, model, optimizer), async_save=train.async_checkpoint),
         metrics=MetricsSink(paths, enabled=accelerator.is_main_process),  # trackers join once resumed
         train=train, counters=counters, precision=precision,
         telemetry=build_telemetry(accelerator, train, paths, spec.flops_per_token(num_params)),
         callbacks=build_callbacks(accelerator, train, paths), spec=spec,
-        chat_template_file=config.chat_template_file)
+        chat_template_file=config.chat_template_file, preference=preference)
+
+
+def build_evaluator(train: TrainConfig, val_rows: SplitRows, accelerator: Accelerator, precision: MixedPrecision,
+                    preference: PreferenceObjective | None) -> Evaluator | PairEvaluator:
+    """The in-loop evaluator: val loss and perplexity, or a dpo run's val pairs' loss and rewards."""
+    rows = val_rows if val_rows.num_rows else None
+    if preference is not None:
+        return PairEvaluator(None if rows is None else PairRows(rows), train.micro_batch_size, train.eval_batches,
+                             accelerator, preference, precision.autocast)
+    return Evaluator(rows, train.micro_batch_size, train.eval_batches, accelerator, precision.autocast,
+                     document_masking=train.document_masking)
+
 
 
 def model_signature(spec: ModelSpec, train: TrainConfig) -> ModelSignature:

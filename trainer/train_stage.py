@@ -14,6 +14,8 @@ streams the lines to the task run's log and follows the metrics files (:mod:`flo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -35,6 +37,8 @@ TRAINER_SECTIONS = ("model", "train", "mixture_schedule")
 """The recipe sections the launched trainer reads besides the data (``trainer.train.TrainerSections``)."""
 
 UPSTREAM = ("shard-index", "tokenizer", "base-model")
+REFERENCE = "reference"
+"""The reference stage (:mod:`trainer.preference.reference_stage`): read by a dpo run that trains on its files."""
 
 
 def run_child(argv: Sequence[str], stage: TrainStage, on_progress: Progress) -> None:
@@ -75,8 +79,11 @@ class TrainStage(Stage):
         train = recipe.train
         deadline_s = None if train.deadline_minutes is None else train.deadline_minutes * 60
         sections = recipe.model_dump(mode="json", include=set(TRAINER_SECTIONS))
-        return cls(paths, sections, target_step(paths, train.max_steps, train.steps_per_refresh, refresh),
-                   train.num_processes, deadline_s, run.trust.model_code)
+        stage = cls(paths, sections, target_step(paths, train.max_steps, train.steps_per_refresh, refresh),
+                    train.num_processes, deadline_s, run.trust.model_code)
+        if train.dpo is not None and train.dpo.stored_reference:
+            stage.reads = (*UPSTREAM, REFERENCE)  # waits for the reference log-probs, retrains when they change
+        return stage
 
     def inputs(self, unit: str | None) -> Inputs:
         index = self.paths.shard_index
@@ -97,8 +104,19 @@ class TrainStage(Stage):
 
 
 def upstream_fingerprint(paths: RunPaths, stage: str) -> str:
-    """The fingerprint ``stage``'s marker records, or ``none`` (a stage the recipe leaves out, not run yet)."""
+    """The fingerprint ``stage``'s marker records, or ``none`` (a stage the recipe leaves out, not run yet); for a
+    stage of several units (``stages/<stage>/<unit>.json``), a digest of each unit's."""
     marker = paths.marker(stage)
+    folder = marker.with_suffix("")
+    if not marker.is_file() and folder.is_dir():
+        units = sorted(folder.rglob("*.json"))  # a unit may name a folder: split=train/source=web
+        found = {unit.relative_to(folder).as_posix(): upstream_fingerprint_of(unit) for unit in units}
+        return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest() if found else "none"
+    return upstream_fingerprint_of(marker)
+
+
+def upstream_fingerprint_of(marker: Path) -> str:
+    """The fingerprint the marker file records, or ``none``."""
     try:
         record = read_json(marker) if marker.is_file() else {}
     except (OSError, ValueError):

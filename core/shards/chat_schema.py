@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from core.schemas import shard_schema
+from core.shards.preference import PREFERENCE_RECORDS, RECORDS_KEY, check_preference_rows
 
 
 class IndexedShard(Protocol):
@@ -39,9 +40,13 @@ def chat_shard_schema(token_type: pa.DataType, seq_len: int, metadata: dict[str,
 
 def verify_loss_masks(path: Path, info: IndexedShard) -> list[str]:
     """``shards verify``'s faults of a chat shard's masks: a value other than 0/1, a ``num_loss_tokens`` that is not
-    its row's sum, a trained position in the row's padding (none: all good)."""
+    its row's sum, a trained position in the row's padding; and, for a preference shard (``records: preference``),
+    a row that does not hold whole pairs or a side with no loss token (none: all good)."""
     with pa.memory_map(str(path)) as source:
         table = ipc.open_file(source).read_all()
+    metadata = table.schema.metadata or {}
+    is_preference = metadata.get(RECORDS_KEY.encode()) == PREFERENCE_RECORDS.encode()
+    pairs = check_preference_rows(Path(info.path), table) if is_preference else []
     mask = table.column("loss_mask").combine_chunks().values.to_numpy().reshape(-1, info.seq_len)
     faults = []
     if mask.size and int(mask.max()) > 1:
@@ -52,4 +57,4 @@ def verify_loss_masks(path: Path, info: IndexedShard) -> list[str]:
     lengths = np.asarray(table.column("num_tokens").to_pylist(), dtype=np.int64)
     if mask.size and (mask * (np.arange(info.seq_len) >= lengths[:, None])).any():
         faults.append(f"{info.path}: loss_mask marks padding (a position after the row's num_tokens)")
-    return faults
+    return faults + pairs

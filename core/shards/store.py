@@ -325,7 +325,8 @@ def _entry_fault(run_dir: Path, entry: Path, depth: int) -> str | None:
 
 def verify_shards(run_dir: Path) -> list[str]:
     """Check every shard against the index: safe path, presence, sha256, schema (a token shard's or a chat shard's,
-    :mod:`core.shards.chat`), metadata, ids < vocab, and a chat shard's loss masks (0/1, their sums recorded).
+    :mod:`core.shards.chat`), metadata, ids < vocab, a chat shard's loss masks (0/1, their sums recorded), and a
+    preference shard's rows (whole pairs, each side with a loss token: :mod:`core.shards.preference`).
 
     Returns one human-readable line per fault (empty list = all good); also reports shard files on
     disk that the index does not list and entries under ``shards/`` outside the layout. An index row whose

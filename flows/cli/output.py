@@ -22,6 +22,7 @@ import math
 import re
 import sys
 from collections.abc import Sequence
+from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -65,8 +66,19 @@ def emit_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], output_form
 def write_json(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
     """A JSON array of objects, one per row; strict JSON (``allow_nan=False`` proves it)."""
     records = [dict(zip(columns, (json_value(value) for value in row), strict=True)) for row in rows]
-    text = json.dumps(records, indent=2, ensure_ascii=False, allow_nan=False, default=str)
+    text = json.dumps(records, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default)
     out.write(_UNSAFE_IN_JSON.sub(lambda match: f"\\u{ord(match.group()):04x}", text) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    """What ``json`` cannot write itself: a DECIMAL (DuckDB gives ``sum()`` of an integer column as HUGEINT, which
+    Arrow carries as decimal128(38, 0)) as a JSON number when that is exact, else its text; anything else as text."""
+    if isinstance(value, Decimal) and value.is_finite():
+        if value == value.to_integral_value():
+            return int(value)
+        if Decimal(repr(float(value))) == value:
+            return float(value)
+    return str(value)
 
 
 def write_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:

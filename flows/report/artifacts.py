@@ -11,7 +11,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from core.eval_results import VAL_SPLIT_TASK, failed_results
+from core.eval_results import PREFERENCE_TASK, VAL_SPLIT_TASK, failed_results
 from core.numbers import rounded
 from core.rundir import RunPaths
 from flows.report.artifact_keys import artifact_key
@@ -75,9 +75,10 @@ def publish_training(run_dir: Path, report_path: str) -> dict[str, Any]:
 
 SUBSET_LOSS_SQL = "SELECT step, val_loss FROM eval_metrics WHERE val_loss IS NOT NULL ORDER BY step"
 """The in-loop evaluations' loss (a fixed subset of the val split), unrounded: one rounding, for people."""
-WHOLE_SPLIT_LOSS_SQL = (f"SELECT step, value FROM eval_results WHERE task = '{VAL_SPLIT_TASK}' AND metric = 'loss' "
-                        "AND source IS NULL AND value IS NOT NULL ORDER BY step DESC LIMIT 1")
-"""The full evaluation's loss over the whole val split at its newest step (a constant: no data in the SQL)."""
+WHOLE_SPLIT_LOSS_SQL = (f"SELECT step, value FROM eval_results WHERE task IN ('{VAL_SPLIT_TASK}', '{PREFERENCE_TASK}') "
+                        "AND metric = 'loss' AND source IS NULL AND value IS NOT NULL ORDER BY step DESC LIMIT 1")
+"""The full evaluation's loss over the whole val split at its newest step (a DPO run's: the DPO loss of every val
+pair, as its in-loop ``val_loss`` is of a subset; a constant: no data in the SQL)."""
 
 
 def whole_split_loss(run_dir: Path) -> dict[str, Any] | None:

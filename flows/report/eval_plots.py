@@ -1,4 +1,5 @@
-"""The report's plots of the full evaluation (``eval_results``): downstream tasks, and the whole val split per source.
+"""The report's plots of the full evaluation (``eval_results``): downstream tasks, and the whole val split per source
+(a DPO run's val pairs: :mod:`flows.report.preference_plots`).
 
 Checkpoints are few (often one): a score is a marked point at the step of its checkpoint, and the step axis is
 ticked at exactly those steps (a lone point got ticks 192.5 … 207.5 around step 200).
@@ -16,12 +17,15 @@ VAL_SPLIT_PANELS = (("loss", "loss (nats/token)"), ("bits_per_byte", "bits per b
 """The whole val split's metrics, one panel each: the two units differ (a nat is 1.44 bits, per token vs per byte)."""
 
 Row = dict[str, Any]
+WHOLE_SPLIT_TASKS = ("val_split", "preference")
+"""Results of the whole val split (its token loss; a DPO run's pairs): not downstream tasks."""
 
 
 def plot_eval_tasks(axes: Any, data: dict[str, Any]) -> None:
     """One line per (task, metric) of the downstream tasks over the checkpoints' steps."""
-    rows = [row for row in data["results"] if row["task"] != "val_split"]  # the val split has its own plot
-    if not _plot_series(axes, rows, lambda row: f"{row['task']} {row['metric']}"):
+    # the val split and a DPO run's val pairs have plots of their own
+    rows = [row for row in data["results"] if row["task"] not in WHOLE_SPLIT_TASKS]
+    if not plot_series(axes, rows, lambda row: f"{row['task']} {row['metric']}"):
         _no_results(axes)
         return
     axes.set_ylabel("score")
@@ -38,7 +42,7 @@ def plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
     axes.set_subplotspec(grid[0])
     below = axes.figure.add_subplot(grid[1], sharex=axes)
     for panel, (metric, label) in zip((axes, below), VAL_SPLIT_PANELS, strict=True):
-        if not _plot_series(panel, by_metric[metric], lambda row: row["source"] or "all"):
+        if not plot_series(panel, by_metric[metric], lambda row: row["source"] or "all"):
             panel.text(0.5, 0.5, f"no {label} recorded", ha="center", va="center", color="gray",
                        transform=panel.transAxes)
         panel.set_ylabel(label)
@@ -46,7 +50,7 @@ def plot_eval_sources(axes: Any, data: dict[str, Any]) -> None:
     axes.set_xlabel("")
 
 
-def _plot_series(axes: Any, rows: list[Row], label_of: Callable[[Row], str]) -> bool:
+def plot_series(axes: Any, rows: list[Row], label_of: Callable[[Row], str]) -> bool:
     """One marked line per label over the steps of ``rows``; False (nothing drawn) when no row has a value."""
     series: dict[str, tuple[list[int], list[float]]] = {}
     for row in rows:

@@ -1,6 +1,7 @@
 """The report's headline: what the run reached and what it cost, read from the run's tables and files.
 
-Final validation loss and bits per byte, parameters, tokens trained, tokens per character and vocabulary use,
+Final validation loss and bits per byte (a DPO run: the val pairs' DPO loss and reward accuracy; an SFT run's loss
+labelled with the tokens it is over), parameters, tokens trained, tokens per character and vocabulary use,
 wall time per stage, a sample generation, the recipe and the package versions. Every value is read, none
 computed by running a model: the sample comes from ``metrics/sample_generation.json``
 (:mod:`trainer.model.sample_generation`), made once per export.
@@ -16,25 +17,35 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow.compute as pc
+import yaml
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer
 
+from core.eval_results import PREFERENCE_TASK
 from core.rundir import RunPaths, path_inside_run
+from flows.report.preference_plots import ACCURACY
 from flows.stage_times import read_versions, stage_wall_times
+from trainer.eval.loss_masks import DPO_MODE, SFT_MODE, scored_tokens
 from trainer.model.sample_generation import read_sample
 
 FINAL_VAL_LOSS = "final val loss"
 """The whole val split's loss (the full evaluation), as the run summary's ``final_val_loss`` is."""
 SUBSET_VAL_LOSS = "val loss (in-loop subset)"
 """What the headline shows without a full evaluation: the training loop's fixed subset, never "final"."""
+FINAL_DPO_LOSS = "final val DPO loss"
+"""A DPO run's headline: the sigmoid DPO loss (or SimPO's) of every val pair, from the full evaluation."""
+SUBSET_DPO_LOSS = "val DPO loss (in-loop subset)"
 VOCAB_BATCH_ROWS = 8192
 """Packed rows per batch while counting token ids: memory stays bounded by one batch (seq_len x this)."""
 
 
 def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict[str, Any]) -> dict[str, Any]:
     """The headline's values; ``data`` is the report's (its ``train``, ``eval`` and ``results`` rows)."""
+    recipe = paths.recipe.read_text(encoding="utf-8", errors="replace") if readable(paths, paths.recipe) else None
+    train = recorded_train(recipe)
     return {
-        "val": _final_val(data),
+        "train_mode": train[0],
+        "val": final_val(data, train),
         "num_parameters": exported_parameters(paths),
         "tokens_trained": _last(data["train"], "tokens_seen"),
         "tokens_per_char": con.sql(
@@ -43,9 +54,53 @@ def collect_headline(paths: RunPaths, con: duckdb.DuckDBPyConnection, data: dict
         "vocab": vocab_use(paths, con),
         "stage_times": stage_wall_times(paths),
         "versions": read_versions(paths),
-        "recipe": paths.recipe.read_text(encoding="utf-8", errors="replace") if readable(paths, paths.recipe) else None,
+        "recipe": recipe,
         "sample": read_sample(paths),
     }
+
+
+def recorded_train(recipe: str | None) -> tuple[str, str | None]:
+    """``(train.mode, what an SFT run's loss is over)`` of run.yaml's text, read as data: only a known mode or
+    label comes back (``pretrain`` for anything else, or a recipe that does not parse)."""
+    try:
+        loaded = yaml.safe_load(recipe) if recipe else None
+    except yaml.YAMLError:
+        loaded = None
+    loaded = loaded if isinstance(loaded, dict) else {}
+    train = loaded.get("train") if isinstance(loaded.get("train"), dict) else {}
+    mode = train.get("mode") if train.get("mode") in (SFT_MODE, DPO_MODE) else "pretrain"
+    return mode, scored_tokens(loaded) if mode == SFT_MODE else None
+
+
+def final_val(data: dict[str, Any], train: tuple[str, str | None] = ("pretrain", None)) -> dict[str, Any]:
+    """The headline's validation figures for the run's ``train`` (:func:`recorded_train`): a DPO run's DPO loss
+    and reward accuracy (:func:`_final_preference`); else the loss and bits per byte, labelled with the tokens an
+    SFT run's loss is over."""
+    mode, scored = train
+    if mode == DPO_MODE:
+        return _final_preference(data)
+    val = _final_val(data)
+    if scored is not None:
+        val["label"] = f"{val['label']}, {scored} tokens"
+    return val
+
+
+def _final_preference(data: dict[str, Any]) -> dict[str, Any]:
+    """The val pairs' DPO loss and reward accuracy of the newest full evaluation (``preference`` results), else
+    of the in-loop one (its ``val_loss`` is the DPO loss of a fixed subset of the val pairs)."""
+    full: dict[str, dict[str, Any]] = {}
+    for row in data["results"]:  # ordered by step: the newest step's value wins
+        if row["task"] == PREFERENCE_TASK and row["source"] is None and row["value"] is not None:
+            full[row["metric"]] = row
+    if "loss" in full:
+        step = full["loss"]["step"]
+        return {"loss": full["loss"]["value"], "accuracy": full.get(ACCURACY, {}).get("value"), "step": step,
+                "label": FINAL_DPO_LOSS, "note": f"every val pair, step {step}"}
+    last = data["eval"][-1] if data["eval"] else {}
+    if last.get("val_loss") is None:
+        return {"loss": None, "accuracy": None, "step": None, "label": FINAL_DPO_LOSS, "note": "no evaluation yet"}
+    return {"loss": last["val_loss"], "accuracy": last.get(ACCURACY), "step": last["step"],
+            "label": SUBSET_DPO_LOSS, "note": f"in-loop subset of the val pairs, step {last['step']}"}
 
 
 def _final_val(data: dict[str, Any]) -> dict[str, Any]:
@@ -128,10 +183,16 @@ def readable(paths: RunPaths, path: Path) -> bool:
 def headline_figures(headline: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(label, value, note)`` of the key figures, as text; ``—`` where the run has no value yet."""
     val, vocab = headline["val"], headline["vocab"]
+    if "accuracy" in val:  # a DPO run
+        second = ("reward accuracy", "—" if val["accuracy"] is None else f"{val['accuracy']:.1%}",
+                  "val pairs whose chosen reward is the higher" if val["accuracy"] is not None else
+                  "not recorded (needs stored reference log-probs)")
+    else:
+        second = ("bits per byte", _number(val["bpb"], ".4f"), val["note"] if val["bpb"] is not None else
+                  "needs the full evaluation (eval section)")
     return [
         (val["label"], _number(val["loss"], ".4f"), val["note"]),
-        ("bits per byte", _number(val["bpb"], ".4f"), val["note"] if val["bpb"] is not None else
-         "needs the full evaluation (eval section)"),
+        second,
         ("parameters", _number(headline["num_parameters"], ","), "exported model" if headline["num_parameters"]
          else "no export yet"),
         ("tokens trained", _number(headline["tokens_trained"], ","), "padding included"),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flows.report.eval_plots import plot_eval_sources, plot_eval_tasks
+from flows.report.preference_plots import plot_preference_eval, plot_rewards
 
 PLOTS: dict[str, str] = {
     "loss": "Training and validation loss",
@@ -28,8 +29,11 @@ PLOTS: dict[str, str] = {
     "row_fill": "Row fill (real tokens per packed row)",
     "eval_tasks": "Full evaluation: the metrics of each downstream task over steps",
     "eval_sources": "Full evaluation: the whole val split per source (loss and bits per byte)",
+    "rewards": "DPO rewards in training: chosen, rejected and margin; reward accuracy below",
+    "preference_eval": "Full evaluation of a DPO run: reward accuracy and DPO loss of the val pairs per checkpoint",
 }
-FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5), "eval_sources": (7, 5)}
+FIGSIZE: dict[str, tuple[float, float]] = {"funnel": (11, 4), "throughput": (7, 5), "eval_sources": (7, 5),
+                                           "rewards": (7, 5), "preference_eval": (7, 5)}
 """Plots other than the default 7 x 3.6 inches: the funnel has a second panel (rejects by reason), the
 throughput a second one below (MFU), the whole val split's loss one below it (bits per byte)."""
 MAX_REASONS = 8
@@ -114,7 +118,8 @@ def _plot_loss(axes: Any, data: dict[str, Any]) -> None:
     axes.plot(*train, label="train loss")
     axes.plot(*evals, marker="o", label="validation loss")
     axes.set_xlabel("step")
-    axes.set_ylabel("cross-entropy (nats/token)")
+    # a DPO run's loss is per pair: -log sigmoid of its reward margin (train_metrics' and the in-loop eval's)
+    axes.set_ylabel("DPO loss (per pair)" if data.get("train_mode") == "dpo" else "cross-entropy (nats/token)")
     tokens = _tokens_seen(data["train"])
     if tokens is not None:
         steps, seen = tokens
@@ -311,4 +316,5 @@ def _plot_row_fill(axes: Any, data: dict[str, Any]) -> None:
 PLOT_FUNCTIONS = {"loss": _plot_loss, "lr": _plot_lr, "throughput": _plot_throughput, "funnel": _plot_funnel,
                   "source_mix": _plot_source_mix, "train_mix": _plot_train_mix, "doc_lengths": _plot_doc_lengths,
                   "row_fill": _plot_row_fill,
-                  "eval_tasks": plot_eval_tasks, "eval_sources": plot_eval_sources}
+                  "eval_tasks": plot_eval_tasks, "eval_sources": plot_eval_sources, "rewards": plot_rewards,
+                  "preference_eval": plot_preference_eval}

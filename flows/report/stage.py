@@ -65,6 +65,7 @@ def collect_report_data(run_dir: Path) -> dict[str, Any]:
                 "GROUP BY ALL ORDER BY task"),
         }
         data["headline"] = collect_headline(RunPaths(run_dir), con, data)
+        data["train_mode"] = data["headline"]["train_mode"]
         return data
     finally:
         con.close()
@@ -89,7 +90,7 @@ class ReportStage(Stage):
 
     name = REPORT_STAGE
     reads = ("ingest", "dedupe", "decontaminate", "eval-tasks", "base-model", "tokenizer", "pack", "shard-index",
-             "train", "evaluate")
+             "train", "evaluate", "evaluate-pairs")
 
     def inputs(self, unit: str | None) -> Inputs:
         """Every file of the run dir the report could read, by :func:`core.rundir.file_stats`, one digest per

@@ -10,6 +10,9 @@ import math
 from collections import Counter
 from typing import Any
 
+from core.eval_results import PREFERENCE_TASK
+from flows.report.preference_plots import has_rewards, preference_rows
+
 
 def uninformative_plots(data: dict[str, Any]) -> dict[str, str]:
     """``{plot name: why it is not drawn}`` for the report's ``data`` (see
@@ -25,6 +28,9 @@ def uninformative_plots(data: dict[str, Any]) -> dict[str, str]:
         "row_fill": _row_fill(data["row_fill"], data["num_packed_pairs"]),
         "eval_tasks": None if _results(data, downstream=True) else "no downstream task results (eval.tasks)",
         "eval_sources": None if _results(data, downstream=False) else "no full evaluation of the val split yet",
+        "rewards": None if has_rewards(data["train"]) else "no DPO rewards logged (train.mode: dpo logs them)",
+        "preference_eval": None if any(row["value"] is not None for row in preference_rows(data["results"]))
+        else "no full evaluation of preference pairs (tokenmill eval of a DPO run)",
     }
     return {name: why for name, why in reasons.items() if why is not None}
 
@@ -70,5 +76,7 @@ def _row_fill(fills: list[int], num_pairs: int) -> str | None:
 
 
 def _results(data: dict[str, Any], *, downstream: bool) -> bool:
-    return any(row["value"] is not None and (row["task"] != "val_split") == downstream
+    """Downstream task results, or the val split's loss or bits per byte (a DPO run's pairs are neither)."""
+    return any(row["value"] is not None and row["task"] != PREFERENCE_TASK
+               and (row["task"] != "val_split") == downstream
                and (downstream or row["metric"] in ("loss", "bits_per_byte")) for row in data["results"])

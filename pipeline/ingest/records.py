@@ -1,8 +1,8 @@
 """Ingest stage, what a reader yields: a :class:`Record` (a document as read) or a :class:`Reject` (why not).
 
 Shared by every format's reader: how a JSON line becomes one or the other (:func:`parse_json_line`), how a
-chat source's record becomes a conversation document (:func:`chat_record`), the ``too_long`` reject of a record not
-read whole, and the UTF-8 checks every stored string passes.
+chat or preference source's record becomes a conversation or pair document (:func:`structured_record`), the
+``too_long`` reject of a record not read whole, and the UTF-8 checks every stored string passes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.conversations import Rejection, parse_record
+from core.preference_pairs import parse_pair
 from pipeline.ingest.streams import MAX_JSON_BYTES_PER_CHAR, RECORD_SLACK_BYTES, TOO_LONG_RAW_BYTES
 from pipeline.manifest import SourceConfig
 
@@ -25,7 +26,8 @@ class Record:
     source_id: str | None
     raw: bytes | None
     record: str | None = None
-    """A chat source's conversation, normalised, as JSON (the documents' ``record`` column); None for text."""
+    """A chat source's conversation or a preference source's pair, normalised, as JSON (the documents' ``record``
+    column); None for text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,8 @@ def parse_json_line(line: bytes, uri: str, source: SourceConfig) -> Record | Rej
     if not isinstance(obj, dict):
         return Reject(uri, "not_an_object", f"the line holds {json_kind(obj)}, not a JSON object", line)
     source_id = source_id_text(obj.get(source.id_field)) if source.id_field else None
-    if source.records == "chat":
-        return chat_record(obj, uri, line, source_id)
+    if source.records != "text":
+        return structured_record(source.records, obj, uri, line, source_id)
     value = obj.get(source.text_field)
     if source.text_field in obj and value is None:
         return Reject(uri, "missing_text", f"'{source.text_field}' is null", line, source_id)
@@ -81,13 +83,41 @@ def chat_record(obj: Mapping[str, object], uri: str, raw: bytes | None, source_i
     ``no_assistant_turn``, ``empty_content``, ... of :data:`core.conversations.CHAT_REJECT_REASONS`)."""
     conversation = parse_record(obj)
     if isinstance(conversation, Rejection):
-        raw = raw if raw is not None else json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
-        return Reject(uri, conversation.code, conversation.reason, raw, source_id)
+        return _reject(conversation, obj, uri, raw, source_id)
     return Record(uri, conversation.document_text(), source_id, raw, conversation.normalised_json())
 
 
-CONVERSATION_FIELDS = ("messages", "prompt", "completion")
-"""The fields of a chat record that hold the conversation (the columns a table reader reads)."""
+def preference_record(obj: Mapping[str, object], uri: str, raw: bytes | None,
+                      source_id: str | None) -> Record | Reject:
+    """A preference source's record (``prompt`` or ``messages`` with ``chosen`` and ``rejected``, or the two sides
+    alone; its other fields are not read) as a pair document whose text is the prompt, or the reject with its reason
+    (``identical_sides``, ``empty_side``, ``bad_record``, ... of
+    :data:`core.preference_pairs.PREFERENCE_REJECT_REASONS`)."""
+    pair = parse_pair(obj)
+    if isinstance(pair, Rejection):
+        return _reject(pair, obj, uri, raw, source_id)
+    return Record(uri, pair.prompt_text, source_id, raw, pair.normalised_json())
+
+
+def structured_record(records: str, obj: Mapping[str, object], uri: str, raw: bytes | None,
+                      source_id: str | None) -> Record | Reject:
+    """A record of a source whose ``records`` is ``chat`` or ``preference``, as :func:`chat_record` or
+    :func:`preference_record` reads it."""
+    read = preference_record if records == "preference" else chat_record
+    return read(obj, uri, raw, source_id)
+
+
+def _reject(rejection: Rejection, obj: Mapping[str, object], uri: str, raw: bytes | None,
+            source_id: str | None) -> Reject:
+    """The reject of a record that did not parse; ``raw``: its bytes, or (a table row) the record as JSON."""
+    raw = raw if raw is not None else json.dumps(obj, ensure_ascii=False, default=str).encode("utf-8")
+    return Reject(uri, rejection.code, rejection.reason, raw, source_id)
+
+
+RECORD_FIELDS = {"chat": ("messages", "prompt", "completion"),
+                 "preference": ("prompt", "messages", "chosen", "rejected")}
+"""The fields of a chat or preference record that hold it, by the source's ``records`` (the columns a table reader
+reads)."""
 
 
 JSON_KINDS = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number",

@@ -31,7 +31,7 @@ from pipeline.ingest.part_files import (
     reject_row,
 )
 from pipeline.ingest.readers import Reject
-from pipeline.ingest.records import Record, chat_record
+from pipeline.ingest.records import Record, structured_record
 from pipeline.manifest import FilterConfig
 
 FILTER_REASONS = frozenset(row.reason for row in QUALITY_FILTERS)
@@ -39,12 +39,12 @@ FILTER_REASONS = frozenset(row.reason for row in QUALITY_FILTERS)
 
 def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, paths: RunPaths,
                   fingerprints: tuple[str, str], near: NearDedupeConfig | None,
-                  marker: dict[str, Any], chat: bool = False) -> tuple[dict[str, Any], str]:
+                  marker: dict[str, Any], records: str = "text") -> tuple[dict[str, Any], str]:
     """Rewrite the part's rejects and attributes (and its documents when the kept set changed) under ``filters``;
     returns the ingest summary, with ``redecided: True`` and ``num_changed`` (documents whose verdict changed), and
     the fingerprint of its kept documents (the one its ``marker`` recorded while they stay the same).
-    ``chat``: the part's source has ``records: chat`` (a document brought back gets its conversation again, from
-    the reject's ``raw``)."""
+    ``records``: the part's source's (``chat``, ``preference``: a document brought back gets its conversation or pair
+    again, from the reject's ``raw``)."""
     docs_path, rejects_path = paths.document_part(part_id), paths.rejects_part(part_id)
     attributes_path = paths.attributes_part(part_id)
     docs = {row["uri"]: row for row in pq.read_table(docs_path).to_pylist()}
@@ -56,7 +56,7 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
     for values in pq.read_table(attributes_path).to_pylist():
         was_kept = values["reason"] is None
         row, values = _redecided(values, docs.get(values["uri"]), filtered.get(values["uri"]), filters, val_fraction,
-                                 chat)
+                                 records)
         (rejected_rows if "reason" in row else kept_rows).append(row)
         attribute_rows.append(attribute_row(row, values))
         num_changed += was_kept == ("reason" in row)
@@ -67,7 +67,7 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
     if kept_changed:
         part_fingerprint = fingerprint(*fingerprints)
         with SignatureCollector(paths, part_id, part_fingerprint, near) as signatures:
-            _write_rows(docs_path, documents_schema(chat), kept_rows, paths, signatures.add)
+            _write_rows(docs_path, documents_schema(records != "text"), kept_rows, paths, signatures.add)
             signatures.write()
     reasons = Counter(row["reason"] for row in broken + rejected_rows)
     summary = {**marker["summary"], "num_documents": len(kept_rows), "num_rejects": sum(reasons.values()),
@@ -76,14 +76,14 @@ def redecide_part(part_id: int, filters: FilterConfig, val_fraction: float, path
 
 
 def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: dict[str, Any] | None,
-               filters: FilterConfig, val_fraction: float, chat: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+               filters: FilterConfig, val_fraction: float, records: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(documents or rejects row, measured values)`` of one document under ``filters``."""
     verdict = redecide(values, filters)
     if kept is not None and verdict is None:
         return kept, values
     if kept is not None and verdict != UNMEASURED:
         text = kept["text"]
-        # the source record is not read again: its conversation (chat) or normalised text stands for it
+        # the source record is not read again: its conversation or pair (record) or normalised text stands for it
         raw = (kept.get("record") or text).encode("utf-8")
         row = reject_row(Reject(kept["uri"], verdict[0], verdict[1], raw, kept["source_id"]), kept["source"])
         return {**row, "text": text}, values
@@ -95,14 +95,14 @@ def _redecided(values: dict[str, Any], kept: dict[str, Any] | None, rejected: di
     text, failed, measured = measure_text(rejected["text"], filters)
     if failed is not None:
         return {**rejected, "reason": failed[0], "detail": failed[1]}, measured
-    record = _conversation_json(rejected["raw"]) if chat else None
+    record = _record_json(records, rejected["raw"]) if records != "text" else None
     return document_row(rejected["source"], rejected["uri"], rejected["source_id"], text, val_fraction,
                         record), measured
 
 
-def _conversation_json(raw: bytes | None) -> str | None:
-    """The normalised conversation of a chat reject's ``raw`` (its line, or its conversation JSON)."""
-    parsed = chat_record(json.loads(raw or b"null"), "", raw, None) if raw else None
+def _record_json(records: str, raw: bytes | None) -> str | None:
+    """The normalised conversation or pair of a chat or preference reject's ``raw`` (its line, or its record JSON)."""
+    parsed = structured_record(records, json.loads(raw or b"null"), "", raw, None) if raw else None
     return parsed.record if isinstance(parsed, Record) else None
 
 

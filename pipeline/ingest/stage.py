@@ -534,7 +534,7 @@ class IngestStage(Stage):
         recorded = self._recorded.get(unit)
         if recorded is not None and _redecidable(part, measured, recorded, self.paths):
             summary, documents = redecide_part(part.part_id, manifest.filters, self.val_fraction, self.paths,
-                                               (measured, decided), self.near, recorded, source.records == "chat")
+                                               (measured, decided), self.near, recorded, source.records)
         else:
             documents = fingerprint(measured, decided)
             with SignatureCollector(self.paths, part.part_id, documents, self.near) as signatures:
@@ -636,7 +636,7 @@ def _write_part(part: IngestPart, source: SourceConfig, filters: FilterConfig, r
     with (paths.atomic_write(paths.document_part(part.part_id)) as docs_tmp,
           paths.atomic_write(paths.rejects_part(part.part_id)) as rejects_tmp,
           paths.atomic_write(paths.attributes_part(part.part_id)) as attributes_tmp):
-        docs = ParquetSink(docs_tmp, documents_schema(source.records == "chat"), on_flush=signatures.add,
+        docs = ParquetSink(docs_tmp, documents_schema(source.records != "text"), on_flush=signatures.add,
                            group_column="split")
         rejects = ParquetSink(rejects_tmp, REJECTS_SCHEMA)
         attributes = ParquetSink(attributes_tmp, ATTRIBUTES_SCHEMA)

@@ -19,12 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.ingest.records import (
-    CONVERSATION_FIELDS,
+    RECORD_FIELDS,
     Record,
     Reject,
-    chat_record,
     parse_json_line,
     source_id_text,
+    structured_record,
     too_long,
 )
 from pipeline.ingest.streams import (
@@ -212,8 +212,8 @@ def hf_local_builder(path: Path) -> str | None:
 
 
 def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
-    if source.records == "chat":
-        return _chat_columns(names, source, rel)
+    if source.records != "text":
+        return _structured_columns(names, source, rel)
     if source.text_field not in names:
         shown = ", ".join(names[:20])
         detail = f"has no column '{source.text_field}' (columns: {shown}); set text_field in the manifest"
@@ -224,26 +224,28 @@ def _batch_columns(names: list[str], source: SourceConfig, rel: str) -> list[str
     return columns
 
 
-def _chat_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
-    """A chat source's columns: those of :data:`CONVERSATION_FIELDS` the file has, and its id column."""
-    columns = [name for name in CONVERSATION_FIELDS if name in names]
+def _structured_columns(names: list[str], source: SourceConfig, rel: str) -> list[str]:
+    """A chat or preference source's columns: those of :data:`RECORD_FIELDS` the file has, and its id column."""
+    fields = RECORD_FIELDS[source.records]
+    columns = [name for name in fields if name in names]
     if not columns:
-        shown = ", ".join(names[:20])
-        raise UnreadableFileError(f"has no column 'messages' or 'prompt'/'completion' (columns: {shown}); a source "
-                                  "with records: chat reads conversations from them", rel, None)
+        shown, wanted = ", ".join(names[:20]), ", ".join(f"'{name}'" for name in fields)
+        what = "pairs" if source.records == "preference" else "conversations"
+        raise UnreadableFileError(f"has none of the columns {wanted} (columns: {shown}); a source with records: "
+                                  f"{source.records} reads {what} from them", rel, None)
     if source.id_field is not None and source.id_field in names and source.id_field not in columns:
         columns.append(source.id_field)
     return columns
 
 
-def _chat_records_from_batch(batch: pa.RecordBatch | pa.Table, rel: str, first_row: int,
-                             source: SourceConfig) -> Iterator[Record | Reject]:
-    """A conversation document or reject per row. A null field (a column other rows fill, a message struct's
-    optional key) counts as absent, as a JSON record would leave it out."""
+def _structured_records_from_batch(batch: pa.RecordBatch | pa.Table, rel: str, first_row: int,
+                                   source: SourceConfig) -> Iterator[Record | Reject]:
+    """A conversation (or pair) document or reject per row. A null field (a column other rows fill, a message
+    struct's optional key) counts as absent, as a JSON record would leave it out."""
     for offset, row in enumerate(batch.to_pylist()):
         source_id = source_id_text(row.get(source.id_field)) if source.id_field is not None else None
-        record = _without_nulls({key: row[key] for key in CONVERSATION_FIELDS if key in row})
-        yield chat_record(record, f"{rel}#row={first_row + offset}", None, source_id)
+        record = _without_nulls({key: row[key] for key in RECORD_FIELDS[source.records] if key in row})
+        yield structured_record(source.records, record, f"{rel}#row={first_row + offset}", None, source_id)
 
 
 def _without_nulls(value: object) -> object:
@@ -258,8 +260,8 @@ def _without_nulls(value: object) -> object:
 def _records_from_batch(batch: pa.RecordBatch | pa.Table, rel: str, first_row: int, source: SourceConfig,
                         max_bytes: int) -> Iterator[Record | Reject]:
     """A record or reject per row; a value above ``max_bytes`` is ``too_long`` without becoming a Python string."""
-    if source.records == "chat":
-        yield from _chat_records_from_batch(batch, rel, first_row, source)
+    if source.records != "text":
+        yield from _structured_records_from_batch(batch, rel, first_row, source)
         return
     text_column = batch.column(source.text_field)
     oversized = _oversized_values(text_column, max_bytes)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import duckdb
 import pyarrow as pa
 
-from core.conversations import RENDERING_REASONS
 from core.documents import document_part_files
 from core.errors import QueryError, ShardFormatError
 from core.eval_results import all_rows, result_files
@@ -42,6 +41,13 @@ from core.schemas import (
 from core.shards.check import checked_shard_path, damaged_shard_message
 from core.shards.store import SHARD_LAYOUT, ShardInfo, read_shard_index, scan_shard_files
 from pipeline.objects import checked_url, is_remote
+from pipeline.sql.preference_pairs import (
+    PREFERENCE_PAIRS_SCHEMA,
+    PREFERENCE_PAIRS_VIEW,
+    preference_pairs_table,
+    reference_files,
+    score_files,
+)
 from pipeline.sql.remote_run import remote_run_tables
 from pipeline.sql.run_mirror import mirror_run
 from pipeline.sql.view_tables import (
@@ -63,7 +69,7 @@ if TYPE_CHECKING:
     import pyarrow.dataset as ds
 
 VIEWS = ("documents", "rejects", "attributes", "duplicates", "shards", "sequences", "train_metrics", "eval_metrics",
-         "eval_results", "train_segments")
+         "eval_results", "train_segments", PREFERENCE_PAIRS_VIEW)
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 TRAIN_SEGMENTS_VIEW = "train_segments"
 DEPTH_ADVICE = 'Use "SET max_expression_depth'
@@ -87,18 +93,19 @@ def open_views(run_dir: str | Path, sql: str | None,
     the named questions here pass none (they read only the data views).
 
     ``run_dir`` may be a URL (``s3://bucket/runs/NAME``): the data views are then read through fsspec
-    (:mod:`pipeline.sql.remote_run`), a statement naming eval_results, train_segments or a derived view runs on the
-    run's local mirror (:mod:`pipeline.sql.run_mirror`), and DuckDB is confined just the same.
+    (:mod:`pipeline.sql.remote_run`), a statement naming eval_results, train_segments, preference_pairs or a
+    derived view runs on the run's local mirror (:mod:`pipeline.sql.run_mirror`), and DuckDB is confined just the
+    same.
 
-    Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results
-    (columns: docs/querying.md, "The views"). ``sql``, when given, is the one statement the connection is
-    for: a view not read straight from Parquet (metrics, results, launches, sequences, ``derived``) is built only
-    when it names the view (else it is empty), so a damaged shard or metrics file breaks only the queries that
-    read it, and a query pays only for what it reads.
+    Views: documents, rejects, attributes, duplicates, shards, sequences, train_metrics, eval_metrics, eval_results,
+    preference_pairs (columns: docs/querying.md, "The views"). ``sql``, when given, is the one statement the
+    connection is for: a view not read straight from Parquet (metrics, results, launches, sequences, pairs,
+    ``derived``) is built only when it names the view (else it is empty), so a damaged shard or metrics file breaks
+    only the queries that read it, and a query pays only for what it reads.
     Raises QueryError, naming the folder or file, when the run dir holds what tokenmill would not write
     (a folder under ``shards/`` outside the layout, a file resolving outside the run dir, a broken shard).
     """
-    mirrored = [*derived, TRAIN_SEGMENTS_VIEW, "eval_results"]
+    mirrored = [*derived, TRAIN_SEGMENTS_VIEW, "eval_results", PREFERENCE_PAIRS_VIEW]
     if is_remote(str(run_dir)):
         checked_url(str(run_dir), "run dir")  # a bad bucket name or key: one line, before any request
     if is_remote(str(run_dir)) and sql is not None and not any(name in sql.lower() for name in mirrored):
@@ -206,12 +213,12 @@ def duckdb_error_line(err: duckdb.Error) -> str:
 # ---- named questions ---------------------------------------------------------------------------
 
 
-DOCUMENT_REJECT_REASONS = ", ".join(f"'{reason}'" for reason in ("contaminated", *RENDERING_REASONS))
-"""Reasons of rejects that are also in ``_docs`` (a contaminated document; a conversation the SFT data stage could
-not render): the funnel counts them read once. Code constants, never data."""
+# A reject that is also in _docs (a contaminated document; a conversation or pair the SFT or preference data stage
+# could not render or fit) was read once: told apart by its (source, uri), not its reason (a pair's identical_sides
+# is an ingest reject as written, a document once rendered).
 FUNNEL_SQL = """
 WITH read_docs AS (SELECT source, count(*) AS n FROM _docs GROUP BY source),
-     rej AS (SELECT source, count(*) AS n FROM rejects WHERE reason NOT IN (""" + DOCUMENT_REJECT_REASONS + """)
+     rej AS (SELECT source, count(*) AS n FROM rejects WHERE (source, uri) NOT IN (SELECT source, uri FROM _docs)
              GROUP BY source),
      contaminated AS (SELECT source, count(*) AS n FROM rejects WHERE reason = 'contaminated' GROUP BY source),
      dup AS (SELECT source, count(*) FILTER (WHERE kind = 'exact') AS exact,
@@ -279,8 +286,8 @@ def data_funnel(run_dir: Path) -> list[dict[str, Any]]:
     """Per source: ``source, records_read, rejected, exact_duplicates, near_duplicates, contaminated, kept``.
 
     ``records_read`` counts every record once: a contaminated document is in ``docs`` and in ``rejects``, and so is
-    a conversation the SFT data stage could not render (counted kept here: a document, not trained on; the rejects
-    table says why).
+    a conversation or preference pair the SFT or preference data stage could not render (counted kept here: a
+    document, not trained on; the rejects table says why).
     """
     return _rows(run_dir, FUNNEL_SQL)
 
@@ -349,6 +356,9 @@ def _run_tables(run_dir: Path, named: Callable[[str], bool]) -> dict[str, ViewDa
         "eval_results": (lambda: _eval_results_table(run_dir, paths), EVAL_RESULTS_SCHEMA),
         TRAIN_SEGMENTS_VIEW: (lambda: _train_segments_table(run_dir, paths.train_segments), TRAIN_SEGMENTS_SCHEMA),
         SEQUENCES_VIEW: (lambda: _sequences_table(run_dir, shard_files), EMPTY_SEQUENCES_SCHEMA),
+        PREFERENCE_PAIRS_VIEW: (lambda: preference_pairs_table(run_dir, _checked_files(run_dir, score_files(paths)),
+                                                               _checked_files(run_dir, reference_files(paths))),
+                                PREFERENCE_PAIRS_SCHEMA),
     }
     return {
         "_docs": _parquet_view(run_dir, document_part_files(paths), DOCUMENTS_SCHEMA),

@@ -26,6 +26,7 @@ from core.shards.check import damaged_shard_message
 from core.shards.store import SHARD_LAYOUT
 from pipeline.objects import ObjectPath, object_errors
 from pipeline.sql import view_tables
+from pipeline.sql.preference_pairs import PREFERENCE_PAIRS_SCHEMA, PREFERENCE_PAIRS_VIEW
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -38,8 +39,8 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
     """Every view's data of the run at ``url``, by the name :func:`pipeline.sql.query.open_views` registers it under.
 
     ``unsupported``: views not read from a bucket here (the trainer's derived views, eval_results,
-    train_segments: :func:`pipeline.sql.query.open_views` answers those on the run's mirror); a statement naming one is
-    refused (QueryError) rather than answered from an empty view.
+    train_segments, preference_pairs: :func:`pipeline.sql.query.open_views` answers those on the run's mirror); a
+    statement naming one is refused (QueryError) rather than answered from an empty view.
     """
     lowered = (sql or "").lower()
     named = [name for name in unsupported if sql is not None and name in lowered]
@@ -86,6 +87,7 @@ def remote_run_tables(url: str, sql: str | None, unsupported: list[str]) -> dict
                                                   f"{url}/{EVAL_METRICS}", view_tables.EVAL_METRICS_SCHEMA),
         "eval_results": view_tables.empty_table(view_tables.EVAL_RESULTS_SCHEMA),
         "train_segments": view_tables.empty_table(view_tables.TRAIN_SEGMENTS_SCHEMA),
+        PREFERENCE_PAIRS_VIEW: view_tables.empty_table(PREFERENCE_PAIRS_SCHEMA),
         "sequences": _sequences(url, base, fs, _shard_keys(url, keys) if read_shards else []),
     }
 

@@ -177,3 +177,14 @@ def test_a_sample_block_escapes_what_it_shows() -> None:
            "uris": [None], "text": "a\x1b[2J\nb<|pad|>×1"}
     assert sample_block(row) == ["shards/split=val/source=s/part-00000.arrow row 4 (val/s, 3 tokens + 1 pad)",
                                  "  doc 7 (uri unknown) at token 0", "  │ a\\x1b[2J", "  │ b<|pad|>×1"]
+
+
+def test_json_writes_decimal_sums_as_numbers_when_exact() -> None:
+    """``sum()`` of an integer column is HUGEINT in DuckDB, a Decimal in Python: a number in JSON, not a string;
+    a decimal a float cannot hold exactly stays text rather than change."""
+    table = duckdb.sql("SELECT sum(x) AS total, sum(x)::DECIMAL(18, 2) AS money, 0.25::DECIMAL(4, 2) AS quarter, "
+                      "0.1::DECIMAL(38, 37) + 1e-37::DECIMAL(38, 37) AS fine FROM range(4) t(x)").to_arrow_table()
+    out = io.StringIO()
+    emit_rows(table.column_names, [list(row.values()) for row in table.to_pylist()], "json", out)
+    assert json.loads(out.getvalue()) == [{"total": 6, "money": 6, "quarter": 0.25,
+                                           "fine": "0.1000000000000000000000000000000000001"}]

@@ -30,7 +30,7 @@ SOURCE = "tiny-prefs"
 
 @pytest.fixture(scope="module")
 def pairs(preference_model_dirs: dict[str, Path]) -> list[MaskedPair]:
-    """Six pairs: the shared records with Mistral's template, twice (each twice as a different pair id)."""
+    """Six pairs: the shared records with Mistral's template, twice (each twice as a different doc id)."""
     template = load_chat_template(preference_model_dirs["mistral"])
     masked = [mask_pair(template, parse_pair(record)) for record in RECORDS] * 2
     assert all(isinstance(pair, MaskedPair) for pair in masked)
@@ -43,7 +43,7 @@ def vocab_size(preference_model_dirs: dict[str, Path]) -> int:
 
 
 def keys(count: int) -> list[PairKey]:
-    return [PairKey(f"pair-{index}", SOURCE) for index in range(count)]
+    return [PairKey(100 + index, "train", SOURCE) for index in range(count)]
 
 
 def saved_reference(folder: Path, vocab_size: int, seed: int) -> tuple[torch.nn.Module, str]:
@@ -80,9 +80,9 @@ def test_stored_values_equal_recomputed_ones_and_sql_reads_them(pairs: list[Mask
     torch.testing.assert_close(stored.chosen, recomputed.chosen, atol=1e-5, rtol=0)
     torch.testing.assert_close(stored.rejected, recomputed.rejected, atol=1e-5, rtol=0)
     assert stored.chosen[0] != stored.chosen[1]  # the lookup follows the keys, not the file's order
-    rows = duckdb.execute("SELECT pair_id, rejected_logp, reference_sha256 FROM read_parquet(?) ORDER BY pair_id",
+    rows = duckdb.execute("SELECT doc_id, rejected_logp, reference_sha256 FROM read_parquet(?) ORDER BY doc_id",
                           [str(path)]).fetchall()
-    assert [row[0] for row in rows] == [key.pair_id for key in keys(len(pairs))]
+    assert [row[0] for row in rows] == [key.doc_id for key in keys(len(pairs))]
     assert rows[0][1] == pytest.approx(recomputed.rejected[-1].item(), abs=1e-5) and rows[0][2] == sha256
 
 
@@ -95,8 +95,11 @@ def test_log_probs_of_another_reference_model_or_pair_are_refused(pairs: list[Ma
     with pytest.raises(ShardFormatError, match=f"{path}: computed with reference model {sha256[:12]}, not "
                                                f"{other_sha256[:12]}; recompute"):
         read_reference_logps(path, other_sha256)
-    with pytest.raises(ShardFormatError, match="no reference log-probs for pair 'pair-9' of source 'tiny-prefs'"):
-        reference_logps_for(read_reference_logps(path, sha256), [PairKey("pair-9", SOURCE)])
+    with pytest.raises(ShardFormatError, match=r"no reference log-probs for pair \(doc id 109\) of split 'train', "
+                                               "source 'tiny-prefs'"):
+        reference_logps_for(read_reference_logps(path, sha256), [PairKey(109, "train", SOURCE)])
+    with pytest.raises(ShardFormatError, match="of split 'val'"):  # the same doc id in another split is another pair
+        reference_logps_for(read_reference_logps(path, sha256), [PairKey(100, "val", SOURCE)])
 
 
 def test_training_on_stored_reference_log_probs_equals_computing_them_on_the_fly(pairs: list[MaskedPair],

@@ -1,12 +1,10 @@
 """``train.lora``: only the adapters train, they and their AdamW state are in every checkpoint, the export is merged
-(plain transformers, the logits of base + adapters) or a peft adapter dir, resume after kill -9 is bitwise exact,
-2 processes resume on 1, and the combinations that do not work say so in one line."""
+(plain transformers, the logits of base + adapters) or a peft adapter dir, 2 processes resume on 1, and the
+combinations that do not work say so in one line. Resume after kill -9 with adapters (dropout on) is bitwise exact:
+tests/trainer/test_dpo_guarantees.py, which trains LoRA adapters by DPO."""
 
 from __future__ import annotations
 
-import random
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,6 @@ from tests.trainer.chat_run import make_chat_run_dir
 from tests.trainer.conftest import Corpus, edit_recipe, metric_steps
 from tests.trainer.test_parallel import FP32_ATOL, launch, max_weight_difference
 from tests.trainer.test_precision import build_loop
-from tests.trainer.test_resume import start_training, wait_for_step
 from trainer.config import TrainConfig
 from trainer.loader.batches import PAD_ID, SplitRows, load_batch
 from trainer.train import export_if_stale, export_if_stale_to, main
@@ -111,37 +108,6 @@ def test_lora_with_a_sharding_engine_or_the_builtin_model_is_refused_in_one_line
     assert main(["--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: train.lora adapts a Hugging Face model")
-
-
-RESUME_SETTINGS = {"max_steps": 8, "checkpoint_every": 3, "eval_every": 8, "eval_batches": 1, "log_every": 1,
-                   "lr": 1e-2, "lora": {**LORA, "dropout": 0.1}}
-"""Dropout on: the resumed run must also continue the RNG the adapters' dropout draws from."""
-
-
-@pytest.mark.slow
-def test_lora_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path: Path,
-                                                                          stdlib_corpus: Corpus) -> None:
-    straight = make_chat_run_dir(tmp_path, stdlib_corpus, "straight", **RESUME_SETTINGS)
-    assert main(["--run-dir", str(straight)]) == 0
-    expected = (straight / "model" / "model.safetensors").read_bytes()
-
-    run_dir = make_chat_run_dir(tmp_path, stdlib_corpus, "killed", **RESUME_SETTINGS)
-    log = run_dir / "train.log"
-    process = start_training(run_dir, log)
-    rng = random.Random(1)  # a random step after the first checkpoint, then a random fraction of a step
-    wait_for_step(run_dir, rng.randint(RESUME_SETTINGS["checkpoint_every"] + 1, RESUME_SETTINGS["max_steps"] - 3),
-                  process)
-    time.sleep(rng.uniform(0.0, 0.02))
-    process.send_signal(signal.SIGKILL)
-    assert process.wait(timeout=60) == -signal.SIGKILL
-    assert not (run_dir / "model" / "model.safetensors").exists()
-
-    resumed = start_training(run_dir, log)
-    assert resumed.wait(timeout=300) == 0, log.read_text()[-2000:]
-    output = log.read_text()
-    resumed_step = int(output.split("Resuming from checkpoint at step ")[1].split()[0])
-    assert RESUME_SETTINGS["checkpoint_every"] <= resumed_step < RESUME_SETTINGS["max_steps"]
-    assert (run_dir / "model" / "model.safetensors").read_bytes() == expected
 
 
 ELASTIC_SETTINGS = {"max_steps": 4, "checkpoint_every": 2, "eval_every": 4, "eval_batches": 1, "lr": 1e-2,

@@ -1,6 +1,6 @@
 """Full evaluation of one checkpoint: ``checkpoints/step-N`` -> the whole val split's scores, and an HF export.
 
-``python -m trainer.eval.checkpoint --run-dir RUN --step N [--score] [--export]``, started by ``accelerate
+``python -m trainer.eval.checkpoint --run-dir RUN --step N [--score] [--pairs] [--export]``, started by ``accelerate
 launch`` on the run's ``train.num_processes`` (:func:`trainer.parallel.launch.launch_command`). The checkpoint is
 restored exactly as a resume would (the same parallel layout: DDP, FSDP or tensor parallel, whichever trained
 it), so every kind of checkpoint the trainer writes can be evaluated. ``--score`` scores every val row, each
@@ -8,8 +8,10 @@ process a share, summed across processes as the in-loop evaluation does (so the 
 number of processes), and writes ``eval/results/step-N/val_split.json``: loss, perplexity and bits per byte,
 overall and per source; for a supervised fine-tuning run (``train.mode: sft``) over the trained tokens only (the
 chat shards' ``loss_mask``), the result labelled with them (``scored_tokens``: ``assistant`` by default).
-``--export`` writes ``eval/models/step-N/`` (Hugging Face format) for the downstream tasks. A checkpoint that
-fails its manifest check is recorded as a failed result naming the folder.
+``--pairs`` (a DPO run) scores every preference pair instead (:mod:`trainer.eval.preference`): each pair's summed
+log-probs in ``eval/results/step-N/preference_logps.parquet`` and the val pairs' DPO loss and rewards in
+``eval/results/step-N/preference.json``. ``--export`` writes ``eval/models/step-N/`` (Hugging Face format) for the
+downstream tasks. A checkpoint that fails its manifest check is recorded as a failed result naming the folder.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from accelerate import Accelerator
 from core.code_trust import TRUST_REMOTE_CODE_FLAG
 from core.errors import CheckpointError, TokenmillError
 from core.eval_results import (
+    PREFERENCE_TASK,
     VAL_SPLIT_TASK,
     checkpoint_fingerprint,
     describe,
@@ -38,7 +41,9 @@ from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
 from trainer.config import TrainConfig
 from trainer.eval.evaluate import Evaluator
-from trainer.eval.loss_masks import is_sft, scored_tokens
+from trainer.eval.loss_masks import DPO_DEFAULTS, dpo_settings, is_sft, scored_tokens
+from trainer.eval.preference import score_preference_pairs
+from trainer.eval.preference_stage import preference_task_fingerprint
 from trainer.parallel.accelerator import build_accelerator
 from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision
@@ -76,8 +81,9 @@ def val_split_task_fingerprint(paths: RunPaths, precision: str, document_masking
 
 
 def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, trust_remote_code: bool = False,
-                        resolved: bool = False) -> None:
-    """Restore ``step``'s checkpoint; score the whole val split (``score``) and/or export it (``export``).
+                        resolved: bool = False, pairs: bool = False) -> None:
+    """Restore ``step``'s checkpoint; score the whole val split (``score``), a DPO run's preference pairs
+    (``pairs``: :mod:`trainer.eval.preference`) and/or export it (``export``).
 
     ``trust_remote_code``: the launching command's decision to run the model folder's Python (never run.yaml's).
     ``resolved``: read the configuration the launching flow wrote (``stages/launch.json``), not run.yaml.
@@ -88,19 +94,27 @@ def evaluate_checkpoint(run_dir: Path, step: int, score: bool, export: bool, tru
         accelerator = build_accelerator(config.train, paths.root, fsdp_block_classes(paths, config))
         checkpoint = paths.checkpoint(step)
         sft = is_sft(config.train)
-        task_fp = val_split_task_fingerprint(paths, config.train.precision, config.train.document_masking, sft)
+        task_fp = val_split_task_fingerprint(paths, config.train.precision, config.train.document_masking,
+                                             sft) if score else ""
+        settings = dpo_settings(config.train) or dict(DPO_DEFAULTS)
+        pairs_fp = preference_task_fingerprint(paths, config.train.precision, settings) if pairs else ""
         try:
             loop = build_training_loop(paths, config, accelerator, allow_data_change=True)
             loop.checkpointer.load_step(step)
         except CheckpointError as err:
-            if score and accelerator.is_main_process:
-                fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / CHECKPOINT_MANIFEST).is_file() else ""
-                print(describe(write_result(paths, step, VAL_SPLIT_TASK, fingerprint, task_fp, error=str(err))),
-                      flush=True)
+            fingerprint = checkpoint_fingerprint(checkpoint) if (checkpoint / CHECKPOINT_MANIFEST).is_file() else ""
+            for asked, task, task_fingerprint in ((score, VAL_SPLIT_TASK, task_fp), (pairs, PREFERENCE_TASK, pairs_fp)):
+                if asked and accelerator.is_main_process:
+                    print(describe(write_result(paths, step, task, fingerprint, task_fingerprint, error=str(err))),
+                          flush=True)
             raise
         if score:
             score_val_split(loop.model, paths, config.train, accelerator, step, task_fp,
                             checkpoint_fingerprint(checkpoint), scored_tokens(config.recipe) if sft else None)
+        if pairs:
+            score_preference_pairs(loop.model, paths, config.train.micro_batch_size, accelerator, step,
+                                   (checkpoint_fingerprint(checkpoint), pairs_fp), settings,
+                                   MixedPrecision(config.train.precision, accelerator.device.type).autocast)
         if export:
             export_if_stale_to(loop, paths, paths.eval_model(step))
 
@@ -138,6 +152,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--step", type=int, required=True, help="the checkpoint's step")
     parser.add_argument("--score", action="store_true", help="score the whole validation split")
     parser.add_argument("--export", action="store_true", help="export the checkpoint as a Hugging Face folder")
+    parser.add_argument("--pairs", action="store_true",
+                        help="score every preference pair of a DPO run (eval/results/step-N/preference_logps.parquet)")
     parser.add_argument(TRUST_REMOTE_CODE_FLAG, action="store_true",
                         help="run the model folder's own Python (auto_map); run.yaml's setting is ignored")
     parser.add_argument(LAUNCH_CONFIG_FLAG, action="store_true",
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     try:
         evaluate_checkpoint(args.run_dir, args.step, args.score, args.export, args.trust_remote_code,
-                            args.resolved_config)
+                            args.resolved_config, args.pairs)
     except TokenmillError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

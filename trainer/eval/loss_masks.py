@@ -13,16 +13,34 @@ from typing import Any
 from core.eval_results import SCORED_TOKENS
 
 SFT_MODE = "sft"
+DPO_MODE = "dpo"
+DPO_DEFAULTS: dict[str, Any] = {"beta": 0.1, "label_smoothing": 0.0, "loss": "sigmoid", "simpo_gamma": 0.5}
+"""``train.dpo``'s settings that score a pair, with the values a recipe gets when it leaves them out."""
 
 
 def train_mode(train: Any) -> str:
-    """``train.mode`` of a TrainConfig: ``pretrain`` or ``sft``; ``pretrain`` for a config without the key (read with
-    a default so evaluation works with every TrainConfig, those written before SFT included)."""
+    """``train.mode`` of a TrainConfig: ``pretrain``, ``sft`` or ``dpo``; ``pretrain`` for a config without the key
+    (read with a default so evaluation works with every TrainConfig, those written before SFT included)."""
     return str(getattr(train, "mode", "pretrain"))
 
 
 def is_sft(train: Any) -> bool:
     return train_mode(train) == SFT_MODE
+
+
+def dpo_settings(train: Any) -> dict[str, Any] | None:
+    """``beta``, ``label_smoothing``, ``loss`` and ``simpo_gamma`` of a DPO run's ``train.dpo`` (the default of a key it
+    does not have or leaves unset), None for a run of another mode: what a checkpoint's pair scores and DPO result
+    depend on."""
+    if train_mode(train) != DPO_MODE:
+        return None
+    section = getattr(train, "dpo", None)
+    read = section.get if isinstance(section, dict) else lambda key, default: getattr(section, key, default)
+    settings = {}
+    for key, default in DPO_DEFAULTS.items():
+        value = read(key, default)
+        settings[key] = default if value is None else type(default)(value)
+    return settings
 
 
 def scored_tokens(recipe: dict[str, Any]) -> str:

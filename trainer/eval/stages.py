@@ -36,7 +36,7 @@ from trainer.checkpoint.layout import (
 )
 from trainer.config import EvalConfig
 from trainer.eval.downstream import run_downstream_task
-from trainer.eval.loss_masks import is_sft
+from trainer.eval.loss_masks import dpo_settings, is_sft
 from trainer.parallel.launch import eval_launch_command
 from trainer.train_stage import Launcher, run_child
 
@@ -63,6 +63,9 @@ class EvalScope:
     sft: bool = False
     """A supervised fine-tuning run (``train.mode: sft``): the val split's loss is over the trained tokens only, and
     the downstream tasks' prompts go through the export's chat template (:mod:`trainer.eval.loss_masks`)."""
+    dpo: Mapping[str, Any] | None = None
+    """A DPO run's ``train.dpo`` settings (:func:`trainer.eval.loss_masks.dpo_settings`), None for other modes: its
+    val split is scored as pairs (:mod:`trainer.eval.preference_stage`), not as token losses."""
 
     @classmethod
     def recorded(cls, run: Any) -> EvalScope:
@@ -76,7 +79,7 @@ class EvalScope:
         tasks = recorded_task_fingerprints(run.paths)
         return cls(steps, True, {name: tasks.get(name, "unchecked") for name in recipe.eval.tasks}, recipe.eval,
                    recipe.train.precision, recipe.train.document_masking, recipe.train.num_processes,
-                   sft=is_sft(recipe.train))
+                   sft=is_sft(recipe.train), dpo=dpo_settings(recipe.train))
 
 
 def recorded_task_fingerprints(paths: RunPaths) -> dict[str, str]:
@@ -114,9 +117,10 @@ class EvalStage(Stage):
         manifest = manifest_file(self.paths.checkpoint(step))
         return {name: digest for name, _, digest in file_stats(self.paths.root, manifest)} or {str(step): "none"}
 
-    def launch(self, step: int, on_progress: Progress, *, score: bool, export: bool) -> None:
+    def launch(self, step: int, on_progress: Progress, *, score: bool, export: bool, pairs: bool = False) -> None:
         argv = eval_launch_command(self.paths.root, self.scope.num_processes, step, score=score, export=export,
-                                   trust_remote_code=self.scope.trust_remote_code, resolved=self.resolved_config)
+                                   trust_remote_code=self.scope.trust_remote_code, resolved=self.resolved_config,
+                                   pairs=pairs)
         self.launcher(argv, self, on_progress)
 
 
@@ -129,13 +133,18 @@ def step_of(unit: str | None) -> int:
 
 
 class ValSplitStage(EvalStage):
-    """The whole val split of one checkpoint (``accelerate launch … -m trainer.eval.checkpoint --score``)."""
+    """The whole val split of one checkpoint (``accelerate launch … -m trainer.eval.checkpoint --score``).
+
+    None for a DPO run: its val rows are pairs, whose token loss would mix the completions training pushes up with
+    those it pushes down (it rises as DPO works); :class:`trainer.eval.preference_stage.PreferenceEvalStage` scores
+    them as pairs instead, and each pair's log-probs give a side's loss in SQL (``preference_pairs``)."""
 
     name = "evaluate"
     progress_unit = "rows"
 
     def units(self) -> Sequence[str | None]:
-        return [step_dir_name(step) for step in self.scope.steps] if self.scope.val_split else []
+        wanted = self.scope.val_split and self.scope.dpo is None
+        return [step_dir_name(step) for step in self.scope.steps] if wanted else []
 
     def label(self, unit: str | None) -> str:
         return f"evaluate step {step_of(unit)}"

@@ -32,6 +32,19 @@ from trainer.loader.document_mask import ShardDocStarts, position_ids
 from trainer.loader.mixture import MixtureOrder
 from trainer.model.llama import IGNORE_INDEX
 
+
+class PairSource(Protocol):
+    """What the loader needs of a split's pairs (:class:`trainer.loader.pair_rows.PairRows`, which reads this
+    module's :class:`SplitRows`: named by this protocol, not imported, so the two modules do not import each other)."""
+
+    def num_pairs(self, row_ids: np.ndarray) -> int:
+        """Whole pairs in rows ``row_ids``."""
+        ...
+
+    def micro_batch(self, row_ids: np.ndarray) -> Any:
+        """Rows ``row_ids`` as one batch of pairs (a :class:`trainer.loader.pair_rows.PairMicroBatch`)."""
+        ...
+
 EOS_ID = 0
 """``<|endoftext|>`` (ends every document in a packed row) in a tokenizer tokenmill trained. Pack looks the
 special ids up by name, so a loaded tokenizer may have others: the trainer takes them from the run's tokenizer."""
@@ -128,18 +141,20 @@ class SplitRows(ShardNumbering):
     """TokenRows over every shard of one split, numbered in index order; memory-mapped, zero-copy."""
 
     def __init__(self, run_dir: Path, split: str, pad_id: int, pad_is_eos: bool = False,
-                 mode: TrainMode | None = None) -> None:
+                 mode: TrainMode | None = None, source: str | None = None) -> None:
         """``pad_id``: the padding id of the tokenizer the shards were packed with; ``pad_is_eos``: it is also the
         EOS id (see :func:`make_batch`). Both come from :func:`tokenization.special_tokens.read_special_tokens`.
         ``mode``: what the rows are read for (``train.mode``): ``sft`` reads the chat shards' loss masks, and every
         shard must fit the mode (ConfigError naming the first that does not); None reads tokens only, any shard.
+        ``sft`` and ``dpo`` read the shards' loss masks. ``source``: only that source's shards (None: every source).
 
         Raises ShardFormatError (from :func:`core.shards.store.read_shard_index`) when an index row names a path
         that is absolute, holds ``..`` or resolves outside the run dir: nothing outside the run dir is trained on;
         and (:func:`core.shards.check.open_checked_shards`) when a shard's bytes differ from the index's sha256:
         each shard is hashed once per process (or not at all when its digest is cached), never per batch.
         """
-        infos = [info for info in read_shard_index(Path(run_dir)) if info.split == split]
+        infos = [info for info in read_shard_index(Path(run_dir))
+                 if info.split == split and source in (None, info.source)]
         self.split, self.pad_id, self.pad_is_eos = split, pad_id, pad_is_eos
         self.tokenizer_sha256 = {info.tokenizer_sha256 for info in infos}
         self.shards = open_checked_shards(Path(run_dir), infos)
@@ -150,7 +165,9 @@ class SplitRows(ShardNumbering):
         self._doc_starts: dict[int, ShardDocStarts] = {}  # opened on first use: only document masking reads them
         if mode is not None:
             check_shards_fit_mode([shard.path for shard in self.shards], mode)
-        self._loss_masks = LossMasks([shard.path for shard in self.shards], self.seq_len) if mode == "sft" else None
+        self.mode = mode
+        masked = mode in ("sft", "dpo")
+        self._loss_masks = LossMasks([shard.path for shard in self.shards], self.seq_len) if masked else None
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """Rows copied straight from the memory maps into one int64 array (the only copy).
@@ -179,7 +196,7 @@ class SplitRows(ShardNumbering):
         return out
 
     def loss_mask(self, indices: np.ndarray) -> np.ndarray | None:
-        """Each row's ``loss_mask`` from its chat shard (uint8 [len(indices), seq_len]); None unless mode is sft."""
+        """Each row's ``loss_mask`` from its chat shard (uint8 [len(indices), seq_len]); None unless mode is sft/dpo."""
         if self._loss_masks is None:
             return None
         shard_ids, rows = self.locate(indices)
@@ -286,11 +303,14 @@ class TrainLoader:
     """Deterministic, resumable source of micro-batches; ``state_dict()`` is a few JSON integers."""
 
     def __init__(self, rows: TokenRows, layout: BatchLayout, seed: int, allow_data_change: bool = False,
-                 mixture: MixtureOrder | None = None, document_masking: bool = False) -> None:
+                 mixture: MixtureOrder | None = None, document_masking: bool = False,
+                 pairs: PairSource | None = None) -> None:
         """``allow_data_change``: accept a saved position taken on other shards (an incremental refresh).
 
         ``mixture``: interleave sources by weight; None = every row equally likely (one permutation per epoch).
         ``document_masking``: batches carry ``position_ids`` from the rows' ``doc_starts`` (the order is unchanged).
+        ``pairs``: the preference view of ``rows`` (``train.mode: dpo``): each micro-batch is then a batch of whole
+        pairs (:class:`trainer.loader.pair_rows.PairMicroBatch`), in the same order.
         """
         if rows.num_rows == 0:
             raise ShardFormatError("no train rows: the shard index lists no split=train shards; "
@@ -300,6 +320,9 @@ class TrainLoader:
         self.samples_consumed = 0
         self.step_loss_tokens: int | None = None
         """SFT: the trained tokens of the last step's whole global batch (all ranks), the divisor of its loss."""
+        self.pairs = pairs
+        self.step_pairs: int | None = None
+        """DPO: the pairs of the last step's whole global batch (all ranks), the divisor of its loss."""
         self._epoch_order: tuple[int, np.ndarray] | None = None
         hook = os.environ.get(YIELDED_ROWS_HOOK)
         self._yielded_rows_file = None if not hook else Path(f"{hook}-rank{layout.rank}.jsonl")
@@ -340,7 +363,7 @@ class TrainLoader:
         self.samples_consumed += count
         return rows.reshape(num_steps, layout.world_size, -1)
 
-    def next_step(self) -> list[Batch]:
+    def next_step(self) -> list[Batch] | list[Any]:
         """This rank's ``grad_accum_steps`` micro-batches of the next optimizer step; advances the position."""
         layout = self.layout
         per_rank = layout.micro_batch_size * layout.grad_accum_steps
@@ -349,6 +372,10 @@ class TrainLoader:
         row_ids = step_rows[layout.rank]
         if self._yielded_rows_file is not None:
             record_yielded_rows(self._yielded_rows_file, first_sample + layout.rank * per_rank, layout, row_ids)
+        if self.pairs is not None:
+            self.step_pairs = self.pairs.num_pairs(step_rows.reshape(-1))
+            return [self.pairs.micro_batch(row_ids[i:i + layout.micro_batch_size])
+                    for i in range(0, per_rank, layout.micro_batch_size)]
         tokens = self.rows.rows(row_ids)
         doc_starts = self.rows.doc_starts(row_ids) if self.document_masking else None
         masks = self.step_loss_masks(step_rows)

@@ -1,8 +1,10 @@
 """Chat rows: a split's chat shards -> each row's loss mask, and the check that the shards fit ``train.mode``.
 
-Supervised fine-tuning reads chat shards (:mod:`core.shards.chat`: a token shard plus ``loss_mask``), pretraining
-reads token shards. Each is refused on the other mode, in one line naming the shard: pretraining on chat shards would
-train on prompts and padding without a word, and SFT on token shards has no mask to train by.
+Supervised fine-tuning reads chat shards (:mod:`core.shards.chat`: a token shard plus ``loss_mask``), preference
+tuning reads preference shards (chat shards of whole pairs, :mod:`core.shards.preference`), pretraining reads token
+shards. Each is refused on the other modes, in one line naming the shard: pretraining on chat shards would train on
+prompts and padding without a word, SFT on preference shards would train on the rejected answers too, and SFT or DPO
+on token shards has no mask (or pairs) to train by.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow.ipc as ipc
 
 from core.errors import ConfigError
 from core.shards.chat import ShardLossMask
+from core.shards.preference import is_preference_shard
 from trainer.config import TrainMode
 from trainer.loader.document_mask import ShardDocStarts
 
@@ -29,14 +32,30 @@ def check_shards_fit_mode(paths: list[Path], mode: TrainMode) -> None:
     """ConfigError naming the first shard that ``mode`` cannot train on, and what to change."""
     for path in paths:
         chat = is_chat_shard(path)
-        if mode == "sft" and not chat:
-            raise ConfigError(f"{path}: a token shard (no loss_mask column), but train.mode is sft: supervised "
-                              "fine-tuning trains on chat shards (conversations packed with their loss masks by the "
-                              "chat data stage); give the recipe chat sources, or set train.mode: pretrain.")
-        if mode == "pretrain" and chat:
-            raise ConfigError(f"{path}: a chat shard (conversations with a loss_mask column), but train.mode is "
-                              "pretrain, which would train on every token, prompts and padding included; set "
-                              "train.mode: sft.")
+        preference = chat and is_preference_shard(path)
+        fault = _mode_fault(mode, chat, preference)
+        if fault is not None:
+            raise ConfigError(f"{path}: {fault}")
+
+
+def _mode_fault(mode: TrainMode, chat: bool, preference: bool) -> str | None:
+    """Why a shard of this kind cannot be trained on with ``mode`` (None: it can)."""
+    if mode == "dpo" and not preference:
+        kind = "a chat shard (conversations, not pairs)" if chat else "a token shard (no loss_mask column)"
+        return (f"{kind}, but train.mode is dpo: preference tuning trains on preference shards (chosen/rejected pairs "
+                "packed by the preference data stage); give the recipe preference sources (records: preference), "
+                f"or set train.mode: {'sft' if chat else 'pretrain'}.")
+    if mode != "dpo" and preference:
+        return (f"a preference shard (chosen/rejected pairs), but train.mode is {mode}, which would train on the "
+                "rejected answers too; set train.mode: dpo.")
+    if mode == "sft" and not chat:
+        return ("a token shard (no loss_mask column), but train.mode is sft: supervised fine-tuning trains on chat "
+                "shards (conversations packed with their loss masks by the chat data stage); give the recipe chat "
+                "sources, or set train.mode: pretrain.")
+    if mode == "pretrain" and chat:
+        return ("a chat shard (conversations with a loss_mask column), but train.mode is pretrain, which would train "
+                "on every token, prompts and padding included; set train.mode: sft.")
+    return None
 
 
 def check_one_conversation_per_row(paths: list[Path], seq_len: int) -> None:

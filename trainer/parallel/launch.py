@@ -76,9 +76,11 @@ def launch_command(run_dir: Path, num_processes: int, until_step: int | None = N
 
 
 def eval_launch_command(run_dir: Path, num_processes: int, step: int, *, score: bool, export: bool,
-                        trust_remote_code: bool = False, resolved: bool = False) -> list[str]:
-    """argv for ``accelerate launch … -m trainer.eval.checkpoint``: evaluate one checkpoint on ``num_processes``."""
-    flags = ["--step", str(step)] + (["--score"] if score else []) + (["--export"] if export else [])
+                        trust_remote_code: bool = False, resolved: bool = False, pairs: bool = False) -> list[str]:
+    """argv for ``accelerate launch … -m trainer.eval.checkpoint``: evaluate one checkpoint on ``num_processes``
+    (``pairs``: score a DPO run's preference pairs)."""
+    flags = (["--step", str(step)] + (["--score"] if score else []) + (["--pairs"] if pairs else [])
+             + (["--export"] if export else []))
     return launch_command(run_dir, num_processes, module="trainer.eval.checkpoint", module_args=flags,
                           trust_remote_code=trust_remote_code, resolved=resolved)
 

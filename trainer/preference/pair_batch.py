@@ -34,6 +34,12 @@ class PairBatch:
     num_pairs: int
     position_ids: torch.Tensor | None = None
 
+    def to(self, device: torch.device | str) -> PairBatch:
+        """The same batch on ``device`` (every tensor: the sums per side index the model's outputs there)."""
+        positions = None if self.position_ids is None else self.position_ids.to(device)
+        return PairBatch(self.input_ids.to(device), self.loss_mask.to(device), self.sequence_ids.to(device),
+                         self.num_pairs, positions)
+
     def model_kwargs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         kwargs = {"input_ids": self.input_ids.to(device)}
         if self.position_ids is not None:

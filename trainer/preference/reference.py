@@ -9,14 +9,23 @@ the same values every step with :func:`trainer.preference.pair_batch.pair_logps`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
 
 from core.rundir import RunPaths
+from core.stage import Progress
+from tokenization.special_tokens import read_special_tokens
+from trainer.config import ModelConfig
+from trainer.loader.batches import SplitRows
+from trainer.loader.pair_rows import PairRows
+from trainer.model.spec import model_spec
 from trainer.preference.dpo_loss import PairLogps
 from trainer.preference.pair_batch import PairBatch, pair_logps
 from trainer.preference.reference_store import PairKey, reference_table, stored_logps, write_reference_logps
@@ -47,3 +56,39 @@ def reference_logps_for(table: pa.Table, keys: Sequence[PairKey]) -> PairLogps:
     their order, as the loss takes them."""
     chosen, rejected = stored_logps(table, keys)
     return PairLogps(torch.from_numpy(chosen.copy()), torch.from_numpy(rejected.copy()))
+
+
+ROWS_PER_BATCH = 8
+"""Shard rows per reference forward (several pairs each)."""
+
+_ONE_UNIT_AT_A_TIME = threading.Lock()
+"""The flow runs a stage's units on its thread pool: the units take turns (torch already uses every core within one
+forward), so one copy of the reference model is in memory at a time, not one per unit."""
+
+
+def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: str, source: str,
+                           reference_sha256: str, on_progress: Progress) -> dict[str, Any]:
+    """The reference stage's work for one (split, source): the base model's log-probs of every pair of its indexed
+    preference shards, in fp32 on the CPU, written to ``paths.reference_logps(split, source)``; returns the summary."""
+    special = read_special_tokens(paths)
+    rows = SplitRows(paths.root, split, special.pad_id, special.pad_is_eos, mode="dpo", source=source)
+    try:
+        with _ONE_UNIT_AT_A_TIME:
+            pairs = PairRows(rows)
+            spec = model_spec(model_config, paths, rows.vocab_size, rows.seq_len, special.eos_id, special.pad_id)
+            model = spec.build(0)  # the base model's weights (from_pretrained); the seed draws nothing
+            keys: list[PairKey] = []
+
+            def batches() -> Iterator[PairBatch]:
+                for start in range(0, rows.num_rows, ROWS_PER_BATCH):
+                    micro = pairs.micro_batch(np.arange(start, min(start + ROWS_PER_BATCH, rows.num_rows)))
+                    keys.extend(micro.keys)
+                    yield micro.batch
+                    on_progress(len(keys), None)
+
+            logps = compute_reference_logps(model, batches())
+            del model  # freed before the next unit loads its copy
+    finally:
+        rows.close()
+    store_reference_logps(paths, paths.reference_logps(split, source), keys, logps, reference_sha256)
+    return {"num_pairs": len(keys), "num_rows": rows.num_rows, "reference_sha256": reference_sha256}

@@ -22,10 +22,12 @@ from core.files.digests import file_sha256
 from core.rundir import RunPaths
 from trainer.model.hf_files import config_file, weight_files
 
-REFERENCE_FORMAT_VERSION = 1
+REFERENCE_FORMAT_VERSION = 2
+"""2: a pair is named by its doc id, split and source (1 had a string pair id)."""
 REFERENCE_LOGPS_SCHEMA = pa.schema(
     [
-        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),
         pa.field("chosen_logp", pa.float32(), nullable=False),
         pa.field("rejected_logp", pa.float32(), nullable=False),
@@ -33,16 +35,18 @@ REFERENCE_LOGPS_SCHEMA = pa.schema(
     ],
     metadata={"format": "tokenmill.reference_logps", "format_version": str(REFERENCE_FORMAT_VERSION)},
 )
-"""One row per pair: its id and source (as in ``rejects`` and ``documents``), the reference model's summed
+"""One row per pair: its doc id (the pair's document in ``documents``, as the preference shards' ``doc_ids`` name
+it), split and source, the reference model's summed
 log-probs (float32, exactly as computed) of the chosen and rejected completion, and that model's
 :func:`reference_model_sha256`."""
 
 
 @dataclass(frozen=True)
 class PairKey:
-    """Which pair a row of log-probs belongs to."""
+    """Which pair a row of log-probs belongs to: its document (doc id), in which split and source."""
 
-    pair_id: str
+    doc_id: int
+    split: str
     source: str
 
 
@@ -62,7 +66,8 @@ def reference_table(keys: Sequence[PairKey], chosen_logps: np.ndarray, rejected_
     if not len(keys) == len(chosen_logps) == len(rejected_logps):
         raise ValueError(f"{len(keys)} pair keys for {len(chosen_logps)} chosen and {len(rejected_logps)} rejected "
                          "log-probs")
-    columns = {"pair_id": [key.pair_id for key in keys], "source": [key.source for key in keys],
+    columns = {"doc_id": [key.doc_id for key in keys], "split": [key.split for key in keys],
+               "source": [key.source for key in keys],
                "chosen_logp": np.asarray(chosen_logps, dtype=np.float32),
                "rejected_logp": np.asarray(rejected_logps, dtype=np.float32),
                "reference_sha256": [reference_sha256] * len(keys)}
@@ -98,12 +103,36 @@ def read_reference_logps(path: Path, reference_sha256: str) -> pa.Table:
 def stored_logps(table: pa.Table, keys: Sequence[PairKey]) -> tuple[np.ndarray, np.ndarray]:
     """(chosen, rejected) float32 [len(keys)]: the stored log-probs of ``keys``, in their order. ShardFormatError
     naming the first pair the table does not hold."""
-    index = {(pair_id, source): row for row, (pair_id, source)
-             in enumerate(zip(table.column("pair_id").to_pylist(), table.column("source").to_pylist(), strict=True))}
-    missing = [key for key in keys if (key.pair_id, key.source) not in index]
-    if missing:
-        raise ShardFormatError(f"no reference log-probs for pair {missing[0].pair_id!r} of source "
-                               f"{missing[0].source!r}; recompute the reference log-probs for this data")
-    rows = pa.array([index[(key.pair_id, key.source)] for key in keys], type=pa.int64())
-    return (table.column("chosen_logp").take(rows).to_numpy(zero_copy_only=False),
-            table.column("rejected_logp").take(rows).to_numpy(zero_copy_only=False))
+    return StoredLogps(table).lookup(keys)
+
+
+class StoredLogps:
+    """A checked table's log-probs by pair, indexed once: what the training step and the evaluator look up."""
+
+    def __init__(self, table: pa.Table) -> None:
+        keys = zip(table.column("doc_id").to_pylist(), table.column("split").to_pylist(),
+                   table.column("source").to_pylist(), strict=True)
+        self._row = {PairKey(int(doc_id), split, source): row for row, (doc_id, split, source) in enumerate(keys)}
+        self._chosen = table.column("chosen_logp").to_numpy()
+        self._rejected = table.column("rejected_logp").to_numpy()
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def update(self, other: StoredLogps) -> None:
+        """Add ``other``'s pairs (another (split, source) file)."""
+        offset = len(self._chosen)
+        self._row.update({key: offset + row for key, row in other._row.items()})
+        self._chosen = np.concatenate([self._chosen, other._chosen])
+        self._rejected = np.concatenate([self._rejected, other._rejected])
+
+    def lookup(self, keys: Sequence[PairKey]) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen, rejected) float32 [len(keys)] in the keys' order; ShardFormatError naming a missing pair."""
+        rows = [self._row.get(key) for key in keys]
+        if None in rows:
+            missing = keys[rows.index(None)]
+            raise ShardFormatError(f"no reference log-probs for pair (doc id {missing.doc_id}) of split "
+                                   f"{missing.split!r}, source {missing.source!r}; recompute the reference log-probs "
+                                   "for this data (`tokenmill train` runs the reference stage)")
+        index = np.asarray(rows, dtype=np.int64)
+        return self._chosen[index], self._rejected[index]

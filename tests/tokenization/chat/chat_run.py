@@ -47,17 +47,23 @@ def assistant(content: str) -> dict[str, str]:
     return {"role": "assistant", "content": content}
 
 
-def docstring_records() -> list[dict[str, Any]]:
-    """One question/answer conversation per documented public function of MODULES (answers of 60 to 600 chars)."""
-    records = []
+def docstring_answers(max_chars: int = 600) -> list[tuple[str, str]]:
+    """``(question, answer)`` per documented public function of MODULES: what it does, and its docstring's first
+    paragraph re-flowed (answers of 60 to ``max_chars`` chars)."""
+    answers = []
     for module in MODULES:
         for name in sorted(vars(module)):
             function = getattr(module, name)
             doc = inspect.getdoc(function) if callable(function) and not name.startswith("_") else None
             answer = " ".join(doc.split("\n\n")[0].split()) if doc else ""
-            if 60 <= len(answer) <= 600:
-                records.append({"messages": [user(f"What does {module.__name__}.{name} do?"), assistant(answer)]})
-    return records
+            if 60 <= len(answer) <= max_chars:
+                answers.append((f"What does {module.__name__}.{name} do?", answer))
+    return answers
+
+
+def docstring_records() -> list[dict[str, Any]]:
+    """One question/answer conversation per documented public function of MODULES (answers of 60 to 600 chars)."""
+    return [{"messages": [user(question), assistant(answer)]} for question, answer in docstring_answers()]
 
 
 def long_answer(num_words: int) -> str:
@@ -111,14 +117,20 @@ def chat_corpus() -> ChatCorpus:
     return ChatCorpus(lines, records[0], near_copy_of, near_copy, contaminated, too_long, bad, parquet_records)
 
 
-def write_recipe(root: Path, corpus: ChatCorpus, chat: dict[str, Any] | None = None) -> Path:
-    """Model dir, chat sources, eval file, manifest and recipe under ``root``; returns the recipe."""
-    model = ct.save_model_dir(root / "model", ct.CHATML_FAMILY, ct.CHATML)
+def write_model_dir(folder: Path, seq_len: int) -> Path:
+    """A tiny Llama config beside a ChatML tokenizer with Qwen's stock template (prefix-diff masks) in ``folder``."""
+    model = ct.save_model_dir(folder, ct.CHATML_FAMILY, ct.CHATML)
     vocab_size = len(json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]) + 16
     (model / "config.json").write_text(json.dumps({
         "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": SEQ_LEN}))
+        "max_position_embeddings": seq_len}))
+    return model
+
+
+def write_recipe(root: Path, corpus: ChatCorpus, chat: dict[str, Any] | None = None) -> Path:
+    """Model dir, chat sources, eval file, manifest and recipe under ``root``; returns the recipe."""
+    write_model_dir(root / "model", SEQ_LEN)
     (root / "chat").mkdir()
     (root / "chat" / "docstrings.jsonl").write_text("\n".join(corpus.lines) + "\n")
     table = pa.Table.from_pylist(corpus.parquet_records)
@@ -143,3 +155,10 @@ def write_recipe(root: Path, corpus: ChatCorpus, chat: dict[str, Any] | None = N
 
 def tokenmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([TOKENMILL, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def prepare(recipe: Path) -> Path:
+    """``tokenmill prepare`` on ``recipe`` (from its folder), which must succeed; returns the run dir beside it."""
+    result = tokenmill("prepare", str(recipe), cwd=recipe.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return recipe.parent / "run"

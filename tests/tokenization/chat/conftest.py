@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.tokenization.chat import chat_tokenizers as ct
-from tests.tokenization.chat.chat_run import ChatCorpus, chat_corpus, tokenmill, write_recipe
+from tests.tokenization.chat.chat_run import ChatCorpus, chat_corpus, prepare, write_recipe
 
 MODEL_DIRS = {
     "llama3": (ct.LLAMA3_FAMILY, ct.LLAMA3),
@@ -42,8 +42,5 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def chat_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ChatCorpus]:
     """``tokenmill prepare`` once on the chat corpus of :mod:`tests.tokenization.chat.chat_run`: (run dir, corpus)."""
-    root = tmp_path_factory.mktemp("chat-run")
     corpus = chat_corpus()
-    result = tokenmill("prepare", str(write_recipe(root, corpus)), cwd=root)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root / "run", corpus
+    return prepare(write_recipe(tmp_path_factory.mktemp("chat-run"), corpus)), corpus
