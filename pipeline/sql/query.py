@@ -237,7 +237,7 @@ LEFT JOIN dup d USING (source) LEFT JOIN contaminated c USING (source) LEFT JOIN
 ORDER BY s.source
 """
 REJECTS_BY_REASON_SQL = "SELECT source, reason, count(*) AS records FROM rejects GROUP BY ALL ORDER BY source, reason"
-EVAL_SQL = "SELECT step, round(val_loss, 4) AS val_loss, round(val_ppl, 2) AS val_ppl FROM eval_metrics ORDER BY step"
+EVAL_SQL = "SELECT * FROM eval_metrics ORDER BY step"
 EVAL_RESULTS_SQL = """
 SELECT step, task, metric, round(value, 4) AS value, round(stderr, 4) AS stderr, num_samples
 FROM eval_results WHERE source IS NULL AND metric NOT IN ('tokens', 'bytes') ORDER BY step, task, metric
@@ -298,8 +298,11 @@ def rejects_by_reason(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def eval_history(run_dir: Path) -> list[dict[str, Any]]:
-    """Every evaluation: ``step, val_loss, val_ppl``."""
-    return _rows(run_dir, EVAL_SQL)
+    """Every evaluation: ``step, val_loss, val_ppl``; ``val_ppl`` None for a DPO run, whose ``val_loss`` is its val
+    pairs' DPO loss, not a perplexity's logarithm (its eval rows have no ``val_ppl`` column to select)."""
+    return [{"step": row["step"], "val_loss": round(row["val_loss"], 4),
+             "val_ppl": None if row.get("val_ppl") is None else round(row["val_ppl"], 2)}
+            for row in _rows(run_dir, EVAL_SQL)]
 
 
 def eval_results_table(run_dir: Path) -> list[dict[str, Any]]:

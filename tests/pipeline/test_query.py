@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,16 @@ def test_notebook_connection_cannot_touch_files(run_dir: Path, tmp_path: Path) -
     with pytest.raises(duckdb.Error):
         con.sql("SET enable_external_access = true")
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_the_eval_history_of_a_dpo_run_has_no_perplexity(tmp_path: Path) -> None:
+    """A DPO run's eval rows hold the val pairs' DPO loss and rewards, no ``val_ppl``: the run summary's in-loop
+    table reads them (it failed with a DuckDB binder error on the missing column, after a whole run)."""
+    from pipeline.sql.query import eval_history
+
+    (tmp_path / "metrics").mkdir()
+    rows = [{"rewards/accuracy": 0.0, "step": 0, "val_loss": 0.6931471824645996, "val_pairs": 29},
+            {"rewards/accuracy": 0.69, "step": 40, "val_loss": 0.6074716387123897, "val_pairs": 29}]
+    (tmp_path / "metrics" / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert eval_history(tmp_path) == [{"step": 0, "val_loss": 0.6931, "val_ppl": None},
+                                      {"step": 40, "val_loss": 0.6075, "val_ppl": None}]
