@@ -9,6 +9,7 @@ the same values every step with :func:`trainer.preference.pair_batch.pair_logps`
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -69,21 +70,23 @@ forward), so one copy of the reference model is in memory at a time, not one per
 def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: str, source: str,
                            reference_sha256: str, on_progress: Progress) -> dict[str, Any]:
     """The reference stage's work for one (split, source): the base model's log-probs of every pair of its indexed
-    preference shards, in fp32 on the CPU, written to ``paths.reference_logps(split, source)``; returns the summary."""
+    preference shards, in fp32 on the GPU when there is one (else the CPU), written to
+    ``paths.reference_logps(split, source)``; returns the summary."""
     special = read_special_tokens(paths)
     rows = SplitRows(paths.root, split, special.pad_id, special.pad_is_eos, mode="dpo", source=source)
     try:
         with _ONE_UNIT_AT_A_TIME:
             pairs = PairRows(rows)
             spec = model_spec(model_config, paths, rows.vocab_size, rows.seq_len, special.eos_id, special.pad_id)
-            model = spec.build(0)  # the base model's weights (from_pretrained); the seed draws nothing
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            model = spec.build(0).to(device)  # the base model's weights (from_pretrained); the seed draws nothing
             keys: list[PairKey] = []
 
             def batches() -> Iterator[PairBatch]:
                 for start in range(0, rows.num_rows, ROWS_PER_BATCH):
                     micro = pairs.micro_batch(np.arange(start, min(start + ROWS_PER_BATCH, rows.num_rows)))
                     keys.extend(micro.keys)
-                    yield micro.batch
+                    yield on_device(micro.batch, device)
                     on_progress(len(keys), None)
 
             logps = compute_reference_logps(model, batches())
@@ -92,3 +95,12 @@ def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: st
         rows.close()
     store_reference_logps(paths, paths.reference_logps(split, source), keys, logps, reference_sha256)
     return {"num_pairs": len(keys), "num_rows": rows.num_rows, "reference_sha256": reference_sha256}
+
+
+def on_device(batch: PairBatch, device: torch.device) -> PairBatch:
+    """``batch`` with its tensors on ``device`` (pair_logps runs where the batch is)."""
+    if batch.input_ids.device == device:
+        return batch
+    moved = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
+    return PairBatch(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
+                        for name, value in moved.items()})

@@ -2,12 +2,13 @@
 summed log-probs of each pair, ``reference/split=<split>/source=<source>.parquet``.
 
 The reference model is the run's base model (``base_model/``, the recipe's ``model.from_pretrained``: the model the
-preference tuning continues from). Each pair's values are computed once, in fp32 on the CPU in eval mode without
-gradients (:func:`trainer.preference.reference.compute_unit_reference`), through the same shard-row batching the
-training step uses, and stored with :mod:`trainer.preference.reference_store` (Parquet, one row per pair, keyed by
-its doc id, split and source). The fingerprint is the reference model's :func:`reference_model_sha256` and the
-unit's shards' sha256s from the index: a re-run skips, a changed base model or changed shards recompute it, and
-``tokenmill status`` names which. Built only for ``train.mode: dpo`` with ``train.dpo.loss: sigmoid`` and
+preference tuning continues from). Each pair's values are computed once, in fp32 (on the GPU when there is one), in
+eval mode without gradients (:func:`trainer.preference.reference.compute_unit_reference`), through the same
+shard-row batching the training step uses, and stored with :mod:`trainer.preference.reference_store` (Parquet, one
+row per pair, keyed by its doc id, split and source). The fingerprint is the reference model's
+:func:`reference_model_sha256` and the unit's shards' sha256s from the index: a re-run skips, a changed base model
+or changed shards recompute it, and ``tokenmill status`` names which. Built only for ``train.mode: dpo`` with
+``train.dpo.loss: sigmoid`` and
 ``precompute`` on; the training step then never loads the reference model.
 
 Prefect-free and torch-free at import (``tokenmill status`` builds every stage): the computing side is imported
