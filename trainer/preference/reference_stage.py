@@ -8,8 +8,7 @@ shard-row batching the training step uses, and stored with :mod:`trainer.prefere
 row per pair, keyed by its doc id, split and source). The fingerprint is the reference model's
 :func:`reference_model_sha256` and the unit's shards' sha256s from the index: a re-run skips, a changed base model
 or changed shards recompute it, and ``tokenmill status`` names which. Built only for ``train.mode: dpo`` with
-``train.dpo.loss: sigmoid`` and
-``precompute`` on; the training step then never loads the reference model.
+``train.dpo.loss: sigmoid`` and ``precompute`` on; the training step then never loads the reference model.
 
 Prefect-free and torch-free at import (``tokenmill status`` builds every stage): the computing side is imported
 inside :meth:`ReferenceStage.run`.
