@@ -103,7 +103,8 @@ def make_preference_run_dir(root: Path, corpus: Corpus, name: str = "dpo", model
 
 def reference_stage(run_dir: Path) -> ReferenceStage:
     """The reference stage of ``run_dir`` as the flow builds it from the recipe."""
-    return ReferenceStage(RunPaths(run_dir), read_trainer_config(run_dir).model)
+    config = read_trainer_config(run_dir)
+    return ReferenceStage(RunPaths(run_dir), config.model, config.train.precision)
 
 
 def compute_references(run_dir: Path) -> list[str]:

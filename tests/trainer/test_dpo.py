@@ -93,12 +93,14 @@ def weights(loop: TrainingLoop) -> dict[str, torch.Tensor]:
     return {name: param.detach() for name, param in loop.accelerator.unwrap_model(loop.model).named_parameters()}
 
 
-@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+@pytest.mark.parametrize(("lora", "precision"), [(None, "fp32"), (LORA, "fp32"), (None, "bf16")],
+                         ids=["full", "lora", "bf16"])
 def test_stored_reference_log_probs_train_as_the_reference_model_on_the_fly(
-        tmp_path: Path, stdlib_corpus: Corpus, lora: dict[str, object] | None) -> None:
+        tmp_path: Path, stdlib_corpus: Corpus, lora: dict[str, object] | None, precision: str) -> None:
     """precompute true (the reference stage's files) against false (a frozen copy of the base model; under LoRA the
-    policy with its adapters disabled): the same losses, rewards and weights to 1e-5 over three steps."""
-    extra = {} if lora is None else {"lora": lora}
+    policy with its adapters disabled): the same losses, rewards and weights to 1e-5 over three steps. Under bf16
+    the reference stage computes under the same autocast as the step (fp32 values would shift every reward)."""
+    extra = {"precision": precision} if lora is None else {"lora": lora, "precision": precision}
     stored = make_preference_run_dir(tmp_path, stdlib_corpus, "stored", **STEP, **extra)
     on_the_fly = make_preference_run_dir(tmp_path, stdlib_corpus, "on-the-fly", dpo={"precompute": False}, **STEP,
                                          **extra)

@@ -27,6 +27,7 @@ from trainer.config import ModelConfig
 from trainer.loader.batches import SplitRows
 from trainer.loader.pair_rows import PairRows
 from trainer.model.spec import model_spec
+from trainer.precision import MixedPrecision
 from trainer.preference.dpo_loss import PairLogps
 from trainer.preference.pair_batch import PairBatch, pair_logps
 from trainer.preference.reference_store import PairKey, reference_table, stored_logps, write_reference_logps
@@ -68,10 +69,10 @@ forward), so one copy of the reference model is in memory at a time, not one per
 
 
 def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: str, source: str,
-                           reference_sha256: str, on_progress: Progress) -> dict[str, Any]:
+                           reference_sha256: str, on_progress: Progress, precision: str = "fp32") -> dict[str, Any]:
     """The reference stage's work for one (split, source): the base model's log-probs of every pair of its indexed
-    preference shards, in fp32 on the GPU when there is one (else the CPU), written to
-    ``paths.reference_logps(split, source)``; returns the summary."""
+    preference shards, under ``precision``'s autocast (the policy's), on the GPU when there is one (else the CPU),
+    written to ``paths.reference_logps(split, source)``; returns the summary."""
     special = read_special_tokens(paths)
     rows = SplitRows(paths.root, split, special.pad_id, special.pad_is_eos, mode="dpo", source=source)
     try:
@@ -89,7 +90,8 @@ def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: st
                     yield on_device(micro.batch, device)
                     on_progress(len(keys), None)
 
-            logps = compute_reference_logps(model, batches())
+            with MixedPrecision(precision, device.type).autocast():
+                logps = compute_reference_logps(model, batches())
             del model  # freed before the next unit loads its copy
     finally:
         rows.close()

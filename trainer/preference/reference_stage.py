@@ -2,13 +2,14 @@
 summed log-probs of each pair, ``reference/split=<split>/source=<source>.parquet``.
 
 The reference model is the run's base model (``base_model/``, the recipe's ``model.from_pretrained``: the model the
-preference tuning continues from). Each pair's values are computed once, in fp32 (on the GPU when there is one), in
-eval mode without gradients (:func:`trainer.preference.reference.compute_unit_reference`), through the same
-shard-row batching the training step uses, and stored with :mod:`trainer.preference.reference_store` (Parquet, one
-row per pair, keyed by its doc id, split and source). The fingerprint is the reference model's
-:func:`reference_model_sha256` and the unit's shards' sha256s from the index: a re-run skips, a changed base model
-or changed shards recompute it, and ``tokenmill status`` names which. Built only for ``train.mode: dpo`` with
-``train.dpo.loss: sigmoid`` and ``precompute`` on; the training step then never loads the reference model.
+preference tuning continues from). Each pair's values are computed once, under the run's ``train.precision`` (on the
+GPU when there is one), in eval mode without gradients
+(:func:`trainer.preference.reference.compute_unit_reference`), through the same shard-row batching the training step
+uses, and stored with :mod:`trainer.preference.reference_store` (Parquet, one row per pair, keyed by its doc id,
+split and source). The fingerprint is the reference model's :func:`reference_model_sha256` and the unit's shards'
+sha256s from the index: a re-run skips, a changed base model or changed shards recompute it, and ``tokenmill
+status`` names which. Built only for ``train.mode: dpo`` with ``train.dpo.loss: sigmoid`` and ``precompute`` on; the
+training step then never loads the reference model.
 
 Prefect-free and torch-free at import (``tokenmill status`` builds every stage): the computing side is imported
 inside :meth:`ReferenceStage.run`.
@@ -41,9 +42,11 @@ class ReferenceStage(Stage):
     reads = ("shard-index", "base-model")
     progress_unit = "pairs"
 
-    def __init__(self, paths: RunPaths, model: ModelConfig) -> None:
+    def __init__(self, paths: RunPaths, model: ModelConfig, precision: str = "fp32") -> None:
+        """``precision``: ``train.precision``; the reference forward runs under the same autocast as the policy's, so
+        the stored values are those the training step would compute itself (``precompute: false``)."""
         super().__init__(paths)
-        self.model = model
+        self.model, self.precision = model, precision
 
     @classmethod
     def build(cls, run: Any) -> ReferenceStage | None:
@@ -51,7 +54,8 @@ class ReferenceStage(Stage):
         train = run.recipe.train
         if train.mode != "dpo" or train.dpo is None or not train.dpo.stored_reference:
             return None
-        return cls(run.paths, run.recipe.model.model_copy(update={"trust_remote_code": run.trust.model_code}))
+        return cls(run.paths, run.recipe.model.model_copy(update={"trust_remote_code": run.trust.model_code}),
+                   train.precision)
 
     def units(self) -> list[str]:
         """One per (split, source) of the indexed preference shards (none before the index exists)."""
@@ -66,7 +70,7 @@ class ReferenceStage(Stage):
         files = {REFERENCE_MODEL_KEY: self.reference_sha256() or "missing"}
         files.update({info.path: info.sha256 for info in self._preference_shards()
                       if (info.split, info.source) == (split, source)})
-        return Inputs(settings={"dtype": "float32"}, files=files, version=str(STATE_VERSION))
+        return Inputs(settings={"precision": self.precision}, files=files, version=str(STATE_VERSION))
 
     def outputs(self, unit: str | None) -> list[Path]:
         return [self.paths.reference_logps(*pack_unit_pair(str(unit)))]
@@ -80,7 +84,7 @@ class ReferenceStage(Stage):
                               "model.from_pretrained, or use train.dpo.loss: simpo (reference-free)")
         split, source = pack_unit_pair(str(unit))
         return compute_unit_reference(self.paths, self.model, split, source,
-                                      reference_model_sha256(self.paths.base_model), on_progress)
+                                      reference_model_sha256(self.paths.base_model), on_progress, self.precision)
 
     def reference_sha256(self) -> str | None:
         """The base model's :func:`reference_model_sha256` (cached per file version); None while it has no weights
