@@ -15,7 +15,6 @@ pairs' loss (the recipe's ``train.dpo``: sigmoid DPO against the stored referenc
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from core.shards.preference import PREFERENCE_RECORDS, RECORDS_KEY, row_pairs
 from core.shards.store import read_shard_index
 from trainer.parallel.accelerator import data_parallel_coordinates, is_sharded
 from trainer.preference.dpo_loss import PairLogps, PreferenceLoss, dpo_loss, mean_logps, simpo_loss
-from trainer.preference.pair_batch import PairBatch, num_loss_tokens, pair_logps
+from trainer.preference.pair_batch import num_loss_tokens, pair_logps
 from trainer.preference.shard_rows import rows_pair_batch
 
 LINEAGE = ("doc_ids", "doc_starts", "num_tokens")
@@ -141,7 +140,7 @@ class PairScorer:
         batch, _ = rows_pair_batch(np.stack([rows.tokens[shard][row] for shard, row in picked]),
                                    np.stack([rows.masks[shard][row] for shard, row in picked]),
                                    *(list(column) for column in zip(*lineage, strict=True)))
-        batch = _on_device(batch, self.accelerator.device)
+        batch = batch.to(self.accelerator.device)
         logps, tokens = pair_logps(module, batch), num_loss_tokens(batch)
         return torch.stack([logps.chosen, logps.rejected, tokens.chosen, tokens.rejected], dim=1).double().cpu()
 
@@ -152,13 +151,6 @@ class PairScorer:
         group = self.accelerator.num_processes // self.num_replicas  # consecutive ranks form a TP group
         parts = [per_process[replica * group, :count] for replica, count in enumerate(self.share_pairs)]
         return torch.cat(parts).numpy() if parts else np.zeros((0, VALUES))
-
-
-def _on_device(batch: PairBatch, device: torch.device) -> PairBatch:
-    """``batch`` with every tensor on ``device`` (the log-prob sums index the logits with its masks)."""
-    position_ids = batch.position_ids.to(device) if batch.position_ids is not None else None
-    return dataclasses.replace(batch, input_ids=batch.input_ids.to(device), loss_mask=batch.loss_mask.to(device),
-                               sequence_ids=batch.sequence_ids.to(device), position_ids=position_ids)
 
 
 def scores_table(rows: PairRows, step: int, values: np.ndarray) -> pa.Table:

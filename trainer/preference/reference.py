@@ -9,7 +9,6 @@ the same values every step with :func:`trainer.preference.pair_batch.pair_logps`
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -87,7 +86,7 @@ def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: st
                 for start in range(0, rows.num_rows, ROWS_PER_BATCH):
                     micro = pairs.micro_batch(np.arange(start, min(start + ROWS_PER_BATCH, rows.num_rows)))
                     keys.extend(micro.keys)
-                    yield on_device(micro.batch, device)
+                    yield micro.batch.to(device)
                     on_progress(len(keys), None)
 
             with MixedPrecision(precision, device.type).autocast():
@@ -98,11 +97,3 @@ def compute_unit_reference(paths: RunPaths, model_config: ModelConfig, split: st
     store_reference_logps(paths, paths.reference_logps(split, source), keys, logps, reference_sha256)
     return {"num_pairs": len(keys), "num_rows": rows.num_rows, "reference_sha256": reference_sha256}
 
-
-def on_device(batch: PairBatch, device: torch.device) -> PairBatch:
-    """``batch`` with its tensors on ``device`` (pair_logps runs where the batch is)."""
-    if batch.input_ids.device == device:
-        return batch
-    moved = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
-    return PairBatch(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
-                        for name, value in moved.items()})
