@@ -20,8 +20,8 @@ from core.stage import read_marker, stage_status
 from flows.recipe import ResolvedRun
 from flows.run_code import eval_task_folders
 from trainer.checkpoint.layout import chosen_checkpoints
-from trainer.eval.loss_masks import dpo_settings, is_sft
 from trainer.eval.preference_stage import PreferenceEvalStage
+from trainer.eval.run_mode import dpo_settings, is_sft
 from trainer.eval.stages import DownstreamStage, EvalScope, EvalStage, ExportStage, ValSplitStage
 from trainer.eval.tasks import EvalTasksStage
 

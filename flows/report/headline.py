@@ -25,7 +25,7 @@ from core.eval_results import PREFERENCE_TASK
 from core.rundir import RunPaths, path_inside_run
 from flows.report.preference_plots import ACCURACY
 from flows.stage_times import read_versions, stage_wall_times
-from trainer.eval.loss_masks import DPO_MODE, SFT_MODE, scored_tokens
+from trainer.eval.run_mode import DPO_MODE, SFT_MODE, scored_tokens
 from trainer.model.sample_generation import read_sample
 
 FINAL_VAL_LOSS = "final val loss"

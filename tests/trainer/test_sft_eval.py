@@ -28,7 +28,7 @@ from trainer.config import EvalConfig, ModelDims, TrainConfig
 from trainer.eval.checkpoint import score_val_split, val_split_task_fingerprint
 from trainer.eval.downstream import run_downstream_task
 from trainer.eval.evaluate import Evaluator
-from trainer.eval.loss_masks import is_sft, scored_tokens, train_mode
+from trainer.eval.run_mode import is_sft, scored_tokens, train_mode
 from trainer.eval.stages import DownstreamStage, EvalScope, ValSplitStage
 from trainer.loader.batches import ArrayRows, SplitRows
 from trainer.model.llama import IGNORE_INDEX, ModelShape, build_model, next_token_loss

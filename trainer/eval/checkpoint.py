@@ -41,9 +41,9 @@ from core.rundir import RunPaths, fingerprint
 from tokenization.byte_counts import ScoredBytes
 from trainer.config import TrainConfig
 from trainer.eval.evaluate import Evaluator
-from trainer.eval.loss_masks import DPO_DEFAULTS, dpo_settings, is_sft, scored_tokens
 from trainer.eval.preference import score_preference_pairs
 from trainer.eval.preference_stage import preference_task_fingerprint
+from trainer.eval.run_mode import DPO_DEFAULTS, dpo_settings, is_sft, scored_tokens
 from trainer.parallel.accelerator import build_accelerator
 from trainer.parallel.launch import LAUNCH_CONFIG_FLAG, exit_with_parent, run_dir_lock
 from trainer.precision import MixedPrecision

@@ -198,7 +198,7 @@ def score_preference_pairs(model: nn.Module, paths: RunPaths, micro_batch_size: 
                            ) -> None:
     """Score every pair under ``model`` (each process a share) and, on the main process, write the scores and the
     ``preference`` result (``fingerprints``: the checkpoint's and the task's; ``settings``:
-    :func:`trainer.eval.loss_masks.dpo_settings`), printing progress lines meanwhile and the result's line last."""
+    :func:`trainer.eval.run_mode.dpo_settings`), printing progress lines meanwhile and the result's line last."""
     rows = read_pair_rows(paths)
     printer = ProgressPrinter("rows") if accelerator.is_main_process else None
     values = PairScorer(rows, micro_batch_size, accelerator, autocast).score(model, printer)

@@ -62,6 +62,6 @@ def _digests(paths: RunPaths) -> dict[str, str]:
 
 def preference_task_fingerprint(paths: RunPaths, precision: str, settings: Mapping[str, Any] | None) -> str:
     """The ``preference`` result's task fingerprint: the pairs (shard index), the reference files, the precision and
-    the ``train.dpo`` settings (:func:`trainer.eval.loss_masks.dpo_settings`)."""
+    the ``train.dpo`` settings (:func:`trainer.eval.run_mode.dpo_settings`)."""
     return fingerprint("eval-preference-pairs", RESULT_VERSION, sorted(_digests(paths).items()), precision,
                        dict(settings or {}))

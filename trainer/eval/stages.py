@@ -36,7 +36,7 @@ from trainer.checkpoint.layout import (
 )
 from trainer.config import EvalConfig
 from trainer.eval.downstream import run_downstream_task
-from trainer.eval.loss_masks import dpo_settings, is_sft
+from trainer.eval.run_mode import dpo_settings, is_sft
 from trainer.parallel.launch import eval_launch_command
 from trainer.train_stage import Launcher, run_child
 
@@ -62,9 +62,9 @@ class EvalScope:
     trusted: tuple[Path, ...] = field(default_factory=tuple)
     sft: bool = False
     """A supervised fine-tuning run (``train.mode: sft``): the val split's loss is over the trained tokens only, and
-    the downstream tasks' prompts go through the export's chat template (:mod:`trainer.eval.loss_masks`)."""
+    the downstream tasks' prompts go through the export's chat template (:mod:`trainer.eval.run_mode`)."""
     dpo: Mapping[str, Any] | None = None
-    """A DPO run's ``train.dpo`` settings (:func:`trainer.eval.loss_masks.dpo_settings`), None for other modes: its
+    """A DPO run's ``train.dpo`` settings (:func:`trainer.eval.run_mode.dpo_settings`), None for other modes: its
     val split is scored as pairs (:mod:`trainer.eval.preference_stage`), not as token losses."""
 
     @classmethod

@@ -16,9 +16,9 @@ from core.rundir import RunPaths
 from core.stage import read_marker, run_stage, stage_status
 from tests.trainer.eval.conftest import BETA, STEPS, ScoredRun
 from trainer.config import EvalConfig
-from trainer.eval.loss_masks import dpo_settings
 from trainer.eval.preference import val_result_rows
 from trainer.eval.preference_stage import PreferenceEvalStage
+from trainer.eval.run_mode import dpo_settings
 from trainer.eval.stages import EvalScope, EvaluationFailed, ValSplitStage
 from trainer.parallel.launch import eval_launch_command
 

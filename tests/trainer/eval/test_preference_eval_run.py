@@ -16,9 +16,9 @@ from flows.run_sql import run_query
 from tests.trainer.conftest import Corpus
 from tests.trainer.preference_run import make_preference_run_dir
 from trainer.config import EvalConfig
-from trainer.eval.loss_masks import dpo_settings
 from trainer.eval.preference import read_pair_rows
 from trainer.eval.preference_stage import PreferenceEvalStage
+from trainer.eval.run_mode import dpo_settings
 from trainer.eval.stages import EvalScope
 from trainer.metrics.sink import read_metric_rows
 from trainer.run_config import read_trainer_config

@@ -1,9 +1,10 @@
-"""The loss masks of a split's chat shards, for scoring only the tokens a supervised fine-tuning run trains on.
+"""What a run's ``train.mode`` means for its evaluation: which tokens a loss is over, and what scores a pair.
 
 An SFT run's validation loss is the loss of the tokens whose ``loss_mask`` is 1 (:mod:`core.shards.chat`): the
-assistant's replies with their end-of-turn token under ``chat.loss: assistant``. Scored over every token, the number
-would mostly measure how well the model predicts the user's questions and the template's headers, which it is
-not trained to do. Whether a run is SFT is its recipe's ``train.mode`` (:func:`train_mode`).
+assistant's replies with their end-of-turn token under ``chat.loss: assistant`` (:func:`scored_tokens` labels it).
+Scored over every token, the number would mostly measure how well the model predicts the user's questions and the
+template's headers, which it is not trained to do. A DPO run's checkpoints are scored on pairs, with the
+``train.dpo`` settings of :func:`dpo_settings`. The mode is the recipe's ``train.mode`` (:func:`train_mode`).
 """
 
 from __future__ import annotations
