@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.config import RUN_YAML_FIX, load_yaml_mapping
 from core.errors import ConfigError, QueryError
 from core.layout import CHECKPOINT_FOLDERS, PREFERENCE_SCORES_FILE, REFERENCE_FILES, STEP_DIR_PATTERN
 from core.rundir import RunPaths
@@ -98,6 +97,9 @@ def _beta(paths: RunPaths) -> float:
     """The run's ``train.dpo.beta`` (run.yaml is data: only a finite number is taken); QueryError otherwise."""
     if not paths.recipe.is_file():
         return DEFAULT_BETA
+    # core.config imports pydantic (~0.15 s): only for a statement that names this view, not every query's start
+    from core.config import RUN_YAML_FIX, load_yaml_mapping
+
     try:
         recipe = load_yaml_mapping(paths.recipe, paths.recipe.name, RUN_YAML_FIX)
     except ConfigError as err:
