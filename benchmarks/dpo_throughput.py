@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from torch import nn
 
 from benchmarks.corpus import stdlib_texts
 from benchmarks.result import print_result
+from benchmarks.rounds import median_rates
 from core.rundir import RunPaths
 from pipeline.stdlib_preference import preference_records, read_chat_records
 from tokenization.chat.template import ChatTemplate, load_chat_template
@@ -64,7 +63,6 @@ from trainer.preference.shard_rows import rows_pair_batch
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "configs" / "sft-chat.jinja"
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 BETA, LR = 0.1, 1e-4
 QUICK_DIMS = ModelDims(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 TRAINING = ("tokenmill_stored", "tokenmill_every_step", "trl_precompute", "trl_every_step")
@@ -207,19 +205,6 @@ def trl_reference_pass(trainer: Any, num_pairs: int) -> Callable[[], int]:
     return run
 
 
-def measure(runners: dict[str, Callable[[], int]], rounds: int) -> dict[tuple[str, str], float]:
-    """(variant, clock) -> pairs per second of the median round; one untimed warm-up pass each."""
-    pairs = {name: run() for name, run in runners.items()}
-    times: dict[tuple[str, str], list[float]] = {(name, clock): [] for name in runners for clock in CLOCKS}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            starts = {clock: read() for clock, read in CLOCKS.items()}
-            run()
-            for clock, read in CLOCKS.items():
-                times[(name, clock)].append(read() - starts[clock])
-    return {(name, clock): pairs[name] / statistics.median(values) for (name, clock), values in times.items()}
-
-
 def build_runners(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, Callable[[], int]], str]:
     from transformers import AutoModelForCausalLM
 
@@ -279,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
         runners, summary = build_runners(args, Path(scratch))
-        rate = measure(runners, args.rounds)
+        rate = median_rates(runners, args.rounds)
     print(summary)
     report(rate)
     ours = with_precompute(rate, "tokenmill_stored", "cpu")

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from torch import nn
 
 from benchmarks.corpus import stdlib_texts
 from benchmarks.result import print_result
+from benchmarks.rounds import median_rates
 from tokenization.chat.masks import MaskedConversation, mask_conversation
 from tokenization.chat.pack import pack_conversations
 from tokenization.chat.records import Conversation, parse_record
@@ -44,7 +43,6 @@ from trainer.loader.batches import Batch
 from trainer.loader.sft_loss import num_loss_tokens, sft_batch, sft_loss
 from trainer.model.spec import output_logits
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 TRL_VARIANTS = {"trl_padded": {}, "trl_padding_free": {"padding_free": True},
                 "trl_packed_bfd": {"packing": True, "packing_strategy": "bfd"}}
 
@@ -162,19 +160,6 @@ def trl_runner(model: nn.Module, template: ChatTemplate, records: list[dict[str,
     return run
 
 
-def measure(runners: dict[str, Callable[[], int]], rounds: int) -> dict[tuple[str, str], float]:
-    """(variant, clock) -> trained tokens per second of the median round; one untimed warm-up pass each."""
-    tokens = {name: run() for name, run in runners.items()}
-    times: dict[tuple[str, str], list[float]] = {(name, clock): [] for name in runners for clock in CLOCKS}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            starts = {clock: read() for clock, read in CLOCKS.items()}
-            run()
-            for clock, read in CLOCKS.items():
-                times[(name, clock)].append(read() - starts[clock])
-    return {(name, clock): tokens[name] / statistics.median(values) for (name, clock), values in times.items()}
-
-
 def build_runners(args: argparse.Namespace, model_dir: Path, scratch: Path) -> tuple[dict[str, Any], str]:
     template = load_chat_template(model_dir)
     records, masks = masked_corpus(template, docstring_records(args.conversations), args.seq_len)
@@ -203,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
         model_dir = ct.save_model_dir(Path(scratch) / "chatml", ct.CHATML_FAMILY, ct.CHATML_MARKED)
         runners, summary = build_runners(args, model_dir, Path(scratch))
-        rate = measure(runners, args.rounds)
+        rate = median_rates(runners, args.rounds)
     print(summary)
     ours = rate[("tokenmill_packed", "cpu")]
     for name in runners:
